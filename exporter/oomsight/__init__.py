@@ -1,0 +1,28 @@
+"""oomsight: see why PyTorch runs out of CUDA memory.
+
+``import oomsight.auto`` starts the hook with settings from ``OOMSIGHT_*``
+environment variables; ``oomsight.start(**settings)`` and ``oomsight.stop()``
+give explicit control. Importing this package imports nothing heavy: torch is
+imported by ``start()``, and only if the program can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "start", "stop"]
+
+
+def start(**settings: Any) -> bool:
+    """Start the hook (idempotent, never raises); True when it runs."""
+    from oomsight import hook
+
+    return hook.start(**settings)
+
+
+def stop() -> None:
+    """Stop the hook and write the final snapshot; safe when not started."""
+    from oomsight import hook
+
+    hook.stop()

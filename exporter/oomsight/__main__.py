@@ -1,0 +1,5 @@
+import sys
+
+from oomsight.cli import main
+
+sys.exit(main())

@@ -1,0 +1,132 @@
+"""The ``oomsight`` command line.
+
+oomsight run [--port N] [--spool DIR] -- python train.py ARGS
+oomsight report DIR
+oomsight sidecar --spool DIR [--port N]
+oomsight replay TAPE --spool DIR [--speed X]
+oomsight demo
+oomsight install-startup DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional
+
+from oomsight import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oomsight", description="See why PyTorch runs out of CUDA memory.")
+    p.add_argument("--version", action="version", version=f"oomsight {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a command with the hook loaded; serve /metrics; print a report")
+    run.add_argument("--port", type=int, default=None, help="metrics port on localhost (default 21400; 0 picks one)")
+    run.add_argument("--host", default="127.0.0.1", help="metrics address (default 127.0.0.1)")
+    run.add_argument("--spool", default=None, help="spool directory (default: a new temporary one)")
+    run.add_argument("--no-report", action="store_true", help="do not print the report at the end")
+    run.add_argument("--tape", default=None, help="also record the spool into this tape file")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command to run")
+
+    rep = sub.add_parser("report", help="print the memory report of a spool directory")
+    rep.add_argument("spool")
+    rep.add_argument(
+        "--retention-seconds",
+        type=float,
+        default=10 * 365 * 86400.0,
+        help="ignore processes that exited longer ago than this (default: keep all)",
+    )
+
+    side = sub.add_parser("sidecar", help="serve a spool directory as Prometheus metrics")
+    side.add_argument("--spool", default=None, help="spool directory (default $OOMSIGHT_DIR)")
+    side.add_argument("--port", type=int, default=None, help="metrics port (default 21400)")
+    side.add_argument("--host", default=None, help="listen address (default 0.0.0.0)")
+    side.add_argument("--retention-seconds", type=float, default=None)
+    side.add_argument("--stale-after-seconds", type=float, default=None)
+    side.add_argument("--drain-seconds", type=float, default=None)
+
+    rp = sub.add_parser("replay", help="replay a recorded spool tape into a spool directory")
+    rp.add_argument("tape")
+    rp.add_argument("--spool", required=True)
+    rp.add_argument("--speed", type=float, default=1.0, help="time factor (10 = ten times faster)")
+
+    sub.add_parser("demo", help="the main job: live on a GPU, a labelled replay of an H200 run otherwise")
+
+    inst = sub.add_parser("install-startup", help="copy the zero-code startup folder (for an init container)")
+    inst.add_argument("folder")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.command == "run":
+        return _run(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "sidecar":
+        from oomsight_sidecar.main import main as sidecar_main
+
+        return sidecar_main(
+            {
+                "spool_dir": args.spool,
+                "port": args.port,
+                "host": args.host,
+                "retention_seconds": args.retention_seconds,
+                "stale_after_seconds": args.stale_after_seconds,
+                "drain_seconds": args.drain_seconds,
+            }
+        )
+    if args.command == "replay":
+        from oomsight import tape
+
+        tape.replay(args.tape, args.spool, speed=args.speed)
+        return 0
+    if args.command == "demo":
+        from oomsight import demo
+
+        return demo.main()
+    if args.command == "install-startup":
+        from oomsight import startup
+
+        print(startup.install(args.folder, copy=True))
+        return 0
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from oomsight.run import DEFAULT_PORT, RunOptions, run
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("oomsight run: give the command after --, e.g. oomsight run -- python train.py", file=sys.stderr)
+        return 2
+    port = DEFAULT_PORT if args.port is None else args.port
+    return run(
+        RunOptions(cmd, port=port, host=args.host, spool_dir=args.spool, report=not args.no_report, tape=args.tape)
+    )
+
+
+def _report(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from oomsight import report
+    from oomsight.inventory import take_inventory
+    from oomsight.spool import SpoolReader
+
+    if not os.path.isdir(args.spool):
+        print(f"oomsight report: {args.spool} is not a directory", file=sys.stderr)
+        return 2
+    inv = take_inventory(SpoolReader(args.spool).read(), time.time(), retention_seconds=args.retention_seconds)
+    sys.stdout.write(report.render(inv, args.spool))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

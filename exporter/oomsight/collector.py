@@ -1,0 +1,392 @@
+"""The Prometheus collector: builds every ``oomsight_*`` family from the spool on
+each scrape (``docs/metrics.md`` is the reference).
+
+Used by the sidecar and by ``oomsight run``; never imported by the in-process hook.
+Series of a process vanish by themselves once it is past retention; OOM counters
+are rebuilt from the event files, so they survive a sidecar restart and never go
+backwards while the spool lives.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Optional
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from oomsight import __version__
+from oomsight.inventory import (
+    DEFAULT_RETENTION_SECONDS,
+    DEFAULT_STALE_AFTER_SECONDS,
+    Inventory,
+    ProcessView,
+    take_inventory,
+)
+from oomsight.schema import DeviceSnapshot
+from oomsight.spool import SKIP_REASONS, SpoolReader
+
+PROC = ["rank", "local_rank"]
+DEV = ["rank", "local_rank", "device", "gpu_uuid"]
+_SRC = "torch.cuda.memory_stats()"
+
+Row = tuple[str, str, Callable[[DeviceSnapshot], Optional[float]]]
+
+# name (without unit suffix handling: full name), help, value from a device snapshot
+ALLOCATOR_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_torch_allocated_bytes",
+        f"Bytes in live tensors ({_SRC} allocated_bytes.all.current).",
+        lambda d: d["allocator"]["allocated_bytes"],
+    ),
+    (
+        "oomsight_torch_reserved_bytes",
+        f"Bytes held by the caching allocator ({_SRC} reserved_bytes.all.current).",
+        lambda d: d["allocator"]["reserved_bytes"],
+    ),
+    (
+        "oomsight_torch_active_bytes",
+        f"Bytes in active blocks, incl. frees awaiting other streams ({_SRC} active_bytes.all.current).",
+        lambda d: d["allocator"]["active_bytes"],
+    ),
+    (
+        "oomsight_torch_requested_bytes",
+        f"Bytes requested by tensors before rounding ({_SRC} requested_bytes.all.current).",
+        lambda d: d["allocator"]["requested_bytes"],
+    ),
+    (
+        "oomsight_torch_inactive_split_bytes",
+        f"Free bytes inside split segments that empty_cache() cannot release: fragmentation ({_SRC} inactive_split_bytes.all.current).",
+        lambda d: d["allocator"]["inactive_split_bytes"],
+    ),
+    (
+        "oomsight_torch_peak_allocated_bytes",
+        f"Lifetime peak of allocated bytes; oomsight never resets it ({_SRC} allocated_bytes.all.peak).",
+        lambda d: d["allocator"]["peak_allocated_bytes"],
+    ),
+    (
+        "oomsight_torch_peak_reserved_bytes",
+        f"Lifetime peak of reserved bytes; oomsight never resets it ({_SRC} reserved_bytes.all.peak).",
+        lambda d: d["allocator"]["peak_reserved_bytes"],
+    ),
+    (
+        "oomsight_torch_window_peak_allocated_bytes",
+        "Maximum sampled allocated bytes within the hook's sliding window (OOMSIGHT_WINDOW_SECONDS).",
+        lambda d: d["allocator"]["window_peak_allocated_bytes"],
+    ),
+    (
+        "oomsight_torch_window_peak_reserved_bytes",
+        "Maximum sampled reserved bytes within the hook's sliding window.",
+        lambda d: d["allocator"]["window_peak_reserved_bytes"],
+    ),
+    (
+        "oomsight_torch_window_min_allocated_bytes",
+        "Minimum sampled allocated bytes within the sliding window: memory that survives between steps.",
+        lambda d: d["allocator"]["window_min_allocated_bytes"],
+    ),
+)
+ALLOCATOR_COUNTERS: Sequence[Row] = (
+    (
+        "oomsight_torch_alloc_retries",
+        f"cudaMalloc failures after which the allocator freed its cache and retried: slow steps, an OOM precursor ({_SRC} num_alloc_retries).",
+        lambda d: d["allocator"]["alloc_retries"],
+    ),
+    (
+        "oomsight_torch_ooms",
+        f"OOMs raised by this process's allocator, caught ones included ({_SRC} num_ooms); resets when the process restarts.",
+        lambda d: d["allocator"]["ooms"],
+    ),
+    (
+        "oomsight_torch_device_allocs",
+        f"cudaMalloc/cuMemMap calls ({_SRC} num_device_alloc; 0 before torch 2.4).",
+        lambda d: d["allocator"]["device_allocs"],
+    ),
+    (
+        "oomsight_torch_device_frees",
+        f"cudaFree/cuMemUnmap calls ({_SRC} num_device_free; 0 before torch 2.4).",
+        lambda d: d["allocator"]["device_frees"],
+    ),
+)
+NVML_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_gpu_memory_total_bytes",
+        "Device memory capacity (NVML nvmlDeviceGetMemoryInfo total).",
+        lambda d: _nv(d, "total_bytes"),
+    ),
+    (
+        "oomsight_gpu_memory_used_bytes",
+        "Device memory used by all processes and the driver (NVML used).",
+        lambda d: _nv(d, "used_bytes"),
+    ),
+    ("oomsight_gpu_memory_free_bytes", "Device memory free (NVML free).", lambda d: _nv(d, "free_bytes")),
+    (
+        "oomsight_gpu_memory_reserved_bytes",
+        "Device memory reserved by the driver and firmware (NVML v2 reserved).",
+        lambda d: _nv(d, "reserved_bytes"),
+    ),
+    (
+        "oomsight_gpu_utilization_ratio",
+        "Share of time a kernel ran on the device (NVML utilization.gpu / 100).",
+        lambda d: _nv(d, "utilization_ratio"),
+    ),
+    (
+        "oomsight_gpu_process_used_bytes",
+        "This process's device memory per NVML; absent where NVML cannot see the PID (containers).",
+        lambda d: _nv(d, "process_used_bytes"),
+    ),
+    (
+        "oomsight_gpu_process_visible",
+        "1 if NVML lists this process's PID on the device, else 0 (then non-torch bytes include other processes).",
+        lambda d: None if d["nvml"] is None else float(d["nvml"]["process_visible"]),
+    ),
+    (
+        "oomsight_gpu_non_torch_bytes",
+        "Device memory of this process outside PyTorch's allocator (CUDA context, NCCL, cuBLAS): NVML process used minus reserved; where the PID is not visible, device used minus reserved.",
+        lambda d: non_torch_bytes(d),
+    ),
+    (
+        "oomsight_gpu_headroom_bytes",
+        "Device memory left at this window's peak: total minus memory outside the allocator minus the window peak of reserved bytes.",
+        lambda d: headroom_bytes(d),
+    ),
+)
+STEP_PEAK_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_step_peak_allocated_bytes",
+        "Peak allocated bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS; resets torch's peak each step).",
+        lambda d: _step_peak(d, "allocated_bytes"),
+    ),
+    (
+        "oomsight_step_peak_reserved_bytes",
+        "Peak reserved bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS).",
+        lambda d: _step_peak(d, "reserved_bytes"),
+    ),
+)
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    """A gauge whose OpenMetrics unit is read off its name's suffix."""
+    unit = next((u for u in ("bytes", "seconds", "ratio") if name.endswith("_" + u)), "")
+    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def _step_peak(d: DeviceSnapshot, key: str) -> Optional[float]:
+    peak = d.get("step_peak")
+    return None if peak is None else peak[key]  # type: ignore[literal-required]
+
+
+def _nv(d: DeviceSnapshot, key: str) -> Optional[float]:
+    nv = d["nvml"]
+    return None if nv is None else nv.get(key)  # type: ignore[return-value]
+
+
+def non_torch_bytes(d: DeviceSnapshot) -> Optional[int]:
+    nv = d["nvml"]
+    if nv is None:
+        return None
+    reserved = d["allocator"]["reserved_bytes"]
+    own = nv["process_used_bytes"] if nv["process_visible"] else None
+    base = own if own is not None else nv["used_bytes"]
+    return max(base - reserved, 0)
+
+
+def headroom_bytes(d: DeviceSnapshot) -> Optional[int]:
+    nv = d["nvml"]
+    total = nv["total_bytes"] if nv is not None else d.get("total_bytes")
+    if not total:
+        return None
+    outside = max(nv["used_bytes"] - d["allocator"]["reserved_bytes"], 0) if nv is not None else 0
+    return max(int(total) - outside - d["allocator"]["window_peak_reserved_bytes"], 0)
+
+
+class SpoolCollector(Collector):
+    """``registry.register(SpoolCollector(spool_dir))``; injectable ``clock`` for tests."""
+
+    def __init__(
+        self,
+        spool_dir: str,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+        clock: Callable[[], float] = time.time,
+        reader: Optional[SpoolReader] = None,
+    ) -> None:
+        self.reader = reader or SpoolReader(spool_dir)
+        self.retention_seconds = retention_seconds
+        self.stale_after_seconds = stale_after_seconds
+        self.clock = clock
+        self.last_inventory: Optional[Inventory] = None
+
+    def describe(self) -> list[Metric]:
+        return []  # collect() reads files: do not run it at registration
+
+    def inventory(self) -> Inventory:
+        inv = take_inventory(self.reader.read(), self.clock(), self.retention_seconds, self.stale_after_seconds)
+        self.last_inventory = inv
+        return inv
+
+    def collect(self) -> Iterator[Metric]:
+        inv = self.inventory()
+        yield from _self_health(inv)
+        yield from _process_families(inv.processes)
+        yield from _device_families(inv.processes)
+        yield from _oom_families(inv)
+
+
+def _self_health(inv: Inventory) -> Iterator[Metric]:
+    build = InfoMetricFamily("oomsight_build", "Version of the oomsight reader serving these metrics.")
+    build.add_metric([], {"version": __version__, "python_version": platform.python_version()})
+    yield build
+    up = GaugeMetricFamily(
+        "oomsight_source_up",
+        "1 if a data source works. The sidecar's own sources have no rank.",
+        labels=[*PROC, "source"],
+    )
+    up.add_metric(["", "", "spool"], float(inv.readable))
+    skipped = CounterMetricFamily(
+        "oomsight_spool_skipped_files",
+        "Spool files that could not be used, by reason; each distinct file counted once.",
+        labels=["reason"],
+    )
+    for reason in SKIP_REASONS:
+        skipped.add_metric([reason], inv.skipped_total.get(reason, 0))
+    yield skipped
+    for v in inv.processes:
+        for source, ok in sorted(v.snapshot["sources"].items()):
+            up.add_metric([*v.rank_labels, source], float(bool(ok) and v.up))
+    yield up
+
+
+def _process_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
+    pup = GaugeMetricFamily(
+        "oomsight_process_up",
+        "1 while the process runs and publishes; 0 once it exited or went silent (kept for the retention period).",
+        labels=PROC,
+    )
+    age = GaugeMetricFamily(
+        "oomsight_snapshot_age_seconds",
+        "Seconds since the process last wrote its snapshot.",
+        labels=PROC,
+        unit="seconds",
+    )
+    info = InfoMetricFamily(
+        "oomsight_process", "The process behind a rank: versions and allocator settings.", labels=PROC
+    )
+    steps = CounterMetricFamily("oomsight_steps", "Optimizer steps seen by the global step hook.", labels=PROC)
+    dur = CounterMetricFamily(
+        "oomsight_step_duration_seconds",
+        "Sum of the times between consecutive optimizer steps.",
+        labels=PROC,
+        unit="seconds",
+    )
+    last = GaugeMetricFamily(
+        "oomsight_step_last_duration_seconds", "Time between the last two optimizer steps.", labels=PROC, unit="seconds"
+    )
+    errs = CounterMetricFamily(
+        "oomsight_hook_errors",
+        "Errors the in-process hook caught and swallowed, by component.",
+        labels=[*PROC, "component"],
+    )
+    dropped = CounterMetricFamily(
+        "oomsight_oom_events_unwritten",
+        "OOMs counted but not written because OOMSIGHT_MAX_OOM_EVENTS was reached.",
+        labels=PROC,
+    )
+    for v in processes:
+        s, labels = v.snapshot, list(v.rank_labels)
+        p = s["process"]
+        pup.add_metric(labels, float(v.up))
+        age.add_metric(labels, v.age_seconds)
+        info.add_metric(
+            labels,
+            {
+                "world_size": str(p.get("world_size", 1)),
+                "torch_version": str(p.get("torch_version", "")),
+                "cuda_version": str(p.get("cuda_version", "")),
+                "allocator_backend": str(p.get("allocator_backend", "")),
+                "expandable_segments": str(bool(p.get("expandable_segments", False))).lower(),
+                "oomsight_version": str(p.get("oomsight_version", "")),
+            },
+        )
+        steps.add_metric(labels, s["steps"].get("count", 0))
+        dur.add_metric(labels, s["steps"].get("duration_seconds_total", 0.0))
+        last_duration = s["steps"].get("last_duration_seconds")
+        if last_duration is not None:
+            last.add_metric(labels, last_duration)
+        for component, n in sorted(s.get("errors", {}).items()):
+            errs.add_metric([*labels, component], n)
+        dropped.add_metric(labels, s.get("oom_events_unwritten", 0))
+    yield from (pup, age, info, steps, dur, last, errs, dropped)
+
+
+def _device_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
+    rows: list[tuple[Row, GaugeMetricFamily | CounterMetricFamily]] = [
+        (r, _gauge(r[0], r[1], DEV)) for r in (*ALLOCATOR_GAUGES, *NVML_GAUGES, *STEP_PEAK_GAUGES)
+    ]
+    counters: list[tuple[Row, GaugeMetricFamily | CounterMetricFamily]] = [
+        (r, CounterMetricFamily(r[0], r[1], labels=DEV)) for r in ALLOCATOR_COUNTERS
+    ]
+    gpu = InfoMetricFamily("oomsight_gpu", "The GPU behind a (rank, device): model name.", labels=DEV)
+    cat = _gauge(
+        "oomsight_memory_by_category_bytes",
+        "Device memory by category: parameters, gradients and optimizer state summed from the optimizers' tensors; "
+        "activations = peak allocated minus those (a lower bound unless OOMSIGHT_STEP_PEAKS is on).",
+        [*DEV, "category"],
+    )
+    for v in processes:
+        for d in v.snapshot["devices"]:
+            labels = [*v.rank_labels, str(d["index"]), d["uuid"]]
+            for (_, _, value), fam in (*rows, *counters):
+                x = value(d)
+                if x is not None:
+                    fam.add_metric(labels, float(x))
+            gpu.add_metric(labels, {"name": d.get("name", "")})
+            c: Any = d.get("categories")
+            if c:
+                for name in CATEGORIES:
+                    if c.get(f"{name}_bytes") is not None:
+                        cat.add_metric([*labels, name], c[f"{name}_bytes"])
+    yield from (fam for _, fam in rows)
+    yield from (fam for _, fam in counters)
+    yield gpu
+    yield cat
+
+
+def _oom_families(inv: Inventory) -> Iterator[Metric]:
+    total = CounterMetricFamily(
+        "oomsight_oom_events",
+        "CUDA OOMs recorded by the hook's observer (caught ones included); 0 from the start.",
+        labels=DEV,
+    )
+    fatal = CounterMetricFamily(
+        "oomsight_oom_fatal_events",
+        "OOMs that ended their process (uncaught, or the process died before a later step).",
+        labels=DEV,
+    )
+    recovered = CounterMetricFamily(
+        "oomsight_oom_recovered_events",
+        "OOMs the process survived (a later step completed, or it exited normally).",
+        labels=DEV,
+    )
+    ts = _gauge("oomsight_last_oom_timestamp_seconds", "Unix time of the last OOM.", DEV)
+    req = _gauge("oomsight_last_oom_requested_bytes", "Bytes the failing allocation of the last OOM asked for.", DEV)
+    cause = InfoMetricFamily(
+        "oomsight_last_oom_cause", "Diagnosed cause of the last OOM (see docs/diagnosis.md).", labels=DEV
+    )
+    for key, tally in sorted(inv.ooms.items()):
+        labels = list(key)
+        total.add_metric(labels, tally.events)
+        fatal.add_metric(labels, tally.fatal)
+        recovered.add_metric(labels, tally.recovered)
+        if tally.last is not None:
+            ts.add_metric(labels, tally.last["time"])
+            req.add_metric(labels, tally.last["requested_bytes"])
+            cause.add_metric(labels, {"cause": tally.last["diagnosis"]["cause"]})
+    yield from (total, fatal, recovered, ts, req, cause)

@@ -1,0 +1,200 @@
+"""Settings of the in-process hook, read once from ``OOMSIGHT_*`` environment variables.
+
+Every variable name is a constant here; ``docs/configuration.md`` lists them all.
+Invalid values raise :class:`ConfigError` with a message that names the variable;
+the hook turns that into one log line and stays off (it never raises into training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Callable, TypeVar
+
+ENV_DIR = "OOMSIGHT_DIR"
+ENV_DISABLED = "OOMSIGHT_DISABLED"
+ENV_SAMPLE_INTERVAL = "OOMSIGHT_SAMPLE_INTERVAL_SECONDS"
+ENV_PUBLISH_INTERVAL = "OOMSIGHT_PUBLISH_INTERVAL_SECONDS"
+ENV_WINDOW = "OOMSIGHT_WINDOW_SECONDS"
+ENV_NVML = "OOMSIGHT_NVML"
+ENV_STEP_HOOK = "OOMSIGHT_STEP_HOOK"
+ENV_STEP_PEAKS = "OOMSIGHT_STEP_PEAKS"
+ENV_CATEGORIES_INTERVAL = "OOMSIGHT_CATEGORIES_INTERVAL_SECONDS"
+ENV_OOM_OBSERVER = "OOMSIGHT_OOM_OBSERVER"
+ENV_RECORD_HISTORY = "OOMSIGHT_RECORD_HISTORY"
+ENV_HISTORY_MAX_ENTRIES = "OOMSIGHT_HISTORY_MAX_ENTRIES"
+ENV_ARTIFACTS_MAX_BYTES = "OOMSIGHT_ARTIFACTS_MAX_BYTES"
+ENV_MAX_OOM_EVENTS = "OOMSIGHT_MAX_OOM_EVENTS"
+ENV_TERMINATION_MESSAGE_PATH = "OOMSIGHT_TERMINATION_MESSAGE_PATH"
+
+ALL_ENV_VARS = (
+    ENV_DIR,
+    ENV_DISABLED,
+    ENV_SAMPLE_INTERVAL,
+    ENV_PUBLISH_INTERVAL,
+    ENV_WINDOW,
+    ENV_NVML,
+    ENV_STEP_HOOK,
+    ENV_STEP_PEAKS,
+    ENV_CATEGORIES_INTERVAL,
+    ENV_OOM_OBSERVER,
+    ENV_RECORD_HISTORY,
+    ENV_HISTORY_MAX_ENTRIES,
+    ENV_ARTIFACTS_MAX_BYTES,
+    ENV_MAX_OOM_EVENTS,
+    ENV_TERMINATION_MESSAGE_PATH,
+)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A setting has a value the hook cannot use; the message names the variable."""
+
+
+def default_spool_dir() -> str:
+    """Where the hook writes when ``OOMSIGHT_DIR`` is unset: ``$TMPDIR/oomsight``."""
+    return os.path.join(tempfile.gettempdir(), "oomsight")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the hook can be told. Defaults keep overhead far below 1 % of a step."""
+
+    spool_dir: str = dataclasses.field(default_factory=default_spool_dir)
+    """Spool directory shared with the sidecar (an emptyDir in Kubernetes)."""
+
+    disabled: bool = False
+    """``OOMSIGHT_DISABLED=1`` turns the hook off entirely (one log line, nothing else)."""
+
+    sample_interval_seconds: float = 0.1
+    """How often the sampler thread reads the allocator counters (about 20 µs a device)."""
+
+    publish_interval_seconds: float = 1.0
+    """How often the process snapshot is rewritten in the spool (one small JSON file)."""
+
+    window_seconds: float = 60.0
+    """Width of the sliding window whose sampled maximum is exported as the window peak.
+    Keep it at or above the Prometheus scrape interval so no sampled peak is missed."""
+
+    nvml: bool = True
+    """Query NVML for the devices this process uses (device memory, its own usage)."""
+
+    step_hook: bool = True
+    """Register global optimizer step hooks (step count and duration, memory categories)."""
+
+    step_peaks: bool = False
+    """Opt-in: read and reset the allocator peak after every optimizer step. This calls
+    ``torch.cuda.reset_peak_memory_stats()``, which also resets what
+    ``torch.cuda.max_memory_allocated()`` returns to your code or framework."""
+
+    categories_interval_seconds: float = 30.0
+    """Minimum time between two walks of the optimizers' tensors (parameters, gradients,
+    optimizer state). The walk runs in the training thread right after a step."""
+
+    oom_observer: bool = True
+    """Attach the allocator's out-of-memory observer to record every OOM durably."""
+
+    record_history: bool = False
+    """Record allocation history (Python stacks, bounded) so an OOM writes a snapshot
+    pickle that https://pytorch.org/memory_viz opens. Costs about 2 µs an allocation."""
+
+    history_max_entries: int = 10_000
+    """Ring size of the allocation history when ``record_history`` is on."""
+
+    artifacts_max_bytes: int = 256 * 1024 * 1024
+    """Size bound of the spool's artifacts folder; the oldest artifacts are evicted first."""
+
+    max_oom_events: int = 1000
+    """Per process, OOM event files written at most; later OOMs are counted, not written."""
+
+    termination_message_path: str = "/dev/termination-log"
+    """Where a fatal OOM's diagnosis goes so ``kubectl describe pod`` shows it."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read every ``OOMSIGHT_*`` variable; raise :class:`ConfigError` on a bad value."""
+        env = os.environ if environ is None else environ
+        d = cls()
+        settings = cls(
+            spool_dir=env.get(ENV_DIR) or d.spool_dir,
+            disabled=_read(env, ENV_DISABLED, _bool, d.disabled),
+            sample_interval_seconds=_read(env, ENV_SAMPLE_INTERVAL, _seconds, d.sample_interval_seconds),
+            publish_interval_seconds=_read(env, ENV_PUBLISH_INTERVAL, _seconds, d.publish_interval_seconds),
+            window_seconds=_read(env, ENV_WINDOW, _seconds, d.window_seconds),
+            nvml=_read(env, ENV_NVML, _bool, d.nvml),
+            step_hook=_read(env, ENV_STEP_HOOK, _bool, d.step_hook),
+            step_peaks=_read(env, ENV_STEP_PEAKS, _bool, d.step_peaks),
+            categories_interval_seconds=_read(env, ENV_CATEGORIES_INTERVAL, _seconds, d.categories_interval_seconds),
+            oom_observer=_read(env, ENV_OOM_OBSERVER, _bool, d.oom_observer),
+            record_history=_read(env, ENV_RECORD_HISTORY, _bool, d.record_history),
+            history_max_entries=_read(env, ENV_HISTORY_MAX_ENTRIES, _count, d.history_max_entries),
+            artifacts_max_bytes=_read(env, ENV_ARTIFACTS_MAX_BYTES, _count, d.artifacts_max_bytes),
+            max_oom_events=_read(env, ENV_MAX_OOM_EVENTS, _count, d.max_oom_events),
+            termination_message_path=env.get(ENV_TERMINATION_MESSAGE_PATH, d.termination_message_path),
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Reject combinations that cannot work, naming the variables involved."""
+        if self.publish_interval_seconds < self.sample_interval_seconds:
+            raise ConfigError(
+                f"{ENV_PUBLISH_INTERVAL}={self.publish_interval_seconds} is shorter than "
+                f"{ENV_SAMPLE_INTERVAL}={self.sample_interval_seconds}; publish at most as often as you sample"
+            )
+        if self.window_seconds < self.publish_interval_seconds:
+            raise ConfigError(
+                f"{ENV_WINDOW}={self.window_seconds} is shorter than "
+                f"{ENV_PUBLISH_INTERVAL}={self.publish_interval_seconds}"
+            )
+
+    def replace(self, **changes: object) -> Settings:
+        """A copy with ``changes`` applied and validated (used by ``oomsight.start(**kw)``)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown oomsight setting(s): {', '.join(sorted(unknown))}")
+        new = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        new.validate()
+        return new
+
+
+def _read(env: Mapping[str, str], name: str, parse: Callable[[str, str], T], default: T) -> T:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    return parse(name, raw.strip())
+
+
+def _bool(name: str, raw: str) -> bool:
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0")
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not 0.001 <= value <= 86_400:
+        raise ConfigError(f"{name}={raw!r} must be between 0.001 and 86400 seconds")
+    return value
+
+
+def _count(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r} must be at least 1")
+    return value

@@ -1,0 +1,215 @@
+"""The in-process hook: wires the sampler, the step tracker and the OOM recorder
+together and owns their lifecycle.
+
+``start()`` is idempotent (a second call warns once) and never raises: a missing
+torch, no CUDA, an old torch or a bad setting each give one log line and a hook
+that does nothing. Work that needs CUDA waits until the program itself
+initialises CUDA (``torch.cuda._lazy_call``): oomsight never creates a context.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+from types import TracebackType
+from typing import Any, Optional
+
+from oomsight.allocator import CudaApi, TorchCuda, expandable_segments_enabled
+from oomsight.config import ConfigError, Settings
+from oomsight.identity import describe_process
+from oomsight.nvml import Nvml
+from oomsight.oom import OomRecorder
+from oomsight.sampler import ErrorBook, Sampler
+from oomsight.spool import SpoolWriter
+from oomsight.steps import StepTracker
+
+logger = logging.getLogger(__name__)
+
+
+class Hook:
+    """One per process. Build with :func:`start`, or directly in tests with fakes."""
+
+    def __init__(self, settings: Settings, cuda: CudaApi, nvml: Optional[Nvml], torch: Any = None) -> None:
+        self.settings = settings
+        self.cuda = cuda
+        self.torch = torch
+        self.pid = os.getpid()
+        self.errors = ErrorBook()
+        torch_version, cuda_version = cuda.versions()
+        self.process = describe_process(
+            torch_version, cuda_version, _safe(cuda.backend, "native"), expandable_segments_enabled()
+        )
+        self.writer = SpoolWriter(settings.spool_dir, self.process["id"])
+        self.sampler = Sampler(settings, cuda, nvml, self.writer, self.process, self.errors)
+        self.steps: Optional[StepTracker] = None
+        if settings.step_hook:
+            self.steps = StepTracker(settings, cuda, self.errors)
+            self.steps.peak_devices = lambda: list(self.sampler.devices)
+        self.oom = OomRecorder(settings, cuda, self.writer, self.sampler, self.steps, self.errors)
+        self.sampler.extra = self._extra
+        self.sources = {"oom_observer": False, "step_hook": False, "history": False}
+        self.uncaught: Optional[BaseException] = None
+        self._cuda_ready = False
+        self._stopped = False
+
+    def start(self) -> None:
+        try:
+            self.writer.prepare()
+        except OSError as exc:
+            self.errors.record("spool_write", exc, f"check that {self.settings.spool_dir} is writable")
+        if self.steps is not None and self.torch is not None:
+            try:
+                self.sources["step_hook"] = self.steps.register(self.torch)
+                self.steps.on_step = self.oom.on_step
+            except Exception as exc:
+                self.errors.record("step_hook", exc)
+        if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
+            # No lazy-init hook in this torch: the sampler thread polls for initialisation.
+            self.sampler.start_thread()
+
+    def on_cuda_init(self) -> None:
+        """Runs inside torch's CUDA initialisation (or at once if it already happened)."""
+        try:
+            if self._cuda_ready or self._stopped:
+                return
+            self._cuda_ready = True
+            self.sampler.main_device = _safe(self.cuda.current_device, None)
+            if self.settings.oom_observer:
+                self.sources["oom_observer"] = self.cuda.attach_oom_observer(self.oom.observe)
+            if self.settings.record_history:
+                self.sources["history"] = self.oom.history = self.cuda.start_history(self.settings.history_max_entries)
+            self.sampler.start_thread()
+        except Exception as exc:  # an exception here would surface as DeferredCudaCallError
+            self.errors.record("cuda_init", exc)
+
+    def _extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"sources": dict(self.sources), "oom_events_unwritten": self.oom.unwritten}
+        if self.steps is not None:
+            extra.update(steps=self.steps.info(), categories=self.steps.categories, step_peaks=self.steps.step_peaks)
+        return extra
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop sampling and write the final snapshot (state ``exited``)."""
+        if self._stopped or os.getpid() != self.pid:
+            return  # already stopped, or a forked child that inherited our atexit handler
+        self._stopped = True
+        self.oom.at_exit(self.uncaught if reason != "stopped" else None)
+        self.oom.active = False
+        if self.steps is not None:
+            _safe(self.steps.unregister, None)
+        self.sampler.stop_thread()
+        if self.oom.history:
+            _safe(self.cuda.stop_history, None)
+        self.sampler.state = "exited"
+        self.sampler.exit_reason = reason
+        if self.sampler.devices:
+            self.sampler.publish()
+
+    def at_exit(self) -> None:
+        if self.uncaught is None:
+            self.stop("normal")
+        elif _is_oom(self.uncaught):
+            self.stop("oom")
+        else:
+            self.stop("exception")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__) or ("CUDA out of memory" in str(exc))
+
+
+def _safe(fn: Any, default: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+# ------------------------------------------------------------------ module API
+_lock = threading.Lock()
+_hook: Optional[Hook] = None
+_warned_twice = False
+
+
+def start(**overrides: Any) -> bool:
+    """Start oomsight in this process; keyword arguments override ``OOMSIGHT_*`` settings.
+
+    Returns True when the hook runs. Never raises.
+    """
+    global _hook, _warned_twice
+    with _lock:
+        if _hook is not None:
+            if not _warned_twice:
+                _warned_twice = True
+                logger.warning("oomsight: start() called again; the hook is already running")
+            return True
+        try:
+            _hook = _build(overrides)
+        except Exception as exc:
+            logger.warning("oomsight: not started: unexpected %s: %s", type(exc).__name__, exc)
+            _hook = None
+        return _hook is not None
+
+
+def _build(overrides: dict[str, Any]) -> Optional[Hook]:
+    try:
+        settings = Settings.from_env().replace(**overrides)
+    except ConfigError as exc:
+        logger.error("oomsight: not started: %s", exc)
+        return None
+    if settings.disabled:
+        logger.info("oomsight: disabled by OOMSIGHT_DISABLED")
+        return None
+    try:
+        import torch
+    except ImportError:
+        logger.warning("oomsight: idle: torch is not importable in this Python")
+        return None
+    cuda = TorchCuda(torch)
+    reason = _safe(cuda.unavailable_reason, "torch.cuda could not be queried")
+    if reason:
+        logger.warning("oomsight: idle: %s", reason)
+        return None
+    hook = Hook(settings, cuda, Nvml() if settings.nvml else None, torch)
+    hook.start()
+    atexit.register(hook.at_exit)
+    _chain_excepthook(hook)
+    return hook
+
+
+def _chain_excepthook(hook: Hook) -> None:
+    previous = sys.excepthook
+
+    def excepthook(tp: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        hook.uncaught = value
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def stop() -> None:
+    """Stop sampling and write the final snapshot. Safe to call when not started."""
+    global _hook
+    with _lock:
+        hook, _hook = _hook, None
+    if hook is not None:
+        try:
+            hook.stop()
+        except Exception as exc:
+            logger.warning("oomsight: stop failed: %s", exc)
+
+
+def current() -> Optional[Hook]:
+    """The running hook, if any (for tests and the report)."""
+    return _hook
+
+
+def _after_fork_in_child() -> None:
+    global _hook
+    _hook = None  # threads do not survive fork; a forked worker must not write as its parent
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from fakes import FakeCuda, FakeNvmlModule  # noqa: E402
+
+from oomsight.config import Settings  # noqa: E402
+from oomsight.hook import Hook  # noqa: E402
+from oomsight.nvml import Nvml  # noqa: E402
+
+
+@pytest.fixture
+def spool(tmp_path: Any) -> str:
+    return str(tmp_path / "spool")
+
+
+@pytest.fixture
+def make_hook(spool: str) -> Callable[..., Hook]:
+    """Build a real Hook over fakes; stop it after the test."""
+    made: list[Hook] = []
+
+    def build(cuda: FakeCuda | None = None, nvml: Any = "fake", **overrides: Any) -> Hook:
+        settings = Settings(spool_dir=spool, termination_message_path="").replace(**overrides)
+        module = FakeNvmlModule() if nvml == "fake" else nvml
+        hook = Hook(settings, cuda or FakeCuda(), Nvml(module) if module is not None else None)
+        made.append(hook)
+        return hook
+
+    yield build
+    for hook in made:
+        hook.sampler.stop_thread()

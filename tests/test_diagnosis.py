@@ -1,0 +1,110 @@
+import pytest
+
+from oomsight.diagnosis import CAUSES, OomFacts, diagnose, leak_growth
+
+GIB = 1 << 30
+
+
+def facts(**kw):
+    base = OomFacts(
+        requested_bytes=2 * GIB,
+        device_total_bytes=80 * GIB,
+        device_free_bytes=GIB // 2,
+        allocated_bytes=75 * GIB,
+        reserved_bytes=76 * GIB,
+        inactive_split_bytes=0,
+        nvml=None,
+        categories=None,
+        trend=[],
+        expandable_segments=False,
+    )
+    base.update(kw)
+    return base
+
+
+def nvml(used, own=None, visible=False):
+    return {
+        "total_bytes": 80 * GIB, "used_bytes": used, "free_bytes": 80 * GIB - used, "reserved_bytes": None,
+        "utilization_ratio": None, "process_used_bytes": own, "process_visible": visible, "other_processes": 1,
+    }
+
+
+def test_true_exhaustion_with_activations_dominating_advises_checkpointing():
+    cats = {"parameters_bytes": 5 * GIB, "gradients_bytes": 5 * GIB, "optimizer_state_bytes": 10 * GIB,
+            "activations_bytes": 55 * GIB, "basis": "at_oom", "measured_at": 0.0}
+    d = diagnose(facts(categories=cats))
+    assert d["cause"] == "exhaustion"
+    assert "checkpoint" in d["remedies"][0]
+
+
+def test_exhaustion_dominated_by_model_state_advises_sharding():
+    cats = {"parameters_bytes": 20 * GIB, "gradients_bytes": 20 * GIB, "optimizer_state_bytes": 30 * GIB,
+            "activations_bytes": 5 * GIB, "basis": "at_oom", "measured_at": 0.0}
+    assert "FSDP" in diagnose(facts(categories=cats))["remedies"][0]
+
+
+def test_one_huge_request_is_oversized():
+    d = diagnose(facts(requested_bytes=60 * GIB, allocated_bytes=10 * GIB, reserved_bytes=10 * GIB,
+                       device_free_bytes=69 * GIB))
+    assert d["cause"] == "oversized_request"
+
+
+def test_enough_bytes_in_pieces_is_fragmentation_and_names_expandable_segments():
+    d = diagnose(facts(allocated_bytes=60 * GIB, reserved_bytes=78 * GIB, device_free_bytes=GIB, requested_bytes=4 * GIB))
+    assert d["cause"] == "fragmentation"
+    assert "expandable_segments:True" in d["remedies"][0]
+
+
+def test_fragmentation_with_expandable_segments_on_suggests_other_settings():
+    d = diagnose(facts(allocated_bytes=60 * GIB, reserved_bytes=78 * GIB, requested_bytes=4 * GIB,
+                       expandable_segments=True))
+    assert "already on" in d["remedies"][0]
+
+
+def test_other_processes_holding_memory_is_named():
+    d = diagnose(facts(allocated_bytes=40 * GIB, reserved_bytes=41 * GIB,
+                       nvml=nvml(used=79 * GIB, own=42 * GIB, visible=True)))
+    assert d["cause"] == "other_process"
+
+
+def test_large_memory_outside_the_allocator_is_non_pytorch():
+    d = diagnose(facts(allocated_bytes=40 * GIB, reserved_bytes=41 * GIB,
+                       nvml=nvml(used=79 * GIB, own=79 * GIB, visible=True)))
+    assert d["cause"] == "non_pytorch_memory" and "NCCL" in d["remedies"][0]
+
+
+def test_without_pid_visibility_outside_memory_mentions_both_possibilities():
+    d = diagnose(facts(allocated_bytes=40 * GIB, reserved_bytes=41 * GIB, nvml=nvml(used=79 * GIB)))
+    assert d["cause"] == "non_pytorch_memory" and "other processes" in d["summary"]
+
+
+def test_steady_growth_between_steps_is_a_leak():
+    trend = [[t, (10 + 3 * t) * GIB, 10 * t + 1] for t in range(8)]
+    d = diagnose(facts(trend=trend))
+    assert d["cause"] == "leak"
+    assert any("loss.item()" in r for r in d["remedies"])
+
+
+@pytest.mark.parametrize(
+    "trend",
+    [
+        [[t, 10 * GIB, t] for t in range(8)],  # flat
+        [[t, (10 + t % 2) * GIB, t] for t in range(8)],  # sawtooth, no trend
+        [[t, (10 + 3 * t) * GIB, 5] for t in range(8)],  # growth but no steps ran
+        [[t, (10 + t) * GIB, t] for t in range(3)],  # too few points
+    ],
+)
+def test_no_leak_without_steady_growth_over_steps(trend):
+    assert leak_growth(trend, 80 * GIB) is None
+
+
+def test_a_memory_fraction_cap_is_respected():
+    # under set_per_process_memory_fraction the observer reports the cap as total, free is physical
+    d = diagnose(facts(device_total_bytes=8 * GIB, allocated_bytes=7 * GIB, reserved_bytes=8 * GIB - 1,
+                       device_free_bytes=70 * GIB, requested_bytes=2 * GIB))
+    assert d["cause"] == "exhaustion"
+
+
+def test_causes_are_a_closed_list():
+    assert set(CAUSES) == {"oversized_request", "other_process", "non_pytorch_memory", "leak",
+                           "fragmentation", "exhaustion"}

@@ -1,0 +1,259 @@
+"""The in-process hook over a fake torch.cuda: sampling, snapshots, OOM capture, outcomes."""
+
+import errno
+import json
+import os
+
+from fakes import GIB, MIB, FakeCuda, FakeNvmlModule, FakeOptimizer
+
+from oomsight.schema import validate
+from oomsight.spool import SpoolReader
+
+
+def read_snapshot(spool):
+    state = SpoolReader(spool).read()
+    assert len(state.snapshots) == 1, state
+    return state.snapshots[0]
+
+
+def test_a_tick_publishes_a_valid_snapshot_of_the_used_device(make_hook, spool):
+    cuda = FakeCuda(devices=2)
+    cuda.set(0, allocated=3 * GIB, reserved=4 * GIB, peak_allocated=5 * GIB, peak_reserved=6 * GIB, inactive_split=7 * MIB)
+    hook = make_hook(cuda)
+    hook.start()  # the fake is initialised: on_cuda_init runs at once and starts the thread
+    hook.sampler.stop_thread()
+    hook.sampler.tick()
+    snap = read_snapshot(spool)
+    assert validate(snap) == "snapshot"
+    assert [d["index"] for d in snap["devices"]] == [0]  # device 1 never allocated: not "used"
+    a = snap["devices"][0]["allocator"]
+    assert (a["allocated_bytes"], a["reserved_bytes"], a["peak_allocated_bytes"]) == (3 * GIB, 4 * GIB, 5 * GIB)
+    assert a["inactive_split_bytes"] == 7 * MIB
+    assert snap["devices"][0]["uuid"].startswith("GPU-")
+    assert snap["sources"]["oom_observer"] is True
+    assert snap["devices"][0]["nvml"]["total_bytes"] == 140 * GIB
+
+
+def test_window_peak_keeps_the_sampled_maximum_between_publishes(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=0, reserved=10 * GIB)
+    hook = make_hook(cuda, publish_interval_seconds=10.0)
+    hook.sampler.tick()  # first tick publishes
+    for alloc in (1, 9, 2):
+        cuda.set(0, allocated=alloc * GIB, reserved=10 * GIB)
+        hook.sampler.tick()
+    hook.sampler.publish()
+    a = read_snapshot(spool)["devices"][0]["allocator"]
+    assert a["allocated_bytes"] == 2 * GIB
+    assert a["window_peak_allocated_bytes"] == 9 * GIB
+    assert a["window_min_allocated_bytes"] == 0  # the very first sample was empty
+
+
+def test_the_sampler_waits_for_cuda_initialisation(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.initialized = False
+    cuda.set(0, allocated=GIB, reserved=GIB)
+    hook = make_hook(cuda)
+    hook.start()
+    assert hook.sampler._thread is None and cuda.observer is None
+    hook.sampler.tick()
+    assert not os.path.exists(os.path.join(spool, "snapshots")) or not os.listdir(os.path.join(spool, "snapshots"))
+    cuda.initialize()
+    assert cuda.observer is not None and hook.sampler._thread is not None
+
+
+def test_without_lazy_call_the_thread_polls_and_works(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.lazy_call_supported = False
+    cuda.observer_supported = False
+    cuda.set(0, allocated=GIB, reserved=GIB)
+    hook = make_hook(cuda)
+    hook.start()
+    assert hook.sampler._thread is not None
+    hook.sampler.tick()
+    assert read_snapshot(spool)["sources"]["oom_observer"] is False
+
+
+def test_allocator_errors_are_swallowed_and_counted(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=GIB)
+    hook = make_hook(cuda)
+    hook.sampler.tick()
+    cuda.read_error = RuntimeError("driver gone")
+    hook.sampler._next_publish = 0
+    hook.sampler.tick()
+    snap = read_snapshot(spool)
+    assert snap["errors"]["allocator"] >= 1 and snap["sources"]["allocator"] is False
+
+
+def test_an_unwritable_spool_is_counted_not_raised(make_hook, spool, caplog):
+    os.makedirs(os.path.dirname(spool), exist_ok=True)
+    with open(spool, "w") as fh:  # a file where the directory should be
+        fh.write("x")
+    hook = make_hook()
+    hook.start()
+    hook.sampler.stop_thread()
+    hook.sampler.tick()
+    assert hook.errors.counts["spool_write"] >= 2
+    assert sum("spool_write failed" in r.message for r in caplog.records) == 1
+
+
+def test_disk_full_is_counted_not_raised(make_hook, monkeypatch):
+    hook = make_hook()
+    hook.writer.prepare()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hook.writer, "write_snapshot", full)
+    hook.sampler.tick()
+    assert hook.errors.counts["spool_write"] == 1
+
+
+def test_an_oom_is_written_durably_with_diagnosis_before_returning(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=130 * GIB, reserved=132 * GIB, ooms=1)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.stop_thread()
+    cuda.observer(0, 20 * GIB, 140 * GIB, 1 * GIB)
+    events = sorted(os.listdir(os.path.join(spool, "events")))
+    assert len(events) == 1
+    with open(os.path.join(spool, "events", events[0])) as fh:
+        ev = json.load(fh)
+    assert validate(ev) == "oom_event"
+    assert ev["requested_bytes"] == 20 * GIB and ev["device_free_bytes"] == GIB
+    assert ev["reserved_unallocated_bytes"] == 2 * GIB
+    assert ev["outcome"] == "pending"
+    assert ev["diagnosis"]["cause"] == "exhaustion"
+    assert ev["allocator_summary"].startswith("|")
+    # the observer also published a snapshot, so the process is known at once
+    assert read_snapshot(spool)["devices"][0]["allocator"]["ooms"] == 1
+
+
+def test_a_step_after_an_oom_marks_it_recovered(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=GIB)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.stop_thread()
+    hook.steps.on_step = hook.oom.on_step
+    cuda.observer(0, 4 * GIB, 140 * GIB, GIB)
+    hook.steps.post_step(FakeOptimizer(), (), {})
+    (ev,) = SpoolReader(spool).read().events
+    assert ev["outcome"] == "recovered" and ev["outcome_time"] is not None
+
+
+def test_an_uncaught_oom_is_fatal_and_writes_the_termination_message(make_hook, spool, tmp_path):
+    term = tmp_path / "termination-log"
+    term.write_text("")
+    cuda = FakeCuda()
+    cuda.set(0, allocated=100 * GIB, reserved=101 * GIB)
+    hook = make_hook(cuda, termination_message_path=str(term))
+    hook.start()
+    cuda.observer(0, 80 * GIB, 140 * GIB, 30 * GIB)
+    hook.uncaught = type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory")
+    hook.at_exit()
+    state = SpoolReader(spool).read()
+    assert state.events[0]["outcome"] == "fatal"
+    assert state.snapshots[0]["state"] == "exited" and state.snapshots[0]["exit_reason"] == "oom"
+    message = term.read_text()
+    assert message.startswith("CUDA out of memory (oomsight) on rank 0 device 0")
+    assert "Cause: oversized_request" in message and len(message.encode()) <= 4096
+
+
+def test_the_termination_message_file_is_never_created(make_hook, tmp_path):
+    path = tmp_path / "no-such-file"
+    cuda = FakeCuda()
+    hook = make_hook(cuda, termination_message_path=str(path))
+    hook.start()
+    cuda.observer(0, GIB, 140 * GIB, 0)
+    hook.uncaught = RuntimeError("CUDA out of memory")
+    hook.at_exit()
+    assert not path.exists()
+
+
+def test_oom_files_stop_at_the_limit_but_are_still_counted(make_hook, spool):
+    cuda = FakeCuda()
+    hook = make_hook(cuda, max_oom_events=2)
+    hook.start()
+    hook.sampler.stop_thread()
+    for _ in range(5):
+        cuda.observer(0, GIB, 140 * GIB, 0)
+    assert len(os.listdir(os.path.join(spool, "events"))) == 2
+    hook.sampler.publish()
+    assert read_snapshot(spool)["oom_events_unwritten"] == 3
+
+
+def test_history_writes_one_snapshot_artifact(make_hook, spool):
+    cuda = FakeCuda()
+    hook = make_hook(cuda, record_history=True)
+    hook.start()
+    hook.sampler.stop_thread()
+    assert cuda.history_on
+    cuda.observer(0, GIB, 140 * GIB, 0)
+    cuda.observer(0, GIB, 140 * GIB, 0)  # within a minute: no second pickle
+    events = SpoolReader(spool).read().events
+    assert events[0]["snapshot_artifact"] == f"{hook.process['id']}.oom-00001.pickle"
+    assert events[1]["snapshot_artifact"] is None
+    assert os.listdir(os.path.join(spool, "artifacts")) == [events[0]["snapshot_artifact"]]
+    hook.stop()
+    assert not cuda.history_on  # we turned it on, so we turn it off
+
+
+def test_an_observer_failure_never_reaches_the_caller(make_hook):
+    cuda = FakeCuda()
+    hook = make_hook(cuda)
+    hook.start()
+    cuda.read_error = RuntimeError("boom")
+    cuda.observer(0, GIB, 140 * GIB, 0)  # must not raise
+    assert hook.errors.counts["oom_observer"] == 1
+
+
+def test_nvml_absent_turns_the_source_off_and_logs_once(make_hook, spool, caplog):
+    module = FakeNvmlModule()
+    module.fail_init = OSError("libnvidia-ml.so.1: cannot open shared object file")
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=GIB)
+    hook = make_hook(cuda, nvml=module)
+    for _ in range(3):
+        hook.sampler._next_publish = 0
+        hook.sampler.tick()
+    snap = read_snapshot(spool)
+    assert snap["sources"]["nvml"] is False and snap["devices"][0]["nvml"] is None
+    assert sum("NVML unavailable" in r.message for r in caplog.records) == 1
+
+
+def test_nvml_sees_this_process_when_its_pid_is_listed(make_hook, spool):
+    pid = os.getpid()
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=2 * GIB)
+    hook = make_hook(cuda, nvml=FakeNvmlModule(used=20 * GIB, procs=[(pid, 3 * GIB), (99999, 17 * GIB)]))
+    hook.sampler.tick()
+    nv = read_snapshot(spool)["devices"][0]["nvml"]
+    assert nv["process_visible"] and nv["process_used_bytes"] == 3 * GIB and nv["other_processes"] == 1
+    assert nv["utilization_ratio"] == 0.87
+
+
+def test_step_peaks_are_opt_in_and_reset_the_peak(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=2 * GIB, peak_allocated=5 * GIB, peak_reserved=6 * GIB)
+    plain = make_hook(cuda)
+    plain.sampler.tick()
+    plain.steps.post_step(FakeOptimizer(), (), {})
+    assert cuda.resets == []
+    opted = make_hook(cuda, step_peaks=True)
+    opted.sampler.tick()
+    opted.steps.post_step(FakeOptimizer(), (), {})
+    assert cuda.resets == [0]
+    assert opted.steps.step_peaks[0] == {"allocated_bytes": 5 * GIB, "reserved_bytes": 6 * GIB}
+
+
+def test_a_forked_child_does_not_write_as_its_parent(make_hook, spool, monkeypatch):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=GIB)
+    hook = make_hook(cuda)
+    hook.sampler.tick()
+    monkeypatch.setattr(os, "getpid", lambda: hook.pid + 1)
+    hook.at_exit()
+    assert read_snapshot(spool)["state"] == "running"

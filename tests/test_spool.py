@@ -1,0 +1,144 @@
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oomsight import spool as spool_mod
+from oomsight.schema import SCHEMA_VERSION
+from oomsight.spool import SpoolReader, SpoolWriter
+
+
+def snapshot_doc(pid=1, rank=0, t=1000.0, **extra):
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "snapshot",
+        "process": {"id": f"{pid}-ab", "pid": pid, "rank": rank, "local_rank": rank, "started_at": t - 10},
+        "time": t,
+        "seq": 1,
+        "state": "running",
+        "devices": [],
+        "steps": {"count": 0, "duration_seconds_total": 0.0},
+        "sources": {},
+        "errors": {},
+    }
+    doc.update(extra)
+    return doc
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(data if isinstance(data, bytes) else json.dumps(data).encode())
+
+
+def test_writer_replaces_the_snapshot_atomically_and_leaves_no_temp_file(spool):
+    w = SpoolWriter(spool, "1-ab")
+    w.prepare()
+    w.write_snapshot(snapshot_doc(t=1.0))
+    w.write_snapshot(snapshot_doc(t=2.0))
+    files = os.listdir(os.path.join(spool, "snapshots"))
+    assert files == ["1-ab.json"]
+    state = SpoolReader(spool).read()
+    assert [s["time"] for s in state.snapshots] == [2.0]
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b'{"schema_version": 1, "kind": "snap', "corrupt"),
+        (b"\xff\xfe\x00garbage", "corrupt"),
+        ({"hello": "world"}, "foreign"),
+        (["a", "list"], "foreign"),
+        ({"schema_version": 99, "kind": "snapshot"}, "future_version"),
+        ({"schema_version": 1, "kind": "snapshot", "time": "yesterday"}, "invalid"),
+        ({"schema_version": 1, "kind": "teapot"}, "invalid"),
+    ],
+)
+def test_a_bad_file_is_a_counted_skip_and_stays_in_place(spool, content, reason, caplog):
+    write(os.path.join(spool, "snapshots", "good.json"), snapshot_doc())
+    bad = os.path.join(spool, "snapshots", "bad.json")
+    write(bad, content)
+    reader = SpoolReader(spool)
+    state = reader.read()
+    assert len(state.snapshots) == 1
+    assert state.skipped_total[reason] == 1
+    assert os.path.exists(bad)
+    assert sum("skipping spool file" in r.message for r in caplog.records) == 1
+    # reading again does not count (or log) the same unchanged file again
+    assert reader.read().skipped_total[reason] == 1
+    assert sum("skipping spool file" in r.message for r in caplog.records) == 1
+
+
+def test_oversized_files_are_not_read(spool, monkeypatch):
+    write(os.path.join(spool, "events", "big.json"), b" " * 2048)
+    state = SpoolReader(spool, max_file_bytes=1024).read()
+    assert state.skipped_total["oversized"] == 1
+
+
+def test_a_snapshot_in_the_events_folder_is_foreign(spool):
+    write(os.path.join(spool, "events", "x.oom-00001.json"), snapshot_doc())
+    assert SpoolReader(spool).read().skipped_total["foreign"] == 1
+
+
+def test_temp_files_of_writers_in_flight_are_ignored(spool):
+    write(os.path.join(spool, "snapshots", ".1-ab.json.tmp-5-6"), b"{partial")
+    state = SpoolReader(spool).read()
+    assert state.snapshots == [] and sum(state.skipped_total.values()) == 0
+
+
+def test_a_corrupt_file_that_is_rewritten_correctly_is_read_again(spool):
+    path = os.path.join(spool, "snapshots", "1-ab.json")
+    write(path, b"{broken")
+    reader = SpoolReader(spool)
+    assert reader.read().snapshots == []
+    spool_mod.write_atomic(path, json.dumps(snapshot_doc()).encode(), durable=False)
+    assert len(reader.read().snapshots) == 1
+
+
+def test_a_missing_spool_is_reported_not_raised(tmp_path):
+    state = SpoolReader(str(tmp_path / "nope")).read()
+    assert not state.readable and "not a directory" in state.error
+
+
+def test_artifacts_are_evicted_oldest_first(spool):
+    w = SpoolWriter(spool, "1-ab")
+    w.prepare()
+    for seq in range(1, 5):
+        path = w.artifact_path(seq, "pickle")
+        write(path, b"x" * 100)
+        os.utime(path, ns=(seq * 10**9, seq * 10**9))
+    evicted = w.evict_artifacts(250)
+    assert [os.path.basename(p) for p in evicted] == ["1-ab.oom-00001.pickle", "1-ab.oom-00002.pickle"]
+    assert sorted(os.listdir(os.path.join(spool, "artifacts"))) == ["1-ab.oom-00003.pickle", "1-ab.oom-00004.pickle"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=4096))
+def test_the_reader_never_crashes_on_arbitrary_bytes(tmp_path_factory, data):
+    root = str(tmp_path_factory.mktemp("fuzz"))
+    write(os.path.join(root, "snapshots", "x.json"), data)
+    write(os.path.join(root, "events", "y.oom-00001.json"), data)
+    state = SpoolReader(root).read()
+    assert state.readable
+    assert len(state.snapshots) + sum(state.skipped_total.values()) >= 1
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values, st.sampled_from(["snapshot", "oom_event"]))
+def test_the_reader_never_crashes_on_arbitrary_json_with_our_header(tmp_path_factory, body, kind):
+    root = str(tmp_path_factory.mktemp("fuzzjson"))
+    doc = body if isinstance(body, dict) else {"body": body}
+    doc = {**doc, "schema_version": 1, "kind": kind}
+    folder = "snapshots" if kind == "snapshot" else "events"
+    write(os.path.join(root, folder, "z.json"), doc)
+    state = SpoolReader(root).read()
+    assert state.readable
