@@ -1,0 +1,111 @@
+"""Real programs for tests: the sidecar as a subprocess, a real Prometheus server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.1) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"condition not met within {timeout} s")
+
+
+@contextmanager
+def sidecar(spool: str, *extra: str, env: Optional[dict[str, str]] = None) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oomsight", "sidecar", "--spool", spool, "--host", "127.0.0.1", "--port", str(port), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    try:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200)
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextmanager
+def prometheus(workdir: str, targets: list[str], rule_files: Optional[list[str]] = None,
+               scrape_interval: str = "1s") -> Iterator[str]:
+    """A real Prometheus scraping ``targets`` (host:port) with pod-like target labels."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is not installed: run scripts/install-tools.sh"
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": rule_files or [],
+        "scrape_configs": [
+            {
+                "job_name": "oomsight",
+                "static_configs": [
+                    {"targets": [t], "labels": {"namespace": "team-a", "pod": f"train-{i}", "container": "oomsight"}}
+                    for i, t in enumerate(targets)
+                ],
+            }
+        ],
+    }
+    cfg = os.path.join(workdir, "prometheus.yml")
+    with open(cfg, "w") as fh:
+        json.dump(config, fh)  # JSON is YAML
+    proc = subprocess.Popen(
+        [binary, f"--config.file={cfg}", f"--storage.tsdb.path={os.path.join(workdir, 'tsdb')}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_get(f"{url}/-/ready")[0] == 200, timeout=30)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def promql(url: str, expr: str) -> list[dict[str, Any]]:
+    status, body = http_get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    doc = json.loads(body)
+    assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
+    return list(doc["data"]["result"])
