@@ -8,11 +8,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from fakes import FakeCuda, FakeNvmlModule  # noqa: E402
+from oomsight.config import Settings
+from oomsight.hook import Hook
+from oomsight.nvml import Nvml
 
-from oomsight.config import Settings  # noqa: E402
-from oomsight.hook import Hook  # noqa: E402
-from oomsight.nvml import Nvml  # noqa: E402
+from fakes import FakeCuda, FakeNvmlModule
 
 
 @pytest.fixture

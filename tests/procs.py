@@ -46,11 +46,28 @@ def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.1) -> An
 
 
 @contextmanager
-def sidecar(spool: str, *extra: str, env: Optional[dict[str, str]] = None) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def sidecar(
+    spool: str, *extra: str, env: Optional[dict[str, str]] = None
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "oomsight", "sidecar", "--spool", spool, "--host", "127.0.0.1", "--port", str(port), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "oomsight",
+            "sidecar",
+            "--spool",
+            spool,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200)
@@ -65,8 +82,9 @@ def sidecar(spool: str, *extra: str, env: Optional[dict[str, str]] = None) -> It
 
 
 @contextmanager
-def prometheus(workdir: str, targets: list[str], rule_files: Optional[list[str]] = None,
-               scrape_interval: str = "1s") -> Iterator[str]:
+def prometheus(
+    workdir: str, targets: list[str], rule_files: Optional[list[str]] = None, scrape_interval: str = "1s"
+) -> Iterator[str]:
     """A real Prometheus scraping ``targets`` (host:port) with pod-like target labels."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: run scripts/install-tools.sh"
@@ -88,9 +106,16 @@ def prometheus(workdir: str, targets: list[str], rule_files: Optional[list[str]]
     with open(cfg, "w") as fh:
         json.dump(config, fh)  # JSON is YAML
     proc = subprocess.Popen(
-        [binary, f"--config.file={cfg}", f"--storage.tsdb.path={os.path.join(workdir, 'tsdb')}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            binary,
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={os.path.join(workdir, 'tsdb')}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:

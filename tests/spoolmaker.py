@@ -6,11 +6,11 @@ import os
 import time
 from typing import Any, Optional
 
-from fakes import GIB, FakeCuda, FakeNvmlModule, FakeOptimizer
-
 from oomsight.config import Settings
 from oomsight.hook import Hook
 from oomsight.nvml import Nvml
+
+from fakes import GIB, FakeCuda, FakeNvmlModule, FakeOptimizer
 
 
 def hooked_process(

@@ -5,11 +5,12 @@ import re
 import subprocess
 
 import pytest
-from fakes import GIB, ROOT
 from prometheus_client import CollectorRegistry, generate_latest
-from spoolmaker import hooked_process
 
 from oomsight.collector import SpoolCollector
+
+from fakes import GIB, ROOT
+from spoolmaker import hooked_process
 
 
 def registry_for(spool, **kw):
@@ -20,8 +21,12 @@ def registry_for(spool, **kw):
 
 
 def labels(rank=0, device="0"):
-    return {"rank": str(rank), "local_rank": str(rank), "device": device,
-            "gpu_uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd"}
+    return {
+        "rank": str(rank),
+        "local_rank": str(rank),
+        "device": device,
+        "gpu_uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
+    }
 
 
 def test_allocator_values_reach_the_exposition(spool, monkeypatch):
@@ -33,7 +38,10 @@ def test_allocator_values_reach_the_exposition(spool, monkeypatch):
     assert reg.get_sample_value("oomsight_gpu_memory_total_bytes", labels()) == 140 * GIB
     assert reg.get_sample_value("oomsight_gpu_non_torch_bytes", labels()) == GIB  # process used 5 - reserved 4
     assert reg.get_sample_value("oomsight_gpu_headroom_bytes", labels()) == 140 * GIB - GIB - 4 * GIB
-    assert reg.get_sample_value("oomsight_memory_by_category_bytes", {**labels(), "category": "optimizer_state"}) == GIB // 2
+    assert (
+        reg.get_sample_value("oomsight_memory_by_category_bytes", {**labels(), "category": "optimizer_state"})
+        == GIB // 2
+    )
     assert reg.get_sample_value("oomsight_memory_by_category_bytes", {**labels(), "category": "activations"}) == (
         4 * GIB - GIB - GIB - GIB // 2  # step peak (opt-in) minus parameters, gradients, state
     )
@@ -64,7 +72,7 @@ def test_an_oom_is_counted_with_its_cause_and_outcome(spool, monkeypatch):
 
 def test_a_pending_oom_of_a_vanished_process_counts_as_fatal(spool, monkeypatch):
     clock = [1000.0]
-    hook, cuda = hooked_process(spool, monkeypatch=monkeypatch, clock=lambda: clock[0])
+    _hook, cuda = hooked_process(spool, monkeypatch=monkeypatch, clock=lambda: clock[0])
     cuda.observer(0, 100 * GIB, 140 * GIB, 2 * GIB)  # then the process is SIGKILLed: no exit handler
     reg, _ = registry_for(spool, clock=lambda: 1000.0 + 31)
     assert reg.get_sample_value("oomsight_process_up", {"rank": "0", "local_rank": "0"}) == 0
@@ -89,7 +97,7 @@ def test_a_restarted_rank_continues_its_oom_count(spool, monkeypatch):
     cuda.observer(0, 100 * GIB, 140 * GIB, 2 * GIB)
     first.uncaught = RuntimeError("CUDA out of memory")
     first.at_exit()
-    second, cuda2 = hooked_process(spool, monkeypatch=monkeypatch)
+    _second, cuda2 = hooked_process(spool, monkeypatch=monkeypatch)
     cuda2.observer(0, 100 * GIB, 140 * GIB, 2 * GIB)
     reg, _ = registry_for(spool)
     assert reg.get_sample_value("oomsight_oom_events_total", labels()) == 2
@@ -115,7 +123,7 @@ def test_corrupt_files_are_counted_by_reason(spool, monkeypatch):
 
 @pytest.mark.e2e
 def test_the_exposition_passes_promtool_check_metrics(spool, monkeypatch):
-    hook, cuda = hooked_process(spool, monkeypatch=monkeypatch)
+    _hook, cuda = hooked_process(spool, monkeypatch=monkeypatch)
     cuda.observer(0, 100 * GIB, 140 * GIB, 2 * GIB)
     reg, _ = registry_for(spool)
     text = generate_latest(reg)

@@ -1,9 +1,10 @@
 import os
 
 import pytest
-from fakes import ROOT
 
 from oomsight.config import ALL_ENV_VARS, ConfigError, Settings
+
+from fakes import ROOT
 
 
 def test_defaults_need_no_environment():

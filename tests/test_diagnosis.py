@@ -24,52 +24,76 @@ def facts(**kw):
 
 def nvml(used, own=None, visible=False):
     return {
-        "total_bytes": 80 * GIB, "used_bytes": used, "free_bytes": 80 * GIB - used, "reserved_bytes": None,
-        "utilization_ratio": None, "process_used_bytes": own, "process_visible": visible, "other_processes": 1,
+        "total_bytes": 80 * GIB,
+        "used_bytes": used,
+        "free_bytes": 80 * GIB - used,
+        "reserved_bytes": None,
+        "utilization_ratio": None,
+        "process_used_bytes": own,
+        "process_visible": visible,
+        "other_processes": 1,
     }
 
 
 def test_true_exhaustion_with_activations_dominating_advises_checkpointing():
-    cats = {"parameters_bytes": 5 * GIB, "gradients_bytes": 5 * GIB, "optimizer_state_bytes": 10 * GIB,
-            "activations_bytes": 55 * GIB, "basis": "at_oom", "measured_at": 0.0}
+    cats = {
+        "parameters_bytes": 5 * GIB,
+        "gradients_bytes": 5 * GIB,
+        "optimizer_state_bytes": 10 * GIB,
+        "activations_bytes": 55 * GIB,
+        "basis": "at_oom",
+        "measured_at": 0.0,
+    }
     d = diagnose(facts(categories=cats))
     assert d["cause"] == "exhaustion"
     assert "checkpoint" in d["remedies"][0]
 
 
 def test_exhaustion_dominated_by_model_state_advises_sharding():
-    cats = {"parameters_bytes": 20 * GIB, "gradients_bytes": 20 * GIB, "optimizer_state_bytes": 30 * GIB,
-            "activations_bytes": 5 * GIB, "basis": "at_oom", "measured_at": 0.0}
+    cats = {
+        "parameters_bytes": 20 * GIB,
+        "gradients_bytes": 20 * GIB,
+        "optimizer_state_bytes": 30 * GIB,
+        "activations_bytes": 5 * GIB,
+        "basis": "at_oom",
+        "measured_at": 0.0,
+    }
     assert "FSDP" in diagnose(facts(categories=cats))["remedies"][0]
 
 
 def test_one_huge_request_is_oversized():
-    d = diagnose(facts(requested_bytes=60 * GIB, allocated_bytes=10 * GIB, reserved_bytes=10 * GIB,
-                       device_free_bytes=69 * GIB))
+    d = diagnose(
+        facts(requested_bytes=60 * GIB, allocated_bytes=10 * GIB, reserved_bytes=10 * GIB, device_free_bytes=69 * GIB)
+    )
     assert d["cause"] == "oversized_request"
 
 
 def test_enough_bytes_in_pieces_is_fragmentation_and_names_expandable_segments():
-    d = diagnose(facts(allocated_bytes=60 * GIB, reserved_bytes=78 * GIB, device_free_bytes=GIB, requested_bytes=4 * GIB))
+    d = diagnose(
+        facts(allocated_bytes=60 * GIB, reserved_bytes=78 * GIB, device_free_bytes=GIB, requested_bytes=4 * GIB)
+    )
     assert d["cause"] == "fragmentation"
     assert "expandable_segments:True" in d["remedies"][0]
 
 
 def test_fragmentation_with_expandable_segments_on_suggests_other_settings():
-    d = diagnose(facts(allocated_bytes=60 * GIB, reserved_bytes=78 * GIB, requested_bytes=4 * GIB,
-                       expandable_segments=True))
+    d = diagnose(
+        facts(allocated_bytes=60 * GIB, reserved_bytes=78 * GIB, requested_bytes=4 * GIB, expandable_segments=True)
+    )
     assert "already on" in d["remedies"][0]
 
 
 def test_other_processes_holding_memory_is_named():
-    d = diagnose(facts(allocated_bytes=40 * GIB, reserved_bytes=41 * GIB,
-                       nvml=nvml(used=79 * GIB, own=42 * GIB, visible=True)))
+    d = diagnose(
+        facts(allocated_bytes=40 * GIB, reserved_bytes=41 * GIB, nvml=nvml(used=79 * GIB, own=42 * GIB, visible=True))
+    )
     assert d["cause"] == "other_process"
 
 
 def test_large_memory_outside_the_allocator_is_non_pytorch():
-    d = diagnose(facts(allocated_bytes=40 * GIB, reserved_bytes=41 * GIB,
-                       nvml=nvml(used=79 * GIB, own=79 * GIB, visible=True)))
+    d = diagnose(
+        facts(allocated_bytes=40 * GIB, reserved_bytes=41 * GIB, nvml=nvml(used=79 * GIB, own=79 * GIB, visible=True))
+    )
     assert d["cause"] == "non_pytorch_memory" and "NCCL" in d["remedies"][0]
 
 
@@ -100,11 +124,24 @@ def test_no_leak_without_steady_growth_over_steps(trend):
 
 def test_a_memory_fraction_cap_is_respected():
     # under set_per_process_memory_fraction the observer reports the cap as total, free is physical
-    d = diagnose(facts(device_total_bytes=8 * GIB, allocated_bytes=7 * GIB, reserved_bytes=8 * GIB - 1,
-                       device_free_bytes=70 * GIB, requested_bytes=2 * GIB))
+    d = diagnose(
+        facts(
+            device_total_bytes=8 * GIB,
+            allocated_bytes=7 * GIB,
+            reserved_bytes=8 * GIB - 1,
+            device_free_bytes=70 * GIB,
+            requested_bytes=2 * GIB,
+        )
+    )
     assert d["cause"] == "exhaustion"
 
 
 def test_causes_are_a_closed_list():
-    assert set(CAUSES) == {"oversized_request", "other_process", "non_pytorch_memory", "leak",
-                           "fragmentation", "exhaustion"}
+    assert set(CAUSES) == {
+        "oversized_request",
+        "other_process",
+        "non_pytorch_memory",
+        "leak",
+        "fragmentation",
+        "exhaustion",
+    }

@@ -4,10 +4,10 @@ import errno
 import json
 import os
 
-from fakes import GIB, MIB, FakeCuda, FakeNvmlModule, FakeOptimizer
-
 from oomsight.schema import validate
 from oomsight.spool import SpoolReader
+
+from fakes import GIB, MIB, FakeCuda, FakeNvmlModule, FakeOptimizer
 
 
 def read_snapshot(spool):
@@ -18,7 +18,9 @@ def read_snapshot(spool):
 
 def test_a_tick_publishes_a_valid_snapshot_of_the_used_device(make_hook, spool):
     cuda = FakeCuda(devices=2)
-    cuda.set(0, allocated=3 * GIB, reserved=4 * GIB, peak_allocated=5 * GIB, peak_reserved=6 * GIB, inactive_split=7 * MIB)
+    cuda.set(
+        0, allocated=3 * GIB, reserved=4 * GIB, peak_allocated=5 * GIB, peak_reserved=6 * GIB, inactive_split=7 * MIB
+    )
     hook = make_hook(cuda)
     hook.start()  # the fake is initialised: on_cuda_init runs at once and starts the thread
     hook.sampler.stop_thread()

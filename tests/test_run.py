@@ -5,7 +5,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import urllib.request
 
 import pytest
 

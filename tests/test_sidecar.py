@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from fakes import GIB
 from procs import http_get, prometheus, promql, sidecar, wait_for
 from spoolmaker import hooked_process
@@ -29,8 +30,13 @@ def test_sigterm_stops_the_sidecar_cleanly(tmp_path):
 
 def test_a_bad_setting_fails_at_start_with_a_clear_message(tmp_path):
     env = {**os.environ, "OOMSIGHT_RETENTION_SECONDS": "forever"}
-    result = subprocess.run([sys.executable, "-m", "oomsight", "sidecar", "--spool", str(tmp_path)],
-                            capture_output=True, text=True, env=env, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "oomsight", "sidecar", "--spool", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert result.returncode == 2
     assert "OOMSIGHT_RETENTION_SECONDS='forever' is not a valid float" in result.stderr
 
@@ -41,8 +47,9 @@ def test_openmetrics_is_served_when_asked_for(tmp_path, monkeypatch):
     with sidecar(spool) as (_, port):
         import urllib.request
 
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
-                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
         body = urllib.request.urlopen(req, timeout=5).read().decode()
     assert body.rstrip().endswith("# EOF")
     assert "# UNIT oomsight_torch_allocated_bytes bytes" in body
@@ -52,7 +59,7 @@ def test_openmetrics_is_served_when_asked_for(tmp_path, monkeypatch):
 def test_two_processes_reach_promql_through_sidecar_and_prometheus(tmp_path, monkeypatch):
     spool = str(tmp_path / "spool")
     hooked_process(spool, rank=0, allocated=3 * GIB, reserved=4 * GIB, monkeypatch=monkeypatch)
-    hook1, cuda1 = hooked_process(spool, rank=1, allocated=7 * GIB, reserved=8 * GIB, monkeypatch=monkeypatch)
+    _hook1, cuda1 = hooked_process(spool, rank=1, allocated=7 * GIB, reserved=8 * GIB, monkeypatch=monkeypatch)
     cuda1.observer(0, 100 * GIB, 140 * GIB, 2 * GIB)
     with sidecar(spool) as (_, port), prometheus(str(tmp_path), [f"127.0.0.1:{port}"]) as url:
         wait_for(lambda: promql(url, "oomsight_torch_allocated_bytes"), timeout=30)

@@ -3,11 +3,12 @@
 import types
 
 import pytest
-from fakes import FakeCuda, FakeOptimizer
 
 from oomsight.config import Settings
 from oomsight.sampler import ErrorBook
 from oomsight.steps import StepTracker
+
+from fakes import FakeCuda, FakeOptimizer
 
 
 class FakeTensor:
@@ -30,8 +31,9 @@ def test_categories_sum_parameters_gradients_and_state_once_per_storage():
     w.grad, b.grad = FakeTensor(400, 3), FakeTensor(40, 4)
     tied = w  # the same parameter listed twice (tied weights) counts once
     cpu = FakeTensor(10_000, 9, cuda=False)
-    opt = FakeOptimizer([w, b, tied, cpu], state={w: {"exp_avg": FakeTensor(400, 5), "exp_avg_sq": FakeTensor(400, 6),
-                                                      "step": 3}})
+    opt = FakeOptimizer(
+        [w, b, tied, cpu], state={w: {"exp_avg": FakeTensor(400, 5), "exp_avg_sq": FakeTensor(400, 6), "step": 3}}
+    )
     t = tracker()
     t.post_step(opt, (), {})
     params, grads, state, _ = t.categories[0]

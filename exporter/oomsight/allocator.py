@@ -68,6 +68,16 @@ def nested_from_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
     return nested
 
 
+_observer_target: list[OomObserver | None] = [None]
+_trampoline_attached = False
+
+
+def _trampoline(device: int, requested: int, total: int, free: int) -> None:
+    target = _observer_target[0]
+    if target is not None:
+        target(device, requested, total, free)
+
+
 class CudaApi(Protocol):
     """What the hook needs from torch; tests pass a fake fed with recorded H200 data."""
 
@@ -149,10 +159,16 @@ class TorchCuda:
         return True
 
     def attach_oom_observer(self, fn: OomObserver) -> bool:
+        """Route the allocator's OOM observer to ``fn``. Torch has no detach, so one
+        trampoline is attached per process and later calls only change its target."""
+        global _trampoline_attached
         attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is None:
             return False
-        attach(fn)  # no detach exists: the hook attaches once per process
+        _observer_target[0] = fn
+        if not _trampoline_attached:
+            attach(_trampoline)
+            _trampoline_attached = True
         return True
 
     def reset_peak(self, device: int) -> None:

@@ -236,8 +236,9 @@ _EVENT: Spec = {
     "outcome_time": ((int, float, NONE), False, None),
 }
 _LEAVES = {
-    "numbers": lambda v: isinstance(v, list)
-    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v),
+    "numbers": lambda v: (
+        isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    ),
     "strings": lambda v: isinstance(v, str),
     "flags": lambda v: isinstance(v, bool),
     "counts": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -261,7 +262,8 @@ def _check(doc: Any, spec: Spec, where: str) -> None:
             for i, item in enumerate(value):
                 _check(item, nested, f"{where}.{key}[{i}]")
         elif isinstance(nested, str):
-            items = value.values() if isinstance(value, dict) else value
+            raw: Any = value
+            items: list[Any] = list(raw.values()) if isinstance(raw, dict) else list(raw)
             if not all(_LEAVES[nested](item) for item in items):
                 raise SchemaError(f"{where}.{key} holds a value that is not {nested}")
 

@@ -7,10 +7,10 @@ import signal
 import threading
 from typing import Any, Optional
 
-from oomsight.collector import SpoolCollector
-from oomsight.config import ConfigError
 from prometheus_client import CollectorRegistry
 
+from oomsight.collector import SpoolCollector
+from oomsight.config import ConfigError
 from oomsight_sidecar.config import SidecarSettings
 from oomsight_sidecar.server import MetricsApp, serve
 

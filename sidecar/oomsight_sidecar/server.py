@@ -12,8 +12,9 @@ from socketserver import ThreadingMixIn
 from typing import Any, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from oomsight.collector import SpoolCollector
 from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from oomsight.collector import SpoolCollector
 
 StartResponse = Callable[..., Any]
 
