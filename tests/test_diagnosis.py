@@ -109,6 +109,12 @@ def test_steady_growth_between_steps_is_a_leak():
     assert any("loss.item()" in r for r in d["remedies"])
 
 
+def test_a_leak_after_a_healthy_start_is_still_a_leak():
+    flat = [[t, 10 * GIB, 10 * t] for t in range(20)]
+    rising = [[20 + t, (10 + 2 * t) * GIB, 200 + 10 * t] for t in range(1, 7)]
+    assert leak_growth(flat + rising, 80 * GIB) == 12 * GIB
+
+
 @pytest.mark.parametrize(
     "trend",
     [

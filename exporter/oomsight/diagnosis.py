@@ -170,17 +170,21 @@ def _outside(f: OomFacts) -> tuple[Optional[int], Optional[int]]:
 def leak_growth(trend: Sequence[Sequence[float]], total: int) -> Optional[int]:
     """Growth of the between-steps trough if it rose steadily while steps ran, else None.
 
-    ``trend`` rows are ``[time, window_min_allocated_bytes, steps]``, oldest first.
+    ``trend`` rows are ``[time, window_min_allocated_bytes, steps]``, oldest first. The
+    longest recent stretch in which at least 80 % of the points rose is judged, so a
+    healthy start followed by a leak still counts.
     """
     points = [row for row in trend if len(row) >= 3]
-    if len(points) < LEAK_MIN_POINTS or points[-1][2] <= points[0][2]:
+    stretch: Optional[list[Sequence[float]]] = None
+    for start in range(len(points) - LEAK_MIN_POINTS, -1, -1):
+        seg = points[start:]
+        rising = sum(1 for a, b in zip(seg, seg[1:]) if b[1] > a[1])
+        if rising >= LEAK_MONOTONE_SHARE * (len(seg) - 1):
+            stretch = seg
+    if stretch is None or stretch[-1][2] <= stretch[0][2]:
         return None
-    diffs = [b[1] - a[1] for a, b in zip(points, points[1:])]
-    rising = sum(1 for d in diffs if d > 0)
-    growth = int(points[-1][1] - points[0][1])
-    if rising < LEAK_MONOTONE_SHARE * len(diffs) or growth < LEAK_MIN_GROWTH_SHARE * total:
-        return None
-    return growth
+    growth = int(stretch[-1][1] - stretch[0][1])
+    return growth if growth >= LEAK_MIN_GROWTH_SHARE * total else None
 
 
 def _exhaustion_remedies(cat: Optional[Categories]) -> list[str]:
