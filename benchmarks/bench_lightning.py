@@ -76,7 +76,7 @@ def fit(variant: str, steps: int, warm: int, L: Any, torch: Any, logdir: str) ->
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=400)
     args = p.parse_args()
     import lightning as L

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import statistics
 import time
 from typing import Any
 
 MODELS = {
     # DESIGN.md's reference: 8xLinear 2048, AdamW, batch 256 (GPU-bound, ~2.4 ms/step on an H200)
-    "gpu_bound": {"width": 2048, "batch": 256, "steps": 300},
+    "gpu_bound": {"width": 2048, "batch": 256, "steps": 200},
     # the same shape at 256 wide, batch 32: kernel-launch-bound, CPU time costs in full
-    "launch_bound": {"width": 256, "batch": 32, "steps": 1500},
+    "launch_bound": {"width": 256, "batch": 32, "steps": 300},
 }
 
 
@@ -47,9 +48,21 @@ def time_steps(step: Any, n: int) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
+    """Median, quartiles, range and a bootstrap 95 % interval of the median."""
     vs = sorted(values)
     q = statistics.quantiles(vs, n=4) if len(vs) >= 2 else [vs[0]] * 3
-    return {"median": statistics.median(vs), "min": vs[0], "max": vs[-1], "q1": q[0], "q3": q[2], "n": len(vs)}
+    rng = random.Random(1)
+    boot = sorted(statistics.median(rng.choices(vs, k=len(vs))) for _ in range(2000))
+    return {
+        "median": statistics.median(vs),
+        "min": vs[0],
+        "max": vs[-1],
+        "q1": q[0],
+        "q3": q[2],
+        "median_ci95_low": boot[49],
+        "median_ci95_high": boot[1949],
+        "n": len(vs),
+    }
 
 
 def percentile(values: list[float], p: float) -> float:

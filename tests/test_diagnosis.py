@@ -10,6 +10,7 @@ def facts(**kw):
         requested_bytes=2 * GIB,
         device_total_bytes=80 * GIB,
         device_free_bytes=GIB // 2,
+        physical_free_bytes=GIB // 2,
         allocated_bytes=75 * GIB,
         reserved_bytes=76 * GIB,
         inactive_split_bytes=0,
@@ -19,6 +20,8 @@ def facts(**kw):
         expandable_segments=False,
     )
     base.update(kw)
+    if "device_free_bytes" in kw and "physical_free_bytes" not in kw:
+        base["physical_free_bytes"] = kw["device_free_bytes"]
     return base
 
 
@@ -135,8 +138,10 @@ def test_a_memory_fraction_cap_is_respected():
             device_total_bytes=8 * GIB,
             allocated_bytes=7 * GIB,
             reserved_bytes=8 * GIB - 1,
-            device_free_bytes=70 * GIB,
+            device_free_bytes=1,
+            physical_free_bytes=70 * GIB,
             requested_bytes=2 * GIB,
+            nvml=nvml(used=60 * GIB),  # other tenants hold memory, but the cap is what refused
         )
     )
     assert d["cause"] == "exhaustion"

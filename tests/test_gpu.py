@@ -206,8 +206,9 @@ def test_two_processes_sharing_the_gpu_are_reported_with_distinct_ranks(tmp_path
         text=True,
     )
     try:
-        ms = wait_for(
-            lambda: (m := metrics(port)) and len(pick(m, "oomsight_torch_allocated_bytes")) == 2 and m, timeout=60
+        ms = wait_for(  # both ranks have published after their allocation
+            lambda: (m := metrics(port)) and sorted(pick(m, "oomsight_torch_allocated_bytes")) == [GIB, 2 * GIB] and m,
+            timeout=60,
         )
     finally:
         out = job.communicate(timeout=60)[0]

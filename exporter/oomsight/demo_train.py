@@ -18,11 +18,15 @@ import time
 
 
 def launch(ranks: int = 2) -> int:
-    env = {**os.environ, "WORLD_SIZE": str(ranks), "OOMSIGHT_WINDOW_SECONDS": os.environ.get(
-        "OOMSIGHT_WINDOW_SECONDS", "12")}
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(ranks),
+        "OOMSIGHT_WINDOW_SECONDS": os.environ.get("OOMSIGHT_WINDOW_SECONDS", "12"),
+    }
     procs = [
-        subprocess.Popen([sys.executable, "-m", "oomsight.demo_train", "--worker"],
-                         env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+        subprocess.Popen(
+            [sys.executable, "-m", "oomsight.demo_train", "--worker"], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}
+        )
         for r in range(ranks)
     ]
     return max(p.wait() for p in procs)

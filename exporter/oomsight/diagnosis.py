@@ -39,6 +39,7 @@ class OomFacts(TypedDict):
     requested_bytes: int
     device_total_bytes: int
     device_free_bytes: int
+    physical_free_bytes: int  # free on the device, before any per-process cap
     allocated_bytes: int
     reserved_bytes: int
     inactive_split_bytes: int
@@ -84,15 +85,17 @@ def diagnose(f: OomFacts) -> Diagnosis:
     """Classify one OOM from the numbers recorded at the moment it happened."""
     total = max(f["device_total_bytes"], 1)
     cached_free = max(f["reserved_bytes"] - f["allocated_bytes"], 0)
-    # Under torch.cuda.set_per_process_memory_fraction the observer's total is the cap.
-    free = max(min(f["device_free_bytes"], total - f["reserved_bytes"]), 0)
+    free = f["device_free_bytes"]
     usable = f["reserved_bytes"] + free
     facts: dict[str, Any] = {
         "requested_bytes": f["requested_bytes"],
         "usable_bytes": usable,
         "reserved_unallocated_bytes": cached_free,
     }
-    outside, others = _outside(f)
+    # If the device still had room, a per-process cap refused the request: memory
+    # outside this allocator did not cause it.
+    cap_bound = f["physical_free_bytes"] >= f["requested_bytes"]
+    outside, others = (None, None) if cap_bound else _outside(f)
     facts.update(outside_bytes=outside, other_processes_bytes=others)
     growth = leak_growth(f["trend"], total)
     facts["leak_growth_bytes"] = growth

@@ -66,6 +66,7 @@ class DeviceState:
         self.uuid = uuid
         self.name = name
         self.total = total
+        self.limit: Optional[int] = None
         self.nvml_handle = handle
         self.last: Optional[Reading] = None
         self.bucket: Optional[list[int]] = None  # [max allocated, max reserved, min allocated]
@@ -224,6 +225,14 @@ class Sampler:
                 return None
         return self.devices[index]
 
+    def refresh(self) -> None:
+        """Read every known device now (before a final or OOM-time publish)."""
+        for dev in self.devices.values():
+            try:
+                dev.observe(self.cuda.read(dev.index))
+            except Exception as exc:
+                self.errors.record("allocator", exc)
+
     def nvml_sample(self, dev: DeviceState) -> Optional[NvmlSample]:
         if self.nvml is None or dev.nvml_handle is None:
             return None
@@ -273,12 +282,17 @@ class Sampler:
         assert r is not None
         peak_a, peak_r, low_a = dev.roll(now, self.settings.window_seconds, steps)
         dev.nvml = self.nvml_sample(dev)
+        try:
+            dev.limit = self.cuda.memory_limit(dev.index)
+        except Exception as exc:
+            self.errors.record("memory_limit", exc)
         step_peak = extra.get("step_peaks", {}).get(dev.index)
         return DeviceSnapshot(
             index=dev.index,
             uuid=dev.uuid,
             name=dev.name,
             total_bytes=dev.total,
+            limit_bytes=dev.limit,
             allocator=AllocatorSample(
                 allocated_bytes=r.allocated_bytes,
                 reserved_bytes=r.reserved_bytes,

@@ -84,6 +84,7 @@ class DeviceSnapshot(TypedDict):
     uuid: str
     name: str
     total_bytes: int  # device capacity as torch sees it (get_device_properties().total_memory)
+    limit_bytes: Optional[int]  # cap from torch.cuda.set_per_process_memory_fraction, None if unset
     allocator: AllocatorSample
     nvml: Optional[NvmlSample]
     categories: Optional[Categories]
@@ -190,6 +191,7 @@ _DEVICE: Spec = {
     "uuid": (_STR, True, None),
     "name": (_STR, False, None),
     "total_bytes": (_INT, False, None),
+    "limit_bytes": ((int, NONE), False, None),
     "allocator": ((dict,), True, {k: (_INT, True, None) for k in AllocatorSample.__annotations__}),
     "nvml": ((dict, NONE), False, _NVML),
     "categories": ((dict, NONE), False, _CATEGORIES),
