@@ -29,7 +29,7 @@ from oomsight.schema import (
     Snapshot,
     StepInfo,
 )
-from oomsight.spool import SpoolWriter
+from oomsight.spool import SpoolWriter, timeline_row
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +247,7 @@ class Sampler:
             try:
                 doc = self.build()
                 self.writer.write_snapshot(doc)
+                self.writer.append_timeline(timeline_row(doc))
             except Exception as exc:
                 self.errors.record("spool_write", exc, f"check that {self.writer.root} is writable")
 
@@ -336,3 +337,4 @@ def categories_with_activations(
         basis=basis,
         measured_at=measured_at,
     )
+
