@@ -276,6 +276,9 @@ class Sampler:
             sources={**self.sources, **extra.get("sources", {})},
             errors=dict(self.errors.counts),
             oom_events_unwritten=int(extra.get("oom_events_unwritten", 0)),
+            leak=extra.get("leak"),
+            batch_advice=extra.get("batch_advice"),
+            profiling=extra.get("profiling"),
         )
 
     def _device_doc(self, dev: DeviceState, now: float, steps: int, extra: dict[str, Any]) -> DeviceSnapshot:
@@ -337,4 +340,3 @@ def categories_with_activations(
         basis=basis,
         measured_at=measured_at,
     )
-

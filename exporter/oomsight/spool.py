@@ -25,9 +25,11 @@ from typing import Any, Union
 
 from oomsight.schema import (
     KIND_OOM_EVENT,
+    KIND_PROFILE,
     KIND_SNAPSHOT,
     SCHEMA_VERSION,
     OomEvent,
+    Profile,
     SchemaError,
     Snapshot,
     validate,
@@ -39,7 +41,9 @@ SNAPSHOTS = "snapshots"
 EVENTS = "events"
 ARTIFACTS = "artifacts"
 TIMELINES = "timelines"
-SUBDIRS = (SNAPSHOTS, EVENTS, ARTIFACTS, TIMELINES)
+PROFILES = "profiles"
+REQUESTS = "requests"
+SUBDIRS = (SNAPSHOTS, EVENTS, ARTIFACTS, TIMELINES, PROFILES, REQUESTS)
 TIMELINE_MAX_BYTES = 1024 * 1024
 """A timeline file is rotated to ``<id>.1.jsonl`` at this size: at most 2 MiB per process."""
 MAX_FILE_BYTES = 1024 * 1024
@@ -47,7 +51,7 @@ MAX_FILE_BYTES = 1024 * 1024
 
 SKIP_REASONS = ("corrupt", "oversized", "foreign", "future_version", "invalid", "unreadable")
 
-Document = Union[Snapshot, OomEvent]
+Document = Union[Snapshot, OomEvent, Profile]
 
 
 def event_name(process_id: str, seq: int) -> str:
@@ -180,6 +184,7 @@ class SpoolState:
     """Cumulative count of distinct unusable files (a file counts again only if it changes)."""
     readable: bool
     error: str | None = None
+    profiles: list[Profile] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,16 +213,22 @@ class SpoolReader:
                 return SpoolState([], [], dict(self._skipped), False, f"{self.root} is not a directory")
             snapshots: list[Snapshot] = []
             events: list[OomEvent] = []
+            profiles: list[Profile] = []
             present: set[str] = set()
-            for sub, kind, out in ((SNAPSHOTS, KIND_SNAPSHOT, snapshots), (EVENTS, KIND_OOM_EVENT, events)):
+            folders: tuple[tuple[str, str, list[Any]], ...] = (
+                (SNAPSHOTS, KIND_SNAPSHOT, snapshots),
+                (EVENTS, KIND_OOM_EVENT, events),
+                (PROFILES, KIND_PROFILE, profiles),
+            )
+            for sub, kind, out in folders:
                 for path in self._files(os.path.join(self.root, sub)):
                     present.add(path)
                     doc = self._load(path, kind)
                     if doc is not None:
-                        out.append(doc)  # type: ignore[arg-type]
+                        out.append(doc)
             for gone in set(self._seen) - present:
                 del self._seen[gone]
-            return SpoolState(snapshots, events, dict(self._skipped), True)
+            return SpoolState(snapshots, events, dict(self._skipped), True, profiles=profiles)
 
     def _files(self, folder: str) -> Iterator[str]:
         try:
