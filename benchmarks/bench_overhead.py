@@ -29,13 +29,15 @@ VARIANTS = {
 }
 
 
-def run(rounds: int, warmup: int) -> dict[str, object]:
+def run(rounds: int, warmup: int, models: list[str]) -> dict[str, object]:
     os.environ["OOMSIGHT_DIR"] = tempfile.mkdtemp(prefix="oomsight-bench-")
     rng = random.Random(0)
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 4:
         os.sched_setaffinity(0, {2, 3})  # less migration noise; the sampler shares the cores
     results: dict[str, object] = {}
     for name, spec in MODELS.items():
+        if name not in models:
+            continue
         _, step = build(spec["width"], spec["batch"])
         for _ in range(3 * warmup):
             step()
@@ -70,9 +72,12 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of the models")
     args = p.parse_args()
     write(
-        args.out, "overhead.json", {"rounds": args.rounds, "models": MODELS, "results": run(args.rounds, args.warmup)}
+        args.out,
+        "overhead.json",
+        {"rounds": args.rounds, "models": MODELS, "results": run(args.rounds, args.warmup, args.models.split(","))},
     )
 
 

@@ -142,6 +142,9 @@ class FakeCuda:
     def stop_history(self) -> None:
         self.history_on = False
 
+    def allocation_sites(self, ptrs: list[int]) -> dict[int, str]:
+        return {}
+
     def dump_snapshot(self, path: str) -> None:
         with open(path, "wb") as fh:
             fh.write(b"fake-pickle")

@@ -150,7 +150,7 @@ def test_the_timeline_appends_rotates_and_survives_a_torn_line(spool, monkeypatc
     for i in range(20):
         w.append_timeline([float(i), i, [[0, i * 10, i * 20, i * 30]]])
     with open(w.timeline_path, "ab") as fh:
-        fh.write(b'[99.0, 99, [[0, 1')  # a writer killed mid-line
+        fh.write(b"[99.0, 99, [[0, 1")  # a writer killed mid-line
     rows, skipped = spool_mod.read_timeline(spool, "1-ab")
     assert skipped == 1
     times = [r[0] for r in rows]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "start", "stop"]
+__all__ = ["__version__", "probe_batch_size", "start", "stop"]
 
 
 def start(**settings: Any) -> bool:
@@ -19,6 +19,16 @@ def start(**settings: Any) -> bool:
     from oomsight import hook
 
     return hook.start(**settings)
+
+
+def probe_batch_size(step_fn: Any, **kwargs: Any) -> Any:
+    """The largest batch that keeps a safety margin, measured without provoking OOMs
+    (``oomsight.probe``); the answer also shows in the running hook's metrics."""
+    from oomsight import probe
+
+    advice = probe.probe_batch_size(step_fn, **kwargs)
+    probe.publish(advice)
+    return advice
 
 
 def stop() -> None:

@@ -97,6 +97,7 @@ class CudaApi(Protocol):
     def start_history(self, max_entries: int, mode: str) -> bool: ...
     def stop_history(self) -> None: ...
     def dump_snapshot(self, path: str) -> None: ...
+    def allocation_sites(self, ptrs: list[int]) -> dict[int, str]: ...
 
 
 def expandable_segments_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -210,6 +211,17 @@ class TorchCuda:
     def stop_history(self) -> None:
         self.cuda.memory._record_memory_history(enabled=None)
 
+    def allocation_sites(self, ptrs: list[int]) -> dict[int, str]:
+        """Where the blocks at ``ptrs`` were allocated (first user frame of the recorded Python
+        stack), from the allocator's history; {} when history is off."""
+        wanted = set(ptrs)
+        found: dict[int, str] = {}
+        for seg in self.cuda.memory._snapshot().get("segments", []):
+            for block in seg.get("blocks", []):
+                if block.get("address") in wanted and block.get("frames"):
+                    found[block["address"]] = _user_frame(block["frames"])
+        return found
+
     def dump_snapshot(self, path: str) -> None:
         memory = self.cuda.memory
         dump = getattr(memory, "_dump_snapshot", None)
@@ -218,3 +230,13 @@ class TorchCuda:
             return
         with open(path, "wb") as fh:
             pickle.dump(memory._snapshot(), fh)
+
+
+def _user_frame(frames: list[dict[str, Any]]) -> str:
+    """The innermost frame outside torch itself: where user code asked for the memory."""
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if "/torch/" not in name and not name.startswith("<"):
+            return f"{name}:{f.get('line')} in {f.get('name')}"
+    f = frames[0]
+    return f"{f.get('filename')}:{f.get('line')} in {f.get('name')}"

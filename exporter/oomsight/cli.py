@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--spool", required=True)
     rp.add_argument("--speed", type=float, default=1.0, help="time factor (10 = ten times faster)")
 
+    prof = sub.add_parser("profile", help="profile the next N optimizer steps of every process of a spool")
+    prof.add_argument("--spool", required=True, help="the spool of the running job (oomsight run prints it)")
+    prof.add_argument("--steps", type=int, default=5)
+    prof.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the results and print them")
+
     sub.add_parser("demo", help="the main job: live on a GPU, a labelled replay of an H200 run otherwise")
 
     inst = sub.add_parser("install-startup", help="copy the zero-code startup folder (for an init container)")
@@ -85,6 +90,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         tape.replay(args.tape, args.spool, speed=args.speed)
         return 0
+    if args.command == "profile":
+        return _profile(args)
     if args.command == "demo":
         from oomsight import demo
 
@@ -126,6 +133,34 @@ def _report(args: argparse.Namespace) -> int:
     inv = take_inventory(SpoolReader(args.spool).read(), time.time(), retention_seconds=args.retention_seconds)
     sys.stdout.write(report.render(inv, args.spool))
     return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from oomsight.profile_request import submit
+    from oomsight.spool import SpoolReader
+
+    result = submit(args.spool, args.steps)
+    print(json.dumps(result.body))
+    if not result.accepted:
+        return 1
+    deadline = time.time() + args.wait
+    rid, expected = result.body["id"], result.body["processes"]
+    while time.time() < deadline:
+        done = [p for p in SpoolReader(args.spool).read().profiles if p["request_id"] == rid]
+        if len(done) >= expected:
+            for p in sorted(done, key=lambda d: d["process"]["rank"]):
+                print(
+                    f"rank {p['process']['rank']}: steps {p['start_step'] + 1}-{p['start_step'] + p['steps']}, "
+                    f"top operators by self CUDA memory:"
+                )
+                for op in p["top_by_memory"][:5]:
+                    print(f"  {op['op']:40s} {op['self_cuda_memory_bytes']:>14d} B  {op['calls']:>6d} calls")
+            return 0
+        time.sleep(0.2)
+    return 0 if not args.wait else 3
 
 
 if __name__ == "__main__":

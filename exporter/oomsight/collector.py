@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from oomsight import __version__
+from oomsight.diagnosis import leak_growth
 from oomsight.inventory import (
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_STALE_AFTER_SECONDS,
@@ -30,7 +31,7 @@ from oomsight.inventory import (
     ProcessView,
     take_inventory,
 )
-from oomsight.schema import DeviceSnapshot
+from oomsight.schema import DeviceSnapshot, Profile
 from oomsight.spool import SKIP_REASONS, SpoolReader
 
 PROC = ["rank", "local_rank"]
@@ -253,6 +254,7 @@ class SpoolCollector(Collector):
         yield from _process_families(inv.processes)
         yield from _device_families(inv.processes)
         yield from _oom_families(inv)
+        yield from _advice_families(inv)
 
 
 def _self_health(inv: Inventory) -> Iterator[Metric]:
@@ -405,3 +407,70 @@ def _oom_families(inv: Inventory) -> Iterator[Metric]:
             req.add_metric(labels, tally.last["requested_bytes"])
             cause.add_metric(labels, {"cause": tally.last["diagnosis"]["cause"]})
     yield from (total, fatal, recovered, ts, req, cause)
+
+
+def _advice_families(inv: Inventory) -> Iterator[Metric]:
+    """Profiles, leak findings and batch advice: what oomsight measured on request."""
+    leak = GaugeMetricFamily(
+        "oomsight_leak_suspected",
+        "1 while the between-steps floor of allocated memory rises step after step (docs/diagnosis.md).",
+        labels=DEV,
+    )
+    tensors = GaugeMetricFamily(
+        "oomsight_leak_graph_tensors",
+        "CUDA tensors found alive past an optimizer step still holding their autograd graph (last scan).",
+        labels=PROC,
+    )
+    graph_bytes = _gauge("oomsight_leak_graph_bytes", "Bytes of those tensors (last scan).", PROC)
+    batch = GaugeMetricFamily(
+        "oomsight_advice_max_batch_size",
+        "Largest batch size that keeps the margin, from oomsight.probe_batch_size().",
+        labels=PROC,
+    )
+    profiling = GaugeMetricFamily(
+        "oomsight_profiling", "1 while a profiling window is pending or running in the process.", labels=PROC
+    )
+    for v in inv.processes:
+        s, labels = v.snapshot, list(v.rank_labels)
+        for d in s["devices"]:
+            growth = leak_growth(d.get("trend", []), d.get("limit_bytes") or d.get("total_bytes") or 1)
+            leak.add_metric([*labels, str(d["index"]), d["uuid"]], float(growth is not None))
+        if s.get("leak"):
+            tensors.add_metric(labels, s["leak"]["graph_tensors"])  # type: ignore[index]
+            graph_bytes.add_metric(labels, s["leak"]["graph_bytes"])  # type: ignore[index]
+        if s.get("batch_advice"):
+            batch.add_metric(labels, s["batch_advice"]["max_batch_size"])  # type: ignore[index]
+        profiling.add_metric(labels, float(bool(s.get("profiling"))))
+    yield from (leak, tensors, graph_bytes, batch, profiling)
+    yield from _profile_families(inv)
+
+
+def _profile_families(inv: Inventory) -> Iterator[Metric]:
+    mem = GaugeMetricFamily(
+        "oomsight_profile_op_self_cuda_memory_bytes",
+        'Self CUDA memory of the top operators in the last profiling window (top 10 by memory, the rest as op="other").',
+        labels=[*PROC, "op"],
+        unit="bytes",
+    )
+    time_ = GaugeMetricFamily(
+        "oomsight_profile_op_self_cuda_time_seconds",
+        'Self CUDA time of the top operators in the last profiling window (top 10 by time, the rest as op="other").',
+        labels=[*PROC, "op"],
+        unit="seconds",
+    )
+    last = _gauge(
+        "oomsight_profile_last_timestamp_seconds", "When the last profiling window of the process ended.", PROC
+    )
+    latest: dict[tuple[str, str], Profile] = {}
+    ranks = {v.rank_labels for v in inv.processes}
+    for p in inv.profiles:
+        key = (str(p["process"]["rank"]), str(p["process"]["local_rank"]))
+        if key in ranks and (key not in latest or p["ended_at"] > latest[key]["ended_at"]):
+            latest[key] = p
+    for key, p in sorted(latest.items()):
+        for op in p["top_by_memory"]:
+            mem.add_metric([*key, op["op"]], op["self_cuda_memory_bytes"])
+        for op in p["top_by_time"]:
+            time_.add_metric([*key, op["op"]], op["self_cuda_time_us"] / 1e6)
+        last.add_metric(list(key), p["ended_at"])
+    yield from (mem, time_, last)

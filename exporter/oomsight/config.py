@@ -26,6 +26,8 @@ ENV_OOM_OBSERVER = "OOMSIGHT_OOM_OBSERVER"
 ENV_RECORD_HISTORY = "OOMSIGHT_RECORD_HISTORY"
 ENV_HISTORY_MAX_ENTRIES = "OOMSIGHT_HISTORY_MAX_ENTRIES"
 ENV_HISTORY_MODE = "OOMSIGHT_HISTORY_MODE"
+ENV_PROFILE_EVERY = "OOMSIGHT_PROFILE_EVERY_SECONDS"
+ENV_PROFILE_STEPS = "OOMSIGHT_PROFILE_STEPS"
 ENV_ARTIFACTS_MAX_BYTES = "OOMSIGHT_ARTIFACTS_MAX_BYTES"
 ENV_MAX_OOM_EVENTS = "OOMSIGHT_MAX_OOM_EVENTS"
 ENV_TERMINATION_MESSAGE_PATH = "OOMSIGHT_TERMINATION_MESSAGE_PATH"
@@ -44,6 +46,8 @@ ALL_ENV_VARS = (
     ENV_RECORD_HISTORY,
     ENV_HISTORY_MAX_ENTRIES,
     ENV_HISTORY_MODE,
+    ENV_PROFILE_EVERY,
+    ENV_PROFILE_STEPS,
     ENV_ARTIFACTS_MAX_BYTES,
     ENV_MAX_OOM_EVENTS,
     ENV_TERMINATION_MESSAGE_PATH,
@@ -114,6 +118,13 @@ class Settings:
     """``all``: alloc/free events with the allocating Python stack (the memory_viz timeline);
     ``state``: only the stacks of live blocks (who holds memory at the OOM), cheaper."""
 
+    profile_every_seconds: float = 0.0
+    """Scheduled profiling: every this many seconds profile ``profile_steps`` steps (0: off;
+    on demand only, through the sidecar's admin endpoint or ``oomsight profile``)."""
+
+    profile_steps: int = 5
+    """Optimizer steps in a scheduled profiling window."""
+
     artifacts_max_bytes: int = 256 * 1024 * 1024
     """Size bound of the spool's artifacts folder; the oldest artifacts are evicted first."""
 
@@ -142,6 +153,8 @@ class Settings:
             record_history=_read(env, ENV_RECORD_HISTORY, _bool, d.record_history),
             history_max_entries=_read(env, ENV_HISTORY_MAX_ENTRIES, _count, d.history_max_entries),
             history_mode=_read(env, ENV_HISTORY_MODE, _choice(HISTORY_MODES), d.history_mode),
+            profile_every_seconds=_read(env, ENV_PROFILE_EVERY, _seconds_or_off, d.profile_every_seconds),
+            profile_steps=_read(env, ENV_PROFILE_STEPS, _count, d.profile_steps),
             artifacts_max_bytes=_read(env, ENV_ARTIFACTS_MAX_BYTES, _count, d.artifacts_max_bytes),
             max_oom_events=_read(env, ENV_MAX_OOM_EVENTS, _count, d.max_oom_events),
             termination_message_path=env.get(ENV_TERMINATION_MESSAGE_PATH, d.termination_message_path),
@@ -207,6 +220,10 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
         return raw
 
     return parse
+
+
+def _seconds_or_off(name: str, raw: str) -> float:
+    return 0.0 if raw in ("0", "0.0", "") else _seconds(name, raw)
 
 
 def _count(name: str, raw: str) -> int:

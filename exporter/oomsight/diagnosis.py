@@ -30,6 +30,8 @@ CAUSES = (
 OUTSIDE_SHARE = 0.25
 """Memory outside this process's allocator above this share of the device is a cause."""
 OVERSIZED_SHARE = 0.5
+FRAGMENTATION_MIN_SHARE = 0.05
+"""Cached-but-unallocated bytes below this share of the device are noise, not the cause."""
 LEAK_MIN_POINTS = 5
 LEAK_MONOTONE_SHARE = 0.8
 LEAK_MIN_GROWTH_SHARE = 0.05
@@ -139,7 +141,7 @@ def diagnose(f: OomFacts) -> Diagnosis:
             f"The memory that survives between steps grew by {fb(growth)} step after "
             "step before the OOM: something keeps tensors alive.",
         )
-    if cached_free + free >= f["requested_bytes"]:
+    if cached_free + free >= f["requested_bytes"] and cached_free >= FRAGMENTATION_MIN_SHARE * total:
         fix = REMEDY["split"] if f["expandable_segments"] else REMEDY["expandable"]
         return _result(
             "fragmentation",

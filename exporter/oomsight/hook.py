@@ -14,17 +14,26 @@ import logging
 import os
 import sys
 import threading
+import time
 from types import TracebackType
 from typing import Any, Optional
 
 from oomsight.allocator import CudaApi, TorchCuda, expandable_segments_enabled
 from oomsight.config import ConfigError, Settings
+from oomsight.diagnosis import leak_growth
 from oomsight.identity import describe_process
+from oomsight.leakscan import scan
 from oomsight.nvml import Nvml
 from oomsight.oom import OomRecorder
+from oomsight.profiling import Profiler
 from oomsight.sampler import ErrorBook, Sampler
+from oomsight.schema import BatchAdvice, LeakFinding
 from oomsight.spool import SpoolWriter
 from oomsight.steps import StepTracker
+from oomsight.units import format_bytes
+
+LEAK_SCAN_INTERVAL_SECONDS = 300.0
+"""At most one scan for graph-holding tensors per five minutes (gc.get_objects() is not free)."""
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +58,25 @@ class Hook:
             self.steps = StepTracker(settings, cuda, self.errors)
             self.steps.peak_devices = lambda: list(self.sampler.devices)
         self.oom = OomRecorder(settings, cuda, self.writer, self.sampler, self.steps, self.errors)
+        self.profiler: Optional[Profiler] = None
+        if torch is not None and self.steps is not None:
+            self.profiler = Profiler(
+                torch,
+                self.writer,
+                self.process,
+                lambda exc: self.errors.record("profiler", exc),
+                settings.profile_every_seconds,
+                settings.profile_steps,
+            )
+            self.profiler.mark_peak, self.profiler.read_peak = self.sampler.mark_peak, self.sampler.read_peak
+        self.sampler.before_publish = self._before_publish
         self.sampler.extra = self._extra
         self.sources = {"oom_observer": False, "step_hook": False, "history": False}
         self.uncaught: Optional[BaseException] = None
+        self.leak: Optional[LeakFinding] = None
+        self.batch_advice: Optional[BatchAdvice] = None
+        self._leak_due: Optional[int] = None  # growth that asks for a scan at the next step
+        self._last_leak_scan = -LEAK_SCAN_INTERVAL_SECONDS
         self._cuda_ready = False
         self._stopped = False
 
@@ -63,7 +88,7 @@ class Hook:
         if self.steps is not None and self.torch is not None:
             try:
                 self.sources["step_hook"] = self.steps.register(self.torch)
-                self.steps.on_step = self.oom.on_step
+                self.steps.on_step = self._on_step
             except Exception as exc:
                 self.errors.record("step_hook", exc)
         if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
@@ -87,8 +112,53 @@ class Hook:
         except Exception as exc:  # an exception here would surface as DeferredCudaCallError
             self.errors.record("cuda_init", exc)
 
+    def _on_step(self) -> None:
+        """After every optimizer step (inside the step hook's error guard): cheap checks only."""
+        if self.oom.pending:
+            self.oom.on_step()
+        if self._leak_due is not None:
+            self._scan_leak()
+        p = self.profiler
+        if p is not None and (p.plan is not None or p.running is not None) and self.steps is not None:
+            p.on_step(self.steps.count)
+
+    def _check_leak(self) -> None:
+        """Sampler thread, before each publish: schedule a leak scan when the floor rises."""
+        if self.torch is None or time.time() - self._last_leak_scan < LEAK_SCAN_INTERVAL_SECONDS:
+            return
+        for dev in self.sampler.devices.values():
+            growth = leak_growth(list(dev.trend), dev.limit or dev.total or 1)
+            if growth is not None:
+                self._leak_due = growth
+                return
+
+    def _scan_leak(self) -> None:
+        growth, self._leak_due = self._leak_due, None
+        self._last_leak_scan = time.time()
+        sites = self.cuda.allocation_sites if self.oom.history else (lambda ptrs: {})
+        self.leak = scan(self.torch, self.steps.count if self.steps else 0, growth, sites)
+        logger.warning(
+            "oomsight: memory between steps grew by %s; %d CUDA tensors hold an autograd graph past the step "
+            "(%s). Likely a leak: %s",
+            format_bytes(growth),
+            self.leak["graph_tensors"],
+            format_bytes(self.leak["graph_bytes"]),
+            "; ".join(self.leak["sites"][:3]),
+        )
+
+    def _before_publish(self) -> None:
+        if self.profiler is not None:
+            self.profiler.poll(self.settings.spool_dir)
+        self._check_leak()
+
     def _extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"sources": dict(self.sources), "oom_events_unwritten": self.oom.unwritten}
+        extra: dict[str, Any] = {
+            "sources": dict(self.sources),
+            "oom_events_unwritten": self.oom.unwritten,
+            "profiling": self.profiler.active_id if self.profiler else None,
+            "leak": self.leak,
+            "batch_advice": self.batch_advice,
+        }
         if self.steps is not None:
             extra.update(steps=self.steps.info(), categories=self.steps.categories, step_peaks=self.steps.step_peaks)
         return extra

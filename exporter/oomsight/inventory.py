@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from oomsight.schema import OUTCOME_FATAL, OUTCOME_PENDING, OUTCOME_RECOVERED, OomEvent, Snapshot
+from oomsight.schema import OUTCOME_FATAL, OUTCOME_PENDING, OUTCOME_RECOVERED, OomEvent, Profile, Snapshot
 from oomsight.spool import SpoolState
 
 DEFAULT_RETENTION_SECONDS = 300.0
@@ -57,6 +57,7 @@ class Inventory:
     skipped_total: dict[str, int]
     readable: bool
     error: Optional[str]
+    profiles: list[Profile] = dataclasses.field(default_factory=list)
 
 
 def device_key(rank: int, local_rank: int, device: int, uuid: str) -> DeviceKey:
@@ -85,7 +86,7 @@ def take_inventory(
         tally.fatal += outcome == OUTCOME_FATAL
         tally.recovered += outcome == OUTCOME_RECOVERED
         tally.last = ev
-    return Inventory(processes, ooms, events, state.skipped_total, state.readable, state.error)
+    return Inventory(processes, ooms, events, state.skipped_total, state.readable, state.error, state.profiles)
 
 
 def _ranks(s: Snapshot) -> tuple[int, int]:

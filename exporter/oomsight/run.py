@@ -48,6 +48,7 @@ def run(opts: RunOptions, out: TextIO = sys.stderr) -> int:
     collector = SpoolCollector(spool)
     registry = CollectorRegistry()
     registry.register(collector)
+    out.write(f"oomsight: spool {spool} (profile it: oomsight profile --spool {spool} --steps 5)\n")
     server = _serve(opts, registry, out)
     recorder = _start_tape(opts, spool)
     try:

@@ -70,6 +70,7 @@ class DeviceState:
         self.nvml_handle = handle
         self.last: Optional[Reading] = None
         self.bucket: Optional[list[int]] = None  # [max allocated, max reserved, min allocated]
+        self.marked_peak: Optional[int] = None  # max allocated since mark_peak(), for profiling windows
         self.window: collections.deque[tuple[float, int, int, int]] = collections.deque()
         self.trend: collections.deque[list[float]] = collections.deque(maxlen=TREND_POINTS)
         self.trend_min: Optional[int] = None
@@ -78,6 +79,8 @@ class DeviceState:
 
     def observe(self, r: Reading) -> None:
         self.last = r
+        if self.marked_peak is not None and r.allocated_bytes > self.marked_peak:
+            self.marked_peak = r.allocated_bytes
         b = self.bucket
         if b is None:
             self.bucket = [r.allocated_bytes, r.reserved_bytes, r.allocated_bytes]
@@ -141,6 +144,7 @@ class Sampler:
         self.main_device: Optional[int] = None
         self.sources: dict[str, bool] = {"allocator": False, "nvml": False}
         self.extra: Callable[[], dict[str, Any]] = dict
+        self.before_publish: Callable[[], None] = lambda: None
         """Set by the hook: returns steps, per-device categories and step peaks, sources."""
         self.seq = 0
         self.state = "running"
@@ -233,6 +237,20 @@ class Sampler:
             except Exception as exc:
                 self.errors.record("allocator", exc)
 
+    def mark_peak(self) -> None:
+        for dev in self.devices.values():
+            dev.marked_peak = dev.last.allocated_bytes if dev.last is not None else 0
+
+    def read_peak(self) -> tuple[int, int]:
+        """(device, max sampled allocated bytes since ``mark_peak``) of the main device."""
+        self.refresh()
+        dev = self.devices.get(self.main_device if self.main_device is not None else -1)
+        dev = dev or next(iter(self.devices.values()), None)
+        if dev is None:
+            return -1, 0
+        peak, dev.marked_peak = dev.marked_peak or 0, None
+        return dev.index, peak
+
     def nvml_sample(self, dev: DeviceState) -> Optional[NvmlSample]:
         if self.nvml is None or dev.nvml_handle is None:
             return None
@@ -244,6 +262,10 @@ class Sampler:
     def publish(self) -> None:
         """Write the snapshot now (thread-safe; also called on OOM and at exit)."""
         with self._publish_lock:
+            try:
+                self.before_publish()
+            except Exception as exc:
+                self.errors.record("requests", exc)
             try:
                 doc = self.build()
                 self.writer.write_snapshot(doc)

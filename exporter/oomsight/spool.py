@@ -185,6 +185,7 @@ class SpoolState:
     readable: bool
     error: str | None = None
     profiles: list[Profile] = dataclasses.field(default_factory=list)
+    root: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +229,7 @@ class SpoolReader:
                         out.append(doc)
             for gone in set(self._seen) - present:
                 del self._seen[gone]
-            return SpoolState(snapshots, events, dict(self._skipped), True, profiles=profiles)
+            return SpoolState(snapshots, events, dict(self._skipped), True, profiles=profiles, root=self.root)
 
     def _files(self, folder: str) -> Iterator[str]:
         try:

@@ -69,7 +69,7 @@ def _text(start_response: StartResponse, status: str, body: bytes) -> list[bytes
     return [body]
 
 
-def serve(app: MetricsApp, host: str, port: int) -> WSGIServer:
+def serve(app: Callable[..., Iterable[bytes]], host: str, port: int) -> WSGIServer:
     """Bind and serve in a daemon thread; the caller calls ``shutdown()``."""
     server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="oomsight-http", daemon=True).start()

@@ -1,0 +1,55 @@
+"""Asking every process of a pod for a profiling window (the admin endpoint and
+``oomsight profile`` both use this): plan a start step all ranks can reach, refuse
+politely while another window is pending or running."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from typing import Any, Optional
+
+from oomsight.inventory import ProcessView, take_inventory
+from oomsight.profiling import MAX_STEPS, pending_requests, plan_start_step, write_request
+from oomsight.spool import SpoolReader, SpoolState
+
+PENDING_SECONDS = 120.0
+"""A request nobody has answered within this time no longer blocks a new one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    accepted: bool
+    status: int  # HTTP-like: 202 accepted, 400 bad steps, 409 busy or nothing to profile
+    body: dict[str, Any]
+
+
+def submit(spool_dir: str, steps: int, now: Optional[float] = None) -> Submission:
+    now = time.time() if now is None else now
+    if not 1 <= steps <= MAX_STEPS:
+        return Submission(False, 400, {"error": f"steps must be between 1 and {MAX_STEPS}"})
+    state = SpoolReader(spool_dir).read()
+    inv = take_inventory(state, now)
+    live = [v for v in inv.processes if v.up]
+    if not live:
+        return Submission(False, 409, {"error": "no live training process in this spool to profile"})
+    busy = _busy(state, live, now)
+    if busy:
+        return Submission(False, 409, {"error": f"a profile is already pending or running ({busy}); try again later"})
+    counts = [v.snapshot["steps"]["count"] for v in live]
+    step_seconds = [v.snapshot["steps"].get("last_duration_seconds") or 0.0 for v in live]
+    rid = f"{int(now)}-{secrets.token_hex(3)}"
+    start = plan_start_step(counts, step_seconds)
+    write_request(spool_dir, rid, steps, start)
+    return Submission(True, 202, {"id": rid, "steps": steps, "start_step": start, "processes": len(live)})
+
+
+def _busy(state: SpoolState, live: list[ProcessView], now: float) -> Optional[str]:
+    for v in live:
+        if v.snapshot.get("profiling"):
+            return str(v.snapshot["profiling"])
+    done = {p["request_id"] for p in state.profiles}
+    for req in pending_requests(state.root, now - PENDING_SECONDS, set()):
+        if req.id not in done:
+            return req.id
+    return None

@@ -1,0 +1,294 @@
+"""On-demand ``torch.profiler`` windows of N optimizer steps, aligned across ranks by step.
+
+A request is a small JSON file in ``<spool>/requests/`` (written by the sidecar's admin
+endpoint or ``oomsight profile``): ``{"kind": "profile_request", "id", "steps",
+"start_step", "created_at"}``. Every process of the pod sees it; each one starts the
+profiler right after optimizer step ``start_step`` (or at once if it is already past it)
+and stops it N steps later. Costs exist only inside the window: outside it the step hook
+reads one attribute. Results (``schema.Profile``) are built in a background thread:
+top-K operators by self CUDA memory and by CUDA time (the rest summed as ``other``),
+the profiler's own table and the Chrome trace as artifacts.
+
+No CUPTI counters are used (they conflict with DCGM on the same node): only the
+default activity tracing of ``torch.profiler``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from oomsight.schema import KIND_PROFILE, SCHEMA_VERSION, ProcessInfo, Profile, ProfileOp
+from oomsight.spool import PROFILES, REQUESTS, SpoolWriter, write_atomic
+
+logger = logging.getLogger(__name__)
+
+KIND_PROFILE_REQUEST = "profile_request"
+TOP_K = 10
+MAX_STEPS = 100
+TABLE_ROWS = 40
+
+
+class ProfileRequest:
+    def __init__(self, rid: str, steps: int, start_step: int, created_at: float) -> None:
+        self.id = rid
+        self.steps = steps
+        self.start_step = start_step
+        self.created_at = created_at
+
+
+def parse_request(doc: Any) -> Optional[ProfileRequest]:
+    """A request document, or None if it is not a valid one."""
+    if not isinstance(doc, dict) or doc.get("kind") != KIND_PROFILE_REQUEST:
+        return None
+    rid, steps, start, created = doc.get("id"), doc.get("steps"), doc.get("start_step", 0), doc.get("created_at")
+    valid = (
+        isinstance(rid, str)
+        and rid.replace("-", "").isalnum()
+        and isinstance(steps, int)
+        and 1 <= steps <= MAX_STEPS
+        and isinstance(start, int)
+        and isinstance(created, (int, float))
+    )
+    return ProfileRequest(rid, steps, start, float(created)) if valid else None  # type: ignore[arg-type]
+
+
+def write_request(spool_dir: str, rid: str, steps: int, start_step: int) -> str:
+    """Write a profile request into the spool (used by the admin endpoint and the CLI)."""
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND_PROFILE_REQUEST,
+        "id": rid,
+        "steps": steps,
+        "start_step": start_step,
+        "created_at": time.time(),
+    }
+    folder = os.path.join(spool_dir, REQUESTS)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"profile-{rid}.json")
+    write_atomic(path, json.dumps(doc).encode(), durable=False)
+    return path
+
+
+def pending_requests(spool_dir: str, since: float, handled: set[str]) -> list[ProfileRequest]:
+    """Requests created after ``since`` that this process has not handled yet."""
+    folder = os.path.join(spool_dir, REQUESTS)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name), "rb") as fh:
+                req = parse_request(json.loads(fh.read(4096)))
+        except (OSError, ValueError):
+            continue
+        if req is not None and req.id not in handled and req.created_at >= since:
+            found.append(req)
+    return found
+
+
+class Profiler:
+    """Runs at most one profiling window at a time inside a process."""
+
+    def __init__(
+        self,
+        torch: Any,
+        writer: SpoolWriter,
+        process: ProcessInfo,
+        on_error: Callable[[BaseException], None],
+        every_seconds: float = 0.0,
+        scheduled_steps: int = 5,
+    ) -> None:
+        self.torch = torch
+        self.writer = writer
+        self.process = process
+        self.on_error = on_error
+        self.every_seconds = every_seconds
+        self.scheduled_steps = scheduled_steps
+        self._last_scheduled = time.time()
+        self.mark_peak: Callable[[], None] = lambda: None
+        self.read_peak: Callable[[], tuple[int, int]] = lambda: (-1, 0)
+        """Set by the hook: start tracking / read (device, peak allocated bytes) since the mark."""
+        self.handled: set[str] = set()
+        self.plan: Optional[ProfileRequest] = None
+        """Set by the sampler thread when a request arrives; read by the step hook."""
+        self.running: Optional[ProfileRequest] = None
+        self.finishing: Optional[ProfileRequest] = None
+        """Stopped, its results being built in a background thread."""
+        self._prof: Any = None
+        self._began_step = 0
+        self._began_at = 0.0
+        self.last: Optional[Profile] = None
+
+    @property
+    def active_id(self) -> Optional[str]:
+        req = self.running or self.finishing or self.plan
+        return req.id if req else None
+
+    def poll(self, spool_dir: str) -> None:
+        """Sampler thread: pick up one new request (no-op while one is planned or running)."""
+        if self.plan is not None or self.running is not None or self.finishing is not None:
+            return
+        for req in pending_requests(spool_dir, self.process["started_at"], self.handled):
+            self.handled.add(req.id)
+            self.plan = req
+            return
+        now = time.time()
+        if self.every_seconds and now - self._last_scheduled >= self.every_seconds:
+            self._last_scheduled = now
+            self.plan = ProfileRequest(f"scheduled-{int(now)}", self.scheduled_steps, 0, now)
+
+    def on_step(self, step: int) -> None:
+        """Step hook, after optimizer step number ``step`` completed."""
+        if self.running is not None:
+            if step - self._began_step >= self.running.steps:
+                self._stop(step)
+        elif self.plan is not None and step >= self.plan.start_step:
+            self.running, self.plan = self.plan, None
+            self._start(step)
+
+    def _start(self, step: int) -> None:
+        prof = self.torch.profiler
+        activities = [prof.ProfilerActivity.CPU]
+        if self.torch.cuda.is_available():
+            activities.append(prof.ProfilerActivity.CUDA)
+        self._prof = prof.profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
+        self._prof.__enter__()
+        self._began_step, self._began_at = step, time.time()
+        self.mark_peak()  # the sampler tracks the window's peak: torch's own peak is never reset
+
+    def _stop(self, step: int) -> None:
+        req, prof = self.running, self._prof
+        assert req is not None
+        self.running, self._prof, self.finishing = None, None, req
+        device, peak = self.read_peak()
+        try:
+            prof.__exit__(None, None, None)
+        except Exception as exc:
+            self.finishing = None
+            self.on_error(exc)
+            return
+        window = (req, self._began_step, self._began_at, time.time(), peak, device)
+        threading.Thread(target=self._finish, args=(prof, window), name="oomsight-profile", daemon=True).start()
+
+    def _finish(self, prof: Any, window: tuple[ProfileRequest, int, float, float, int, int]) -> None:
+        req, began_step, began_at, ended_at, peak, device = window
+        try:
+            doc = build_profile(prof, self.process, req, began_step, began_at, ended_at, peak, device)
+            doc["table_artifact"], doc["trace_artifact"] = self._artifacts(prof, req)
+            path = os.path.join(self.writer.root, PROFILES, f"{self.process['id']}.profile-{req.id}.json")
+            write_atomic(path, json.dumps(doc).encode(), durable=False)
+            self.last = doc
+        except Exception as exc:
+            self.on_error(exc)
+        finally:
+            self.finishing = None
+
+    def _artifacts(self, prof: Any, req: ProfileRequest) -> tuple[Optional[str], Optional[str]]:
+        stem = f"{self.process['id']}.profile-{req.id}"
+        folder = os.path.dirname(self.writer.artifact_path(0, "x"))
+        table = os.path.join(folder, stem + ".txt")
+        with open(table, "w", encoding="utf-8") as fh:
+            fh.write(prof.key_averages().table(sort_by=_sort_key(prof, "memory"), row_limit=TABLE_ROWS))
+        trace = os.path.join(folder, stem + ".trace.json")
+        prof.export_chrome_trace(trace)
+        with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.unlink(trace)
+        return os.path.basename(table), os.path.basename(trace + ".gz")
+
+
+def _attr(avg: Any, *names: str) -> float:
+    for name in names:
+        value = getattr(avg, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+def op_row(avg: Any) -> ProfileOp:
+    """One operator of ``key_averages()`` (torch >= 2.4 says "device", older "cuda")."""
+    return ProfileOp(
+        op=str(avg.key),
+        calls=int(avg.count),
+        self_cuda_memory_bytes=int(_attr(avg, "self_device_memory_usage", "self_cuda_memory_usage")),
+        self_cuda_time_us=_attr(avg, "self_device_time_total", "self_cuda_time_total"),
+        cuda_time_us=_attr(avg, "device_time_total", "cuda_time_total"),
+        cpu_time_us=_attr(avg, "cpu_time_total"),
+    )
+
+
+def top_k(rows: list[ProfileOp], key: str, k: int = TOP_K) -> list[ProfileOp]:
+    """The k rows with the largest ``key``, then one ``other`` row summing the rest."""
+    ranked = sorted(rows, key=lambda r: r[key], reverse=True)  # type: ignore[literal-required]
+    head, tail = ranked[:k], ranked[k:]
+    if tail:
+        head.append(
+            ProfileOp(
+                op="other",
+                calls=sum(r["calls"] for r in tail),
+                self_cuda_memory_bytes=sum(r["self_cuda_memory_bytes"] for r in tail),
+                self_cuda_time_us=sum(r["self_cuda_time_us"] for r in tail),
+                cuda_time_us=sum(r["cuda_time_us"] for r in tail),
+                cpu_time_us=sum(r["cpu_time_us"] for r in tail),
+            )
+        )
+    return head
+
+
+def build_profile(
+    prof: Any,
+    process: ProcessInfo,
+    req: ProfileRequest,
+    began_step: int,
+    began_at: float,
+    ended_at: float,
+    peak: int,
+    device: int,
+) -> Profile:
+    rows = [op_row(avg) for avg in prof.key_averages()]
+    return Profile(
+        schema_version=SCHEMA_VERSION,
+        kind=KIND_PROFILE,
+        process=process,
+        request_id=req.id,
+        start_step=began_step,
+        steps=req.steps,
+        started_at=began_at,
+        ended_at=ended_at,
+        device=device,
+        peak_allocated_bytes=peak,
+        top_by_memory=top_k(rows, "self_cuda_memory_bytes"),
+        top_by_time=top_k(rows, "self_cuda_time_us"),
+        table_artifact=None,
+        trace_artifact=None,
+    )
+
+
+def _sort_key(prof: Any, what: str) -> str:
+    """The profiler's own sort key names (``self_device_memory_usage`` from torch 2.4)."""
+    avgs = prof.key_averages()
+    modern = bool(avgs) and hasattr(avgs[0], "self_device_memory_usage")
+    if what == "memory":
+        return "self_device_memory_usage" if modern else "self_cuda_memory_usage"
+    return "self_device_time_total" if modern else "self_cuda_time_total"
+
+
+def plan_start_step(step_counts: list[int], step_seconds: list[float], lead_seconds: float = 2.0) -> int:
+    """The step after which every rank starts profiling: a little ahead of the fastest rank,
+    so that the request reaches every process (they poll once per publish) in time."""
+    if not step_counts:
+        return 0
+    mean = max((s for s in step_seconds if s > 0), default=0.0)
+    lead = max(3, int(lead_seconds / mean) + 1) if mean else 3
+    return max(step_counts) + lead

@@ -1,0 +1,114 @@
+"""The sidecar's admin endpoint and ``oomsight profile``: tokens, refusals, artifacts."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from oomsight.config import ConfigError
+from oomsight.profiling import write_request
+from oomsight_sidecar.admin import AdminApp, AdminSettings
+
+from spoolmaker import hooked_process
+
+
+def call(app, method, path, query="", token=None):
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query, "wsgi.input": io.BytesIO()}
+    if token:
+        environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    seen = {}
+
+    def start_response(status, headers):
+        seen["status"] = int(status.split()[0])
+
+    body = b"".join(app(environ, start_response))
+    return seen["status"], body
+
+
+def test_exposing_the_admin_endpoint_without_a_token_is_refused_at_start():
+    with pytest.raises(ConfigError, match="without a token"):
+        AdminSettings.from_env({"OOMSIGHT_ADMIN_HOST": "0.0.0.0"})
+    assert (
+        AdminSettings.from_env({"OOMSIGHT_ADMIN_HOST": "0.0.0.0", "OOMSIGHT_ADMIN_TOKEN": "s3cret"}).token == "s3cret"
+    )
+    assert AdminSettings.from_env({}).host == "127.0.0.1"  # loopback by default: kubectl port-forward
+
+
+def test_with_a_token_requests_without_it_are_refused(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    app = AdminApp(spool, token="s3cret")
+    assert call(app, "POST", "/admin/profile", "steps=5")[0] == 401
+    assert call(app, "POST", "/admin/profile", "steps=5", token="wrong")[0] == 401
+    status, body = call(app, "POST", "/admin/profile", "steps=5", token="s3cret")
+    assert status == 202 and json.loads(body)["steps"] == 5
+
+
+def test_a_request_while_a_profile_is_pending_is_refused_politely(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    app = AdminApp(spool, token=None)
+    first = json.loads(call(app, "POST", "/admin/profile", "steps=3")[1])
+    status, body = call(app, "POST", "/admin/profile", "steps=3")
+    assert status == 409 and first["id"] in json.loads(body)["error"]
+
+
+def test_a_request_while_a_process_reports_profiling_is_refused(spool, monkeypatch):
+    hook, _ = hooked_process(spool, monkeypatch=monkeypatch)
+    hook.sampler.extra = lambda: {"profiling": "other-run"}
+    hook.sampler.publish()
+    status, body = call(AdminApp(spool, None), "POST", "/admin/profile", "steps=3")
+    assert status == 409 and "other-run" in json.loads(body)["error"]
+
+
+def test_bad_steps_and_no_process_are_clear_errors(spool, monkeypatch):
+    app = AdminApp(spool, None)
+    os.makedirs(spool)
+    assert call(app, "POST", "/admin/profile", "steps=0")[0] == 400
+    assert call(app, "POST", "/admin/profile", "steps=x")[0] == 400
+    status, body = call(app, "POST", "/admin/profile", "steps=5")
+    assert status == 409 and "no live training process" in json.loads(body)["error"]
+    assert call(app, "GET", "/admin/profile")[0] == 405
+
+
+def test_artifacts_are_served_by_plain_name_only(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    with open(os.path.join(spool, "artifacts", "x.oom-00001.pickle"), "wb") as fh:
+        fh.write(b"snap")
+    app = AdminApp(spool, None)
+    assert call(app, "GET", "/admin/artifacts/x.oom-00001.pickle") == (200, b"snap")
+    assert call(app, "GET", "/admin/artifacts/..%2f..%2fetc%2fpasswd")[0] in (400, 404)
+    assert call(app, "GET", "/admin/artifacts/.hidden")[0] == 400
+    assert call(app, "GET", "/admin/artifacts/missing.txt")[0] == 404
+
+
+def test_the_profile_command_writes_an_aligned_request(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    out = subprocess.run(
+        [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout.splitlines()[0])
+    assert body["processes"] == 1 and body["start_step"] >= 3
+    again = subprocess.run(
+        [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 1 and "already pending" in again.stdout
+
+
+def test_old_unanswered_requests_stop_blocking(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    path = write_request(spool, "stale", 3, 0)
+    with open(path) as fh:
+        doc = json.load(fh)
+    doc["created_at"] -= 600
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+    assert call(AdminApp(spool, None), "POST", "/admin/profile", "steps=3")[0] == 202

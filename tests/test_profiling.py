@@ -1,0 +1,150 @@
+"""On-demand profiling with the real torch.profiler on the CPU (CUDA columns are 0 here;
+the GPU test checks them against the profiler's own table)."""
+
+import gzip
+import json
+import os
+import time
+
+import pytest
+
+from oomsight.config import Settings
+from oomsight.hook import Hook
+from oomsight.profiling import ProfileRequest, plan_start_step, top_k, write_request
+from oomsight.schema import ProfileOp, validate
+from oomsight.spool import SpoolReader
+
+from fakes import FakeCuda
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def hooked(spool):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=1 << 30, reserved=1 << 30)
+    hook = Hook(Settings(spool_dir=spool, termination_message_path=""), cuda, None, torch)
+    hook.start()
+    hook.sampler.stop_thread()
+    hook.sampler.tick()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 64)
+
+    def step():
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    yield hook, step
+    hook.stop()
+
+
+def wait_profiles(spool, n=1, timeout=30.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        profiles = SpoolReader(spool).read().profiles
+        if len(profiles) >= n:
+            return profiles
+        time.sleep(0.05)
+    raise TimeoutError("no profile document")
+
+
+def test_a_request_profiles_exactly_n_steps_from_the_aligned_step(hooked, spool):
+    hook, step = hooked
+    for _ in range(3):
+        step()
+    write_request(spool, "r1", steps=4, start_step=5)
+    hook.sampler.publish()  # the sampler thread polls requests when it publishes
+    assert hook.profiler.plan is not None and hook.profiler.plan.id == "r1"
+    for _ in range(12):
+        step()
+    (doc,) = wait_profiles(spool)
+    assert validate(doc) == "profile"
+    assert (doc["request_id"], doc["start_step"], doc["steps"]) == ("r1", 5, 4)
+    ops = {row["op"] for row in doc["top_by_time"]}
+    assert "aten::addmm" in ops or "other" in ops
+    cpu = {row["op"]: row["cpu_time_us"] for row in doc["top_by_time"]}
+    assert any(v > 0 for v in cpu.values())
+    art = os.path.join(spool, "artifacts")
+    with open(os.path.join(art, doc["table_artifact"])) as fh:
+        assert "Name" in fh.read()
+    with gzip.open(os.path.join(art, doc["trace_artifact"])) as fh:
+        assert "traceEvents" in json.load(fh)
+
+
+def test_the_snapshot_says_which_profile_runs_and_then_none(hooked, spool):
+    hook, step = hooked
+    write_request(spool, "r2", steps=2, start_step=0)
+    hook.sampler.publish()
+    step()
+    assert hook.sampler.build()["profiling"] == "r2"
+    for _ in range(3):
+        step()
+    wait_profiles(spool)
+    time.sleep(0.1)
+    assert hook.sampler.build()["profiling"] is None
+
+
+def test_a_second_request_waits_for_the_running_one(hooked, spool):
+    hook, step = hooked
+    write_request(spool, "a", steps=3, start_step=0)
+    hook.sampler.publish()
+    step()
+    write_request(spool, "b", steps=2, start_step=0)
+    hook.sampler.publish()
+    assert hook.profiler.running.id == "a" and hook.profiler.plan is None
+    for _ in range(4):
+        step()
+    wait_profiles(spool, 1)
+    time.sleep(0.1)
+    hook.sampler.publish()  # now b is picked up
+    for _ in range(4):
+        step()
+    ids = sorted(p["request_id"] for p in wait_profiles(spool, 2))
+    assert ids == ["a", "b"]
+
+
+def test_old_and_malformed_requests_are_ignored(hooked, spool):
+    hook, _ = hooked
+    path = write_request(spool, "old", steps=2, start_step=0)
+    with open(path) as fh:
+        doc = json.load(fh)
+    doc["created_at"] = hook.process["started_at"] - 10  # from before this process started
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+    with open(os.path.join(spool, "requests", "bad.json"), "w") as fh:
+        fh.write('{"kind": "profile_request", "id": "../x", "steps": 1000}')
+    hook.sampler.publish()
+    assert hook.profiler.plan is None
+
+
+def test_top_k_keeps_k_rows_and_sums_the_rest_as_other():
+    rows = [
+        ProfileOp(
+            op=f"op{i}",
+            calls=1,
+            self_cuda_memory_bytes=i,
+            self_cuda_time_us=float(i),
+            cuda_time_us=0.0,
+            cpu_time_us=0.0,
+        )
+        for i in range(15)
+    ]
+    out = top_k(rows, "self_cuda_memory_bytes", k=10)
+    assert [r["op"] for r in out[:3]] == ["op14", "op13", "op12"]
+    assert out[-1]["op"] == "other" and out[-1]["self_cuda_memory_bytes"] == sum(range(5)) and len(out) == 11
+
+
+def test_the_start_step_is_ahead_of_the_fastest_rank():
+    assert plan_start_step([100, 98], [0.01, 0.01]) == 100 + 201
+    assert plan_start_step([7], []) == 10
+    assert plan_start_step([], []) == 0
+
+
+def test_scheduled_profiles_start_by_themselves(spool):
+    cuda = FakeCuda()
+    hook = Hook(Settings(spool_dir=spool, termination_message_path="", profile_every_seconds=0.001), cuda, None, torch)
+    hook.profiler._last_scheduled = 0
+    hook.profiler.poll(spool)
+    assert isinstance(hook.profiler.plan, ProfileRequest) and hook.profiler.plan.id.startswith("scheduled-")
