@@ -21,6 +21,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     p.add_argument("--window", type=int, default=20)
+    p.add_argument("--after", type=int, default=3000)
     args = p.parse_args()
     import torch
 
@@ -52,17 +53,20 @@ def main() -> None:
         timed("inside" if running.profiler.running is not None else "before")
     while running.profiler.finishing is not None:
         timed("finishing")
-    for _ in range(200):
-        timed("after")
+    for i in range(args.after):
+        timed(f"after-{i * 10 // args.after}")  # ten buckets: does the cost decay?
     oomsight.stop()
-    by = {ph: [t for p_, t in times if p_ == ph] for ph in ("before", "inside", "finishing", "after")}
+    for _ in range(200):
+        timed("stopped")
+    phases = ["before", "inside", "finishing"] + [f"after-{i}" for i in range(10)] + ["stopped"]
+    by = {ph: [t for p_, t in times if p_ == ph] for ph in phases}
     med = {ph: statistics.median(ts) if ts else None for ph, ts in by.items()}
     result = {
         "window_steps": args.window,
         "median_step_seconds": med,
         "steps": {ph: len(ts) for ph, ts in by.items()},
         "inside_over_before": med["inside"] / med["before"] - 1 if med["inside"] else None,
-        "after_over_before": med["after"] / med["before"] - 1,
+        "after_over_before": {ph: med[ph] / med["before"] - 1 for ph in phases[3:] if med[ph]},
     }
     print(result)
     write(args.out, "profile_overhead.json", result)
