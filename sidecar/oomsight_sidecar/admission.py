@@ -112,7 +112,7 @@ class Admitter:
 
     def _count(self, result: str) -> None:
         with self._lock:
-            self._count(result)
+            self.results[result] += 1
 
     def reject_oversized(self, length: int) -> None:
         """Count a body refused by its Content-Length before it was read."""

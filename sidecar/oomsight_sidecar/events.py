@@ -182,7 +182,8 @@ class EventPoster:
             client.create_event(self.pod.pod_namespace, event_body(ev, self.pod))
         except KubeError as exc:
             if exc.status == 409:  # posted before the state file was written: the name is stable
-                return self._finish(oid, "posted")
+                self._finish(oid, "posted")
+                return False
             self.errors["events_api"] += 1
             self._attempts[oid] += 1
             self._warn_once(exc)
