@@ -66,7 +66,7 @@ class Resources:
     cpu_request: str = "10m"
     """CPU the sidecar requests (it reads a few small files per scrape)."""
 
-    memory_request: str = "48Mi"
+    memory_request: str = "64Mi"
     """Memory the sidecar requests (Python, prometheus_client and the kubernetes client)."""
 
     cpu_limit: str = ""

@@ -66,7 +66,7 @@ class KubeClient:
         """Use the pod's service account token; raises if not running in a pod."""
         from kubernetes import client, config
 
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        config.load_incluster_config()  # type: ignore[no-untyped-call,unused-ignore]
         return cls(client.ApiClient(), timeout_seconds)
 
     def create_event(self, namespace: str, body: Json) -> Json:
