@@ -214,3 +214,24 @@ def rbac_allows(rules: list[dict[str, Any]], request: tuple[str, str, str, str, 
         ):
             return True
     return False
+
+
+def sidecar_and_webhook_collectors() -> list[Any]:
+    """The collectors besides the spool collector, with every family present (for the doc test)."""
+    import datetime
+    import tempfile
+
+    from oomsight_sidecar.admission import Admitter
+    from oomsight_sidecar.certs import make_ca, make_serving
+    from oomsight_sidecar.injection import InjectionSettings
+    from oomsight_sidecar.kubemetrics import KubernetesCollector
+    from oomsight_sidecar.owner import Owner
+    from oomsight_sidecar.tls import FileCertificates, ServerContext
+    from oomsight_sidecar.webhook_main import Reconciler, WebhookCollector
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    context = ServerContext(tempfile.mkdtemp())
+    context.loaded = make_serving(make_ca("doc-ca", now), ["localhost"], now)
+    reconciler = Reconciler(FileCertificates("tls.crt", "tls.key"), context)
+    admitter = Admitter(InjectionSettings(image="x"), 1024)
+    return [KubernetesCollector(None, Owner("Job", "train")), WebhookCollector(admitter, reconciler, None)]
