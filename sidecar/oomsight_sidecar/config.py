@@ -48,15 +48,12 @@ class SidecarSettings:
         values: dict[str, object] = {
             "spool_dir": e.get(ENV_DIR) or d.spool_dir,
             "host": e.get(ENV_HOST) or d.host,
-            "port": _number(e, ENV_PORT, d.port, int),
-            "retention_seconds": _number(e, ENV_RETENTION, d.retention_seconds, float),
-            "stale_after_seconds": _number(e, ENV_STALE_AFTER, d.stale_after_seconds, float),
-            "drain_seconds": _number(e, ENV_DRAIN, d.drain_seconds, float),
+            "port": number_env(e, ENV_PORT, d.port, int),
+            "retention_seconds": number_env(e, ENV_RETENTION, d.retention_seconds, float),
+            "stale_after_seconds": number_env(e, ENV_STALE_AFTER, d.stale_after_seconds, float),
+            "drain_seconds": number_env(e, ENV_DRAIN, d.drain_seconds, float),
         }
-        values.update({k: v for k, v in flags.items() if v is not None})
-        settings = cls(**values)  # type: ignore[arg-type]
-        settings.validate()
-        return settings
+        return _with_flags(cls, values, flags)
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -66,7 +63,19 @@ class SidecarSettings:
                 raise ConfigError(f"{name} must not be negative")
 
 
-def _number(env: Mapping[str, str], name: str, default: N, kind: Callable[[str], N]) -> N:
+S = TypeVar("S", "SidecarSettings", "WebhookSettings")
+
+
+def _with_flags(cls: type[S], values: dict[str, object], flags: Mapping[str, object]) -> S:
+    """Settings from env ``values`` overridden by the CLI ``flags`` that were given, validated."""
+    values.update({k: v for k, v in flags.items() if v is not None})
+    settings = cls(**values)  # type: ignore[arg-type]
+    settings.validate()
+    return settings
+
+
+def number_env(env: Mapping[str, str], name: str, default: N, kind: Callable[[str], N]) -> N:
+    """``kind(env[name])``, ``default`` when unset or empty; :class:`ConfigError` naming ``name`` otherwise."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -133,8 +142,8 @@ class KubernetesSettings:
             owner_kind=e.get(ENV_OWNER_KIND, ""),
             owner_name=e.get(ENV_OWNER_NAME, ""),
             events=events_raw in ("1", "true", "yes", "on"),
-            events_interval_seconds=_number(e, ENV_EVENTS_INTERVAL, d.events_interval_seconds, float),
-            events_max=_number(e, ENV_EVENTS_MAX, d.events_max, int),
+            events_interval_seconds=number_env(e, ENV_EVENTS_INTERVAL, d.events_interval_seconds, float),
+            events_max=number_env(e, ENV_EVENTS_MAX, d.events_max, int),
         )
         if settings.events_interval_seconds <= 0 or settings.events_max < 0:
             raise ConfigError(f"{ENV_EVENTS_INTERVAL} must be positive and {ENV_EVENTS_MAX} not negative")
@@ -208,8 +217,8 @@ class WebhookSettings:
         e = os.environ if env is None else env
         d = cls()
         values: dict[str, object] = {
-            "port": _number(e, ENV_WEBHOOK_PORT, d.port, int),
-            "metrics_port": _number(e, ENV_WEBHOOK_METRICS_PORT, d.metrics_port, int),
+            "port": number_env(e, ENV_WEBHOOK_PORT, d.port, int),
+            "metrics_port": number_env(e, ENV_WEBHOOK_METRICS_PORT, d.metrics_port, int),
             "tls_mode": e.get(ENV_WEBHOOK_TLS_MODE, d.tls_mode).strip(),
             "cert_file": e.get(ENV_WEBHOOK_CERT_FILE, d.cert_file),
             "key_file": e.get(ENV_WEBHOOK_KEY_FILE, d.key_file),
@@ -218,13 +227,10 @@ class WebhookSettings:
             "service": e.get(ENV_WEBHOOK_SERVICE, d.service),
             "secret": e.get(ENV_WEBHOOK_SECRET, d.secret),
             "configuration": e.get(ENV_WEBHOOK_CONFIGURATION, d.configuration),
-            "tls_reconcile_seconds": _number(e, ENV_WEBHOOK_RECONCILE, d.tls_reconcile_seconds, float),
-            "max_body_bytes": _number(e, ENV_WEBHOOK_MAX_BODY, d.max_body_bytes, int),
+            "tls_reconcile_seconds": number_env(e, ENV_WEBHOOK_RECONCILE, d.tls_reconcile_seconds, float),
+            "max_body_bytes": number_env(e, ENV_WEBHOOK_MAX_BODY, d.max_body_bytes, int),
         }
-        values.update({k: v for k, v in flags.items() if v is not None})
-        settings = cls(**values)  # type: ignore[arg-type]
-        settings.validate()
-        return settings
+        return _with_flags(cls, values, flags)
 
     def validate(self) -> None:
         if self.tls_mode not in TLS_MODES:

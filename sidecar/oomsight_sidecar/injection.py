@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Callable, Optional, TypeVar
 
 from oomsight.config import ConfigError
-from oomsight_sidecar.config import DEFAULT_PORT
+from oomsight_sidecar.config import DEFAULT_PORT, number_env
 
 ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
 ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"
@@ -141,7 +141,7 @@ class InjectionSettings:
             cpu_limit=_quantity_env(e, ENV_CPU_LIMIT, r.cpu_limit),
             memory_limit=_quantity_env(e, ENV_MEMORY_LIMIT, r.memory_limit),
         )
-        return cls(
+        settings = cls(
             image=image,
             image_pull_policy=e.get(ENV_PULL_POLICY, d.image_pull_policy),
             native_sidecar=native_sidecar,
@@ -149,14 +149,22 @@ class InjectionSettings:
             gpu_resources=tuple(x.strip() for x in e.get(ENV_GPU_RESOURCES, "").split(",") if x.strip())
             or d.gpu_resources,
             spool_size_limit=_quantity_env(e, ENV_SPOOL_SIZE, d.spool_size_limit) or d.spool_size_limit,
-            metrics_port=_int_env(e, ENV_METRICS_PORT, d.metrics_port),
+            metrics_port=number_env(e, ENV_METRICS_PORT, d.metrics_port, int),
             resources=resources,
-            run_as_user=_int_env(e, ENV_RUN_AS_USER, d.run_as_user),
+            run_as_user=number_env(e, ENV_RUN_AS_USER, d.run_as_user, int),
             scrape_annotations=_bool_env(e, ENV_SCRAPE_ANNOTATIONS, d.scrape_annotations),
             events=_bool_env(e, ENV_EVENTS, d.events),
             zero_code=_bool_env(e, ENV_ZERO_CODE, d.zero_code),
-            drain_seconds=_seconds_env(e, ENV_DRAIN, d.drain_seconds),
+            drain_seconds=number_env(e, ENV_DRAIN, d.drain_seconds, float),
         )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not 1 <= self.metrics_port <= 65535 or self.run_as_user < 1:
+            raise ConfigError(f"{ENV_METRICS_PORT} must be a port and {ENV_RUN_AS_USER} a non-root UID")
+        if not 0 <= self.drain_seconds <= 3600:
+            raise ConfigError(f"{ENV_DRAIN}={self.drain_seconds} must be between 0 and 3600 seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,29 +252,6 @@ def _bool_env(env: Mapping[str, str], name: str, default: bool) -> bool:
     value = _bool_or_none(raw.strip())
     if value is None:
         raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false")
-    return value
-
-
-def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-
-
-def _seconds_env(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not 0 <= value <= 3600:
-        raise ConfigError(f"{name}={raw!r} must be between 0 and 3600 seconds")
     return value
 
 

@@ -6,7 +6,7 @@ so ``oomsight run`` outside a cluster does not publish them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Optional
 
 from prometheus_client.core import CounterMetricFamily, InfoMetricFamily, Metric
@@ -14,6 +14,14 @@ from prometheus_client.registry import Collector
 
 from oomsight_sidecar.events import ERROR_COMPONENTS, RESULTS, EventPoster
 from oomsight_sidecar.owner import Owner
+
+
+def labelled_counter(name: str, documentation: str, label: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+    """A counter family with one series per key of ``counts`` (all present, zeros included)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, value in counts.items():
+        family.add_metric([key], value)
+    return family
 
 
 class KubernetesCollector(Collector):
@@ -25,28 +33,20 @@ class KubernetesCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        results, errors = (
-            self.poster.counts()
-            if self.poster
-            else (dict.fromkeys(RESULTS, 0), dict.fromkeys(ERROR_COMPONENTS, 0))
-        )
-        events = CounterMetricFamily(
+        results, errors = self.poster.counts() if self.poster else ({}, {})
+        yield labelled_counter(
             "oomsight_kubernetes_events",
             "OOM events by what became of their Kubernetes Event: posted, failed (no RBAC grant, API error) "
             "or suppressed (over OOMSIGHT_EVENTS_MAX).",
-            labels=["result"],
+            "result",
+            {key: results.get(key, 0) for key in RESULTS},
         )
-        for result in RESULTS:
-            events.add_metric([result], results.get(result, 0))
-        yield events
-        errs = CounterMetricFamily(
+        yield labelled_counter(
             "oomsight_sidecar_errors",
             "Errors the sidecar caught and carried on from, by component.",
-            labels=["component"],
+            "component",
+            {key: errors.get(key, 0) for key in ERROR_COMPONENTS},
         )
-        for component in ERROR_COMPONENTS:
-            errs.add_metric([component], errors.get(component, 0))
-        yield errs
         if self.owner is not None:
             info = InfoMetricFamily(
                 "oomsight_pod_owner", "The workload this pod belongs to (its controller owner reference)."

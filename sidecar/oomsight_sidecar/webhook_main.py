@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from oomsight.config import ConfigError
@@ -25,6 +25,7 @@ from oomsight_sidecar.admission import RESULTS, Admitter
 from oomsight_sidecar.config import WebhookSettings
 from oomsight_sidecar.injection import ENV_KUBE_VERSION_HINT, ENV_NATIVE, InjectionSettings, native_sidecars_supported
 from oomsight_sidecar.kube import KubeApi, KubeClient
+from oomsight_sidecar.kubemetrics import labelled_counter
 from oomsight_sidecar.server import serve_wsgi
 from oomsight_sidecar.tls import CertificateSource, FileCertificates, SelfManagedCertificates, ServerContext
 from oomsight_sidecar.webhook_server import AdmissionServer, serve
@@ -68,26 +69,22 @@ class WebhookCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        admissions = CounterMetricFamily(
+        counts = self.admitter.counts()
+        yield labelled_counter(
             "oomsight_webhook_admissions",
             "Admission requests by result: injected, unchanged (not a pod CREATE, or nothing to add), "
             "rejected (not an AdmissionReview), error (a bug; the pod was admitted unchanged).",
-            labels=["result"],
-        )
-        counts = self.admitter.counts()
-        for result in RESULTS:
-            admissions.add_metric([result], counts.get(result, 0))
-        yield admissions
-        errors = CounterMetricFamily(
-            "oomsight_webhook_errors",
-            "Errors the webhook caught and carried on from, by component.",
-            labels=["component"],
+            "result",
+            {result: counts.get(result, 0) for result in RESULTS},
         )
         served = dict(self.server.errors) if self.server is not None else {}
-        errors.add_metric(["tls_reconcile"], self.reconciler.failures)
-        for component in ERROR_COMPONENTS[1:]:
-            errors.add_metric([component], served.get(component, 0))
-        yield errors
+        errors = {c: served.get(c, 0) for c in ERROR_COMPONENTS} | {"tls_reconcile": self.reconciler.failures}
+        yield labelled_counter(
+            "oomsight_webhook_errors",
+            "Errors the webhook caught and carried on from, by component.",
+            "component",
+            errors,
+        )
         loaded = self.reconciler.context.loaded
         if loaded is not None:
             expiry = GaugeMetricFamily(
