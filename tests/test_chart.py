@@ -381,3 +381,42 @@ def test_notes_tell_the_user_what_to_label_and_where_to_look():
     assert 'oomsight.io/inject: "true"' in notes and "oomsight.io/inject-python" in notes
     assert "release=<its release>" in notes  # the kube-prometheus-stack selector pitfall
     assert "rbac.podNamespaces" in notes and "oomsight_torch_allocated_bytes" in notes
+
+
+def value_paths(tree, prefix=""):
+    """Dotted paths of every key in a values tree (lists and free-form maps are leaves)."""
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        yield path
+        if isinstance(value, dict) and value:
+            yield from value_paths(value, path + ".")
+
+
+def schema_paths(schema, prefix=""):
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        yield path
+        if sub.get("type") == "object" and "properties" in sub:
+            yield from schema_paths(sub, path + ".")
+
+
+def test_every_value_has_a_prose_comment_and_the_schema_knows_exactly_these_keys():
+    with open(os.path.join(CHART, "values.yaml")) as fh:
+        lines = fh.read().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*[A-Za-z][A-Za-z0-9]*:", line):
+            assert lines[i - 1].strip().startswith("#"), f"values.yaml line {i + 1} has no comment: {line.strip()}"
+            assert "_" not in line.split(":")[0] and "-" not in line.split(":")[0], f"not camelCase: {line}"
+    with open(os.path.join(CHART, "values.yaml")) as fh:
+        values = yaml.safe_load(fh)
+    with open(os.path.join(CHART, "values.schema.json")) as fh:
+        schema = json.load(fh)
+    assert set(value_paths(values)) == set(schema_paths(schema))
+
+    def closed(node, where):
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{where} accepts unknown keys"
+            for key, sub in node["properties"].items():
+                closed(sub, f"{where}.{key}")
+
+    closed(schema, "values")

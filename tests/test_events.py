@@ -144,7 +144,7 @@ def test_an_unwritable_state_file_is_counted_and_names_still_protect(spool, monk
         fh.write("x")
     poster = poster_for(spool, FakeKube())
     assert poster.tick() == 1
-    assert poster.counts()[1]["events_state"] == 1
+    assert poster.counts()[1]["events_state"] == 2  # reading it at start, writing it after the post
 
 
 def test_sigterm_posts_pending_events_before_the_sidecar_exits(spool, monkeypatch):
@@ -213,3 +213,14 @@ def test_the_real_client_turns_a_forbidden_answer_into_a_counted_failure(spool, 
         poster = EventPoster(spool, POD, lambda: client)
         poster.tick()
     assert poster.counts()[0]["failed"] == 1
+
+
+def test_a_corrupt_state_file_is_counted_and_nothing_is_posted_twice(spool, monkeypatch):
+    spool_with_ooms(spool, monkeypatch)
+    kube = FakeKube()
+    poster_for(spool, kube).tick()
+    with open(os.path.join(spool, "sidecar", "events-posted.json"), "w") as fh:
+        fh.write("{not json")
+    again = poster_for(spool, kube)
+    assert again.counts()[1]["events_state"] == 1
+    assert again.tick() == 0 and len(kube.events) == 1

@@ -171,3 +171,19 @@ def test_native_sidecars_follow_the_mode_then_the_server_version_then_the_charts
     if version is None:
         kube.fail["server_version"] = [KubeError(0, "connection refused")]
     assert resolve_native_sidecar(mode, kube, hint) is expected
+
+
+def test_a_failing_certificate_source_is_counted_logged_once_and_the_old_certificate_kept(tmp_path, caplog):
+    from oomsight_sidecar.webhook_main import Reconciler
+
+    kube = cluster()
+    context = ServerContext(str(tmp_path / "certs"))
+    reconciler = Reconciler(manager(kube), context)
+    assert reconciler.reconcile() is True
+    loaded = context.loaded
+    kube.fail["read_secret"] = [KubeError(0, "connection refused")] * 3
+    with caplog.at_level("WARNING"):
+        assert [reconciler.reconcile() for _ in range(3)] == [False, False, False]
+    assert reconciler.failures == 3 and context.loaded == loaded
+    assert sum("certificate not refreshed" in r.getMessage() for r in caplog.records) == 1
+    assert reconciler.reconcile() is True  # the API is back

@@ -119,13 +119,17 @@ class PostedState:
         self.pod_uid = pod_uid
 
     def load(self) -> set[str]:
+        """The handled ids; empty on this pod's first start. Raises ``ValueError``/``OSError``
+        when the file is there but unusable (the poster counts it; stable names prevent doubles)."""
         try:
             with open(self.path, "rb") as fh:
                 doc = json.loads(fh.read(4 * 1024 * 1024))
-        except (OSError, ValueError):
-            return set()  # first start of this pod's sidecar (or an unreadable file: 409s protect us)
-        if not isinstance(doc, dict) or doc.get("pod_uid") != self.pod_uid or not isinstance(doc.get("done"), list):
+        except FileNotFoundError:
             return set()
+        if not isinstance(doc, dict) or not isinstance(doc.get("done"), list):
+            raise ValueError(f"{self.path} is not a posted-events file")
+        if doc.get("pod_uid") != self.pod_uid:
+            return set()  # a spool carried over from another pod: its Events were about that pod
         return {str(x) for x in doc["done"]}
 
     def save(self, done: set[str]) -> None:
@@ -147,9 +151,9 @@ class EventPoster:
         self.pod = pod
         self.reader = reader or SpoolReader(spool_dir)
         self.state = PostedState(spool_dir, pod.pod_uid)
-        self.done = self.state.load()
         self.results: Counter[str] = Counter(dict.fromkeys(RESULTS, 0))
         self.errors: Counter[str] = Counter(dict.fromkeys(ERROR_COMPONENTS, 0))
+        self.done = self._load_state()
         self._factory = client_factory
         self._client: Optional[KubeApi] = None
         self._client_failed = False
@@ -227,6 +231,14 @@ class EventPoster:
             )
         else:
             logger.warning("oomsight sidecar: posting an OOM Event failed (%s); carrying on", exc)
+
+    def _load_state(self) -> set[str]:
+        try:
+            return self.state.load()
+        except (OSError, ValueError) as exc:
+            self.errors["events_state"] += 1
+            logger.warning("oomsight sidecar: ignoring %s (%s); Event names keep posts unique", self.state.path, exc)
+            return set()
 
     def _save(self) -> None:
         try:
