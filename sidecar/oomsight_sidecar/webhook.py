@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from oomsight.config import ENV_DIR, ENV_TERMINATION_MESSAGE_PATH
 from oomsight_sidecar.injection import ANN_STATUS, InjectionSettings, PodOptions, pod_options
@@ -103,7 +103,7 @@ def path_of(index: int) -> tuple[str, str, int]:
     return ("spec", "containers", index)
 
 
-def _ensure_volume(b: PatchBuilder, spec: Mapping[str, Any], name: str, make: Any) -> None:
+def _ensure_volume(b: PatchBuilder, spec: Mapping[str, Any], name: str, make: Callable[[], Json]) -> None:
     volumes = _list(spec.get("volumes"))
     if not any(isinstance(v, Mapping) and v.get("name") == name for v in volumes or []):
         b.append(pointer("spec", "volumes"), volumes, make())
