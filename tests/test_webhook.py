@@ -74,8 +74,24 @@ def test_a_job_pod_feeds_only_its_gpu_container_and_honours_its_annotations():
     assert owner == ("Job", "resnet-finetune")
     train, shipper = pod["spec"]["containers"]
     assert env_of(train)["OOMSIGHT_DIR"] == SPOOL_PATH
-    assert "env" not in shipper and len(shipper.get("volumeMounts", [])) == 0
+    assert "env" not in shipper and [m["name"] for m in shipper["volumeMounts"]] == ["kube-api-access-q9w2d"]
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "21410"
+
+
+def test_the_sidecar_gets_the_service_account_token_mount_the_api_server_gave_the_others():
+    pod, m = inject(fixture("pytorchjob-worker.yaml"))
+    sidecar = by_name(pod["spec"]["initContainers"], SIDECAR_NAME)
+    token = {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+             "readOnly": True}
+    assert token in sidecar["volumeMounts"] and m.warnings == []
+
+
+def test_a_pod_without_a_token_is_injected_with_a_warning_that_events_cannot_be_posted():
+    no_token = "oomsight: the pod mounts no service account token; the sidecar cannot post OOM Events"
+    assert no_token in inject(fixture("zero-code-pod.yaml"))[1].warnings
+    pod = fixture("zero-code-pod.yaml")
+    pod["metadata"]["annotations"]["oomsight.io/events"] = "false"
+    assert no_token not in inject(pod)[1].warnings
 
 
 def test_older_clusters_get_a_regular_sidecar_container_that_kubernetes_1_27_accepts():

@@ -29,6 +29,8 @@ SPOOL_PATH = "/var/run/oomsight"
 STARTUP_PATH = "/var/run/oomsight-startup"
 STARTUP_SIZE_LIMIT = "32Mi"
 METRICS_PORT_NAME = "metrics"
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where Kubernetes mounts the service account token; the sidecar needs it to post Events."""
 
 Json = dict[str, Any]
 
@@ -50,8 +52,14 @@ def field_env(name: str, field_path: str) -> Json:
     return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
 
 
-def sidecar_container(settings: InjectionSettings, opts: PodOptions, owner: Optional[Owner]) -> Json:
-    """The metrics sidecar; a native sidecar when ``opts.native_sidecar``."""
+def sidecar_container(
+    settings: InjectionSettings, opts: PodOptions, owner: Optional[Owner], token_mount: Optional[Json]
+) -> Json:
+    """The metrics sidecar; a native sidecar when ``opts.native_sidecar``.
+
+    ``token_mount`` is the pod's service account token mount, copied from another container:
+    the API server's ServiceAccount admission adds it to the containers that exist before
+    mutating webhooks run, so a container added by a webhook would not get it otherwise."""
     env = [
         {"name": ENV_DIR, "value": SPOOL_PATH},
         {"name": ENV_PORT, "value": str(opts.metrics_port)},
@@ -72,7 +80,7 @@ def sidecar_container(settings: InjectionSettings, opts: PodOptions, owner: Opti
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": opts.metrics_port, "protocol": "TCP"}],
         "resources": opts.resources.as_spec(),
         "securityContext": security_context(settings.run_as_user),
-        "volumeMounts": [{"name": SPOOL_VOLUME, "mountPath": SPOOL_PATH}],
+        "volumeMounts": [{"name": SPOOL_VOLUME, "mountPath": SPOOL_PATH}, *([token_mount] if token_mount else [])],
         "readinessProbe": _probe("/readyz", period_seconds=10),
         "livenessProbe": _probe("/healthz", period_seconds=20),
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -80,6 +88,16 @@ def sidecar_container(settings: InjectionSettings, opts: PodOptions, owner: Opti
     if opts.native_sidecar:
         container["restartPolicy"] = "Always"
     return container
+
+
+def token_mount(spec: Any) -> Optional[Json]:
+    """The service account token mount of any container of the pod (read-only), if one has it."""
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            for mount in (container.get("volumeMounts") if isinstance(container, dict) else None) or []:
+                if isinstance(mount, dict) and mount.get("mountPath") == TOKEN_PATH and mount.get("name"):
+                    return {"name": mount["name"], "mountPath": TOKEN_PATH, "readOnly": True}
+    return None
 
 
 def startup_container(settings: InjectionSettings) -> Json:

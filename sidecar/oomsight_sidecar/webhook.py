@@ -27,6 +27,7 @@ from oomsight_sidecar.podspec import (
     spool_volume,
     startup_container,
     startup_volume,
+    token_mount,
 )
 
 Json = dict[str, Any]
@@ -58,7 +59,7 @@ def mutate(pod: Any, settings: InjectionSettings) -> Mutation:
     _ensure_volume(b, spec, SPOOL_VOLUME, lambda: spool_volume(opts))
     if opts.inject_python:  # before the sidecar, so the init container runs ahead of it
         warnings += _ensure_zero_code(b, spec, settings, targets)
-    _ensure_sidecar(b, pod, spec, settings, opts)
+    warnings += _ensure_sidecar(b, pod, spec, settings, opts)
     for i in targets:
         _ensure_spool_access(b, i, containers[i])
     warnings += _ensure_annotations(b, annotations, settings, opts)
@@ -111,14 +112,18 @@ def _ensure_volume(b: PatchBuilder, spec: Mapping[str, Any], name: str, make: Ca
 
 def _ensure_sidecar(
     b: PatchBuilder, pod: Mapping[str, Any], spec: Mapping[str, Any], settings: InjectionSettings, opts: PodOptions
-) -> None:
+) -> list[str]:
     if _named(spec, SIDECAR_NAME):
-        return
-    sidecar = sidecar_container(settings, opts, controller_owner(pod))
+        return []
+    token = token_mount(spec)
+    sidecar = sidecar_container(settings, opts, controller_owner(pod), token)
     if opts.native_sidecar:
         _append_init_container(b, spec, sidecar)
     else:
         b.append(pointer("spec", "containers"), _list(spec.get("containers")), sidecar)
+    if token is None and opts.events:
+        return ["oomsight: the pod mounts no service account token; the sidecar cannot post OOM Events"]
+    return []
 
 
 def _ensure_spool_access(b: PatchBuilder, index: int, container: Mapping[str, Any]) -> None:
