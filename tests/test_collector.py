@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from oomsight.collector import SpoolCollector
 
 from fakes import GIB, ROOT
+from kubetools import sidecar_and_webhook_collectors
 from spoolmaker import hooked_process
 
 
@@ -137,6 +138,8 @@ def test_metrics_doc_and_collector_list_the_same_families(spool, monkeypatch):
     hook.steps.post_step(type("O", (), {"param_groups": [], "state": {}})(), (), {})
     hook.sampler.publish()
     reg, _ = registry_for(spool)
+    for collector in sidecar_and_webhook_collectors():  # the sidecar's Kubernetes and the webhook's own families
+        reg.register(collector)
     text = generate_latest(reg).decode()
     emitted = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     with open(os.path.join(ROOT, "docs", "metrics.md")) as fh:

@@ -39,7 +39,7 @@ if rank == 1:
     cuda.observer(0, 50 * GIB, 140 * GIB, GIB)
 hook.at_exit()
 dist.destroy_process_group()
-print("rank", rank, "sum", t.item())
+print("rank %d sum %s" % (rank, t.item()))  # one write: ranks share the pipe
 """
 
 

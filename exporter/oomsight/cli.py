@@ -6,6 +6,7 @@ oomsight sidecar --spool DIR [--port N]
 oomsight replay TAPE --spool DIR [--speed X]
 oomsight demo
 oomsight install-startup DIR
+oomsight webhook [--port N] [--tls-mode self|files]
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
 
     inst = sub.add_parser("install-startup", help="copy the zero-code startup folder (for an init container)")
     inst.add_argument("folder")
+
+    hook = sub.add_parser("webhook", help="the Kubernetes admission webhook that injects the sidecar")
+    hook.add_argument("--port", type=int, default=None, help="HTTPS port (default 21443)")
+    hook.add_argument("--tls-mode", choices=("self", "files"), default=None, help="certificate source (default self)")
     return p
 
 
@@ -85,6 +90,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "drain_seconds": args.drain_seconds,
             }
         )
+    if args.command == "webhook":
+        from oomsight_sidecar.webhook_main import main as webhook_main
+
+        return webhook_main({"port": args.port, "tls_mode": args.tls_mode})
     if args.command == "replay":
         from oomsight import tape
 

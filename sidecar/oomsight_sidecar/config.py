@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from typing import Callable, TypeVar
 
 from oomsight.config import ENV_DIR, ConfigError, default_spool_dir
 from oomsight.inventory import DEFAULT_RETENTION_SECONDS, DEFAULT_STALE_AFTER_SECONDS
@@ -16,6 +17,8 @@ ENV_STALE_AFTER = "OOMSIGHT_STALE_AFTER_SECONDS"
 ENV_DRAIN = "OOMSIGHT_DRAIN_SECONDS"
 
 DEFAULT_PORT = 21400
+
+N = TypeVar("N", int, float)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,15 +48,12 @@ class SidecarSettings:
         values: dict[str, object] = {
             "spool_dir": e.get(ENV_DIR) or d.spool_dir,
             "host": e.get(ENV_HOST) or d.host,
-            "port": _number(e, ENV_PORT, d.port, int),
-            "retention_seconds": _number(e, ENV_RETENTION, d.retention_seconds, float),
-            "stale_after_seconds": _number(e, ENV_STALE_AFTER, d.stale_after_seconds, float),
-            "drain_seconds": _number(e, ENV_DRAIN, d.drain_seconds, float),
+            "port": number_env(e, ENV_PORT, d.port, int),
+            "retention_seconds": number_env(e, ENV_RETENTION, d.retention_seconds, float),
+            "stale_after_seconds": number_env(e, ENV_STALE_AFTER, d.stale_after_seconds, float),
+            "drain_seconds": number_env(e, ENV_DRAIN, d.drain_seconds, float),
         }
-        values.update({k: v for k, v in flags.items() if v is not None})
-        settings = cls(**values)  # type: ignore[arg-type]
-        settings.validate()
-        return settings
+        return _with_flags(cls, values, flags)
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -63,11 +63,192 @@ class SidecarSettings:
                 raise ConfigError(f"{name} must not be negative")
 
 
-def _number(env: Mapping[str, str], name: str, default: float, kind: type) -> object:
+S = TypeVar("S", "SidecarSettings", "WebhookSettings")
+
+
+def _with_flags(cls: type[S], values: dict[str, object], flags: Mapping[str, object]) -> S:
+    """Settings from env ``values`` overridden by the CLI ``flags`` that were given, validated."""
+    values.update({k: v for k, v in flags.items() if v is not None})
+    settings = cls(**values)  # type: ignore[arg-type]
+    settings.validate()
+    return settings
+
+
+def number_env(env: Mapping[str, str], name: str, default: N, kind: Callable[[str], N]) -> N:
+    """``kind(env[name])``, ``default`` when unset or empty; :class:`ConfigError` naming ``name`` otherwise."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
         return kind(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+        raise ConfigError(f"{name}={raw!r} is not a valid {getattr(kind, '__name__', 'number')}") from None
+
+
+ENV_POD_NAME = "OOMSIGHT_POD_NAME"
+ENV_POD_NAMESPACE = "OOMSIGHT_POD_NAMESPACE"
+ENV_POD_UID = "OOMSIGHT_POD_UID"
+ENV_OWNER_KIND = "OOMSIGHT_OWNER_KIND"
+ENV_OWNER_NAME = "OOMSIGHT_OWNER_NAME"
+ENV_EVENTS = "OOMSIGHT_EVENTS"
+ENV_EVENTS_INTERVAL = "OOMSIGHT_EVENTS_INTERVAL_SECONDS"
+ENV_EVENTS_MAX = "OOMSIGHT_EVENTS_MAX"
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesSettings:
+    """The pod the sidecar runs in, as the webhook tells it (downward API and admission time)."""
+
+    pod_name: str = ""
+    """``metadata.name`` of the pod (downward API); empty outside Kubernetes."""
+
+    pod_namespace: str = ""
+    """``metadata.namespace`` of the pod (downward API)."""
+
+    pod_uid: str = ""
+    """``metadata.uid`` of the pod (downward API): Events name the pod by it."""
+
+    owner_kind: str = ""
+    """Kind of the pod's controller (``Job``, ``PyTorchJob``, ...), read by the webhook at admission."""
+
+    owner_name: str = ""
+    """Name of the pod's controller; with ``owner_kind`` it labels ``oomsight_pod_owner_info``."""
+
+    events: bool = True
+    """Post an ``events.k8s.io/v1`` Event on the pod for every new OOM (needs the chart's RBAC grant)."""
+
+    events_interval_seconds: float = 2.0
+    """How often the spool is checked for new OOM events to post."""
+
+    events_max: int = 100
+    """At most this many Events per pod; later OOMs are counted as ``suppressed``, not posted."""
+
+    @property
+    def in_pod(self) -> bool:
+        """True when the downward-API identity is complete (Events need all three)."""
+        return bool(self.pod_name and self.pod_namespace and self.pod_uid)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KubernetesSettings:
+        e = os.environ if env is None else env
+        d = cls()
+        events_raw = e.get(ENV_EVENTS, "1").strip().lower()
+        if events_raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ConfigError(f"{ENV_EVENTS}={events_raw!r} is not a boolean; use 1 or 0")
+        settings = cls(
+            pod_name=e.get(ENV_POD_NAME, ""),
+            pod_namespace=e.get(ENV_POD_NAMESPACE, ""),
+            pod_uid=e.get(ENV_POD_UID, ""),
+            owner_kind=e.get(ENV_OWNER_KIND, ""),
+            owner_name=e.get(ENV_OWNER_NAME, ""),
+            events=events_raw in ("1", "true", "yes", "on"),
+            events_interval_seconds=number_env(e, ENV_EVENTS_INTERVAL, d.events_interval_seconds, float),
+            events_max=number_env(e, ENV_EVENTS_MAX, d.events_max, int),
+        )
+        if settings.events_interval_seconds <= 0 or settings.events_max < 0:
+            raise ConfigError(f"{ENV_EVENTS_INTERVAL} must be positive and {ENV_EVENTS_MAX} not negative")
+        return settings
+
+
+ENV_WEBHOOK_PORT = "OOMSIGHT_WEBHOOK_PORT"
+ENV_WEBHOOK_METRICS_PORT = "OOMSIGHT_WEBHOOK_METRICS_PORT"
+ENV_WEBHOOK_TLS_MODE = "OOMSIGHT_WEBHOOK_TLS_MODE"
+ENV_WEBHOOK_CERT_FILE = "OOMSIGHT_WEBHOOK_CERT_FILE"
+ENV_WEBHOOK_KEY_FILE = "OOMSIGHT_WEBHOOK_KEY_FILE"
+ENV_WEBHOOK_CERT_DIR = "OOMSIGHT_WEBHOOK_CERT_DIR"
+ENV_WEBHOOK_NAMESPACE = "OOMSIGHT_WEBHOOK_NAMESPACE"
+ENV_WEBHOOK_SERVICE = "OOMSIGHT_WEBHOOK_SERVICE"
+ENV_WEBHOOK_SECRET = "OOMSIGHT_WEBHOOK_SECRET"
+ENV_WEBHOOK_CONFIGURATION = "OOMSIGHT_WEBHOOK_CONFIGURATION"
+ENV_WEBHOOK_RECONCILE = "OOMSIGHT_WEBHOOK_TLS_RECONCILE_SECONDS"
+ENV_WEBHOOK_MAX_BODY = "OOMSIGHT_WEBHOOK_MAX_BODY_BYTES"
+
+WEBHOOK_PORT = 21443
+WEBHOOK_METRICS_PORT = 21401
+TLS_MODES = ("self", "files")
+
+
+@dataclasses.dataclass(frozen=True)
+class WebhookSettings:
+    """The admission webhook's server and TLS; the chart sets them (``templates/deployment.yaml``)."""
+
+    host: str = "0.0.0.0"
+    """Listen address of the HTTPS and metrics servers."""
+
+    port: int = WEBHOOK_PORT
+    """HTTPS port the Service's port 443 forwards to."""
+
+    metrics_port: int = WEBHOOK_METRICS_PORT
+    """Plain-HTTP port of the webhook's own ``/metrics``; 0 turns it off."""
+
+    tls_mode: str = "self"
+    """``self``: the webhook keeps its certificate in a Secret and patches ``caBundle``;
+    ``files``: read ``cert_file``/``key_file`` (cert-manager mounts them) and reload on change."""
+
+    cert_file: str = "/etc/oomsight/tls/tls.crt"
+    """Serving certificate (PEM) in ``files`` mode."""
+
+    key_file: str = "/etc/oomsight/tls/tls.key"
+    """Its private key (PEM) in ``files`` mode."""
+
+    cert_dir: str = "/tmp/oomsight-webhook"
+    """Where ``self`` mode writes the current certificate for the TLS library (an emptyDir)."""
+
+    namespace: str = ""
+    """The webhook's namespace (downward API): where its Secret lives, part of its DNS name."""
+
+    service: str = ""
+    """Name of the webhook's Service: the certificate is made for ``<service>.<namespace>.svc``."""
+
+    secret: str = ""
+    """Name of the Secret that holds the CA and serving certificate in ``self`` mode."""
+
+    configuration: str = ""
+    """Name of the MutatingWebhookConfiguration whose ``caBundle`` ``self`` mode keeps."""
+
+    tls_reconcile_seconds: float = 60.0
+    """How often ``self`` mode re-checks the Secret (renewal) and ``caBundle`` (restored after an upgrade)."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Larger AdmissionReview bodies are refused (413) unread."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **flags: object) -> WebhookSettings:
+        e = os.environ if env is None else env
+        d = cls()
+        values: dict[str, object] = {
+            "port": number_env(e, ENV_WEBHOOK_PORT, d.port, int),
+            "metrics_port": number_env(e, ENV_WEBHOOK_METRICS_PORT, d.metrics_port, int),
+            "tls_mode": e.get(ENV_WEBHOOK_TLS_MODE, d.tls_mode).strip(),
+            "cert_file": e.get(ENV_WEBHOOK_CERT_FILE, d.cert_file),
+            "key_file": e.get(ENV_WEBHOOK_KEY_FILE, d.key_file),
+            "cert_dir": e.get(ENV_WEBHOOK_CERT_DIR, d.cert_dir),
+            "namespace": e.get(ENV_WEBHOOK_NAMESPACE, d.namespace),
+            "service": e.get(ENV_WEBHOOK_SERVICE, d.service),
+            "secret": e.get(ENV_WEBHOOK_SECRET, d.secret),
+            "configuration": e.get(ENV_WEBHOOK_CONFIGURATION, d.configuration),
+            "tls_reconcile_seconds": number_env(e, ENV_WEBHOOK_RECONCILE, d.tls_reconcile_seconds, float),
+            "max_body_bytes": number_env(e, ENV_WEBHOOK_MAX_BODY, d.max_body_bytes, int),
+        }
+        return _with_flags(cls, values, flags)
+
+    def validate(self) -> None:
+        if self.tls_mode not in TLS_MODES:
+            raise ConfigError(f"{ENV_WEBHOOK_TLS_MODE}={self.tls_mode!r} must be one of {', '.join(TLS_MODES)}")
+        missing = [
+            env
+            for env, value in (
+                (ENV_WEBHOOK_NAMESPACE, self.namespace),
+                (ENV_WEBHOOK_SERVICE, self.service),
+                (ENV_WEBHOOK_SECRET, self.secret),
+                (ENV_WEBHOOK_CONFIGURATION, self.configuration),
+            )
+            if not value
+        ]
+        if self.tls_mode == "self" and missing:
+            raise ConfigError(f"TLS mode 'self' needs {', '.join(missing)}")
+        for name, port in (("port", self.port), ("metrics_port", self.metrics_port)):
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"webhook {name} {port} is not a TCP port")
+        if self.tls_reconcile_seconds <= 0 or self.max_body_bytes <= 0:
+            raise ConfigError(f"{ENV_WEBHOOK_RECONCILE} and {ENV_WEBHOOK_MAX_BODY} must be positive")

@@ -1,24 +1,28 @@
-"""``oomsight sidecar``: serve a spool directory until SIGTERM."""
+"""``oomsight sidecar``: serve a spool directory until SIGTERM; post OOM Events in a pod."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from prometheus_client import CollectorRegistry
 
 from oomsight.collector import SpoolCollector
 from oomsight.config import ConfigError
 from oomsight_sidecar.admin import AdminApp, AdminSettings
-from oomsight_sidecar.config import SidecarSettings
+from oomsight_sidecar.config import KubernetesSettings, SidecarSettings
+from oomsight_sidecar.events import EventPoster
+from oomsight_sidecar.kube import KubeApi, KubeClient
+from oomsight_sidecar.kubemetrics import KubernetesCollector
+from oomsight_sidecar.owner import pod_owner
 from oomsight_sidecar.server import MetricsApp, serve
 
 logger = logging.getLogger(__name__)
 
 
-def build_app(settings: SidecarSettings) -> MetricsApp:
+def build_app(settings: SidecarSettings, kube: Optional[KubernetesCollector] = None) -> MetricsApp:
     collector = SpoolCollector(
         settings.spool_dir,
         retention_seconds=settings.retention_seconds,
@@ -26,30 +30,53 @@ def build_app(settings: SidecarSettings) -> MetricsApp:
     )
     registry = CollectorRegistry()
     registry.register(collector)
+    if kube is not None:
+        registry.register(kube)
     return MetricsApp(collector, registry)
 
 
+def build_poster(
+    settings: SidecarSettings, kube: KubernetesSettings, client_factory: Callable[[], KubeApi]
+) -> Optional[EventPoster]:
+    """The Event poster, when Events are on and the pod's identity is known."""
+    if not kube.events:
+        return None
+    if not kube.in_pod:
+        if kube.pod_name or kube.pod_namespace:
+            logger.warning("oomsight sidecar: pod name, namespace and uid are all needed to post Events; none posted")
+        return None
+    return EventPoster(settings.spool_dir, kube, client_factory)
+
+
 def run(
-    settings: SidecarSettings, stop: Optional[threading.Event] = None, admin: Optional[AdminSettings] = None
+    settings: SidecarSettings,
+    stop: Optional[threading.Event] = None,
+    kube: Optional[KubernetesSettings] = None,
+    client_factory: Callable[[], KubeApi] = KubeClient.in_cluster,
+    admin: Optional[AdminSettings] = None,
 ) -> int:
     stop = stop or threading.Event()
-    app = build_app(settings)
+    kube = kube or KubernetesSettings()
+    poster = build_poster(settings, kube, client_factory)
+    collector = KubernetesCollector(poster, pod_owner(kube)) if kube.pod_name else None
+    app = build_app(settings, collector)
     server = serve(app, settings.host, settings.port)
     admin_server = None
     if admin is not None and admin.port:
         admin_server = serve(AdminApp(settings.spool_dir, admin.token), admin.host, admin.port)
         logger.info("oomsight sidecar: admin endpoint on http://%s:%d/admin/", admin.host, admin_server.server_port)
     logger.info(
-        "oomsight sidecar: serving %s on http://%s:%d/metrics",
-        settings.spool_dir,
-        settings.host,
-        server.server_port,
+        "oomsight sidecar: serving %s on http://%s:%d/metrics", settings.spool_dir, settings.host, server.server_port
     )
     if not app.check_ready():
         logger.warning(
             "oomsight sidecar: spool %s not readable yet; /readyz answers 503 until it is", settings.spool_dir
         )
+    loop = _start_event_loop(poster, kube.events_interval_seconds, stop)
     stop.wait()
+    if loop is not None and poster is not None:
+        loop.join(timeout=10)
+        poster.tick()  # post what the last moments of training left behind before the pod goes
     if settings.drain_seconds:
         logger.info("oomsight sidecar: draining for %.0f s so Prometheus gets a last scrape", settings.drain_seconds)
         threading.Event().wait(settings.drain_seconds)
@@ -60,9 +87,25 @@ def run(
     return 0
 
 
+def _start_event_loop(
+    poster: Optional[EventPoster], interval_seconds: float, stop: threading.Event
+) -> Optional[threading.Thread]:
+    if poster is None:
+        return None
+
+    def loop() -> None:
+        while not stop.wait(interval_seconds):
+            poster.tick()
+
+    thread = threading.Thread(target=loop, name="oomsight-events", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(flags: dict[str, Any]) -> int:
     try:
         settings = SidecarSettings.from_env(**flags)
+        kube = KubernetesSettings.from_env()
         admin = AdminSettings.from_env()
     except ConfigError as exc:
         logger.error("oomsight sidecar: invalid configuration: %s", exc)
@@ -70,4 +113,4 @@ def main(flags: dict[str, Any]) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    return run(settings, stop, admin)
+    return run(settings, stop, kube, admin=admin)

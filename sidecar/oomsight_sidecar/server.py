@@ -71,6 +71,11 @@ def _text(start_response: StartResponse, status: str, body: bytes) -> list[bytes
 
 def serve(app: Callable[..., Iterable[bytes]], host: str, port: int) -> WSGIServer:
     """Bind and serve in a daemon thread; the caller calls ``shutdown()``."""
+    return serve_wsgi(app, host, port)
+
+
+def serve_wsgi(app: Callable[..., Iterable[bytes]], host: str, port: int) -> WSGIServer:
+    """Any WSGI app (the webhook's ``/metrics``) on the same quiet threading server."""
     server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="oomsight-http", daemon=True).start()
     return server

@@ -1,0 +1,288 @@
+"""The admission logic (pod -> JSONPatch) on realistic pods: patch applied with jsonpatch,
+result validated against the Kubernetes schemas, and re-injection changes nothing."""
+
+import copy
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oomsight_sidecar.injection import InjectionSettings
+from oomsight_sidecar.podspec import SIDECAR_NAME, SPOOL_PATH, STARTUP_NAME, STARTUP_PATH
+from oomsight_sidecar.webhook import mutate
+
+from kubetools import apply, fixture, validate
+
+SETTINGS = InjectionSettings(image="ghcr.io/oomsight/oomsight:0.1.0")
+FIXTURES = ("pytorchjob-worker.yaml", "job-pod.yaml", "zero-code-pod.yaml", "cpu-pod.yaml")
+
+
+def inject(pod, settings=SETTINGS):
+    m = mutate(pod, settings)
+    return apply(pod, m.patch), m
+
+
+def by_name(items, name):
+    return next(c for c in items if c["name"] == name)
+
+
+def env_of(container):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("native", [True, False])
+def test_every_realistic_pod_stays_valid_and_a_second_injection_changes_nothing(name, native):
+    settings = dataclasses.replace(SETTINGS, native_sidecar=native)
+    pod, m = inject(fixture(name), settings)
+    assert m.patch
+    validate(pod)
+    assert mutate(pod, settings).patch == []
+    assert pod["metadata"]["annotations"]["oomsight.io/status"] == "injected"
+
+
+def test_a_pytorchjob_worker_gets_a_native_sidecar_the_spool_and_its_owner():
+    pod, m = inject(fixture("pytorchjob-worker.yaml"))
+    assert m.warnings == []
+    sidecar = by_name(pod["spec"]["initContainers"], SIDECAR_NAME)
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["ports"] == [{"name": "metrics", "containerPort": 21400, "protocol": "TCP"}]
+    env = env_of(sidecar)
+    assert env["OOMSIGHT_DIR"] == SPOOL_PATH
+    assert env["OOMSIGHT_POD_UID"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}
+    assert (env["OOMSIGHT_OWNER_KIND"], env["OOMSIGHT_OWNER_NAME"]) == ("PyTorchJob", "llama-ft")
+    trainer = by_name(pod["spec"]["containers"], "pytorch")
+    assert env_of(trainer)["OOMSIGHT_DIR"] == SPOOL_PATH
+    assert {"name": "oomsight-spool", "mountPath": SPOOL_PATH} in trainer["volumeMounts"]
+    spool = by_name(pod["spec"]["volumes"], "oomsight-spool")
+    assert spool["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Mi"}
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["pytorch"]  # no regular container added
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "21400" and annotations["sidecar.istio.io/inject"] == "false"
+
+
+def test_a_job_pod_feeds_only_its_gpu_container_and_honours_its_annotations():
+    pod, _ = inject(fixture("job-pod.yaml"))
+    inits = pod["spec"]["initContainers"]
+    assert [c["name"] for c in inits] == ["fetch-data", SIDECAR_NAME]  # after the user's init container
+    sidecar = inits[1]
+    assert sidecar["ports"][0]["containerPort"] == 21410
+    assert env_of(sidecar)["OOMSIGHT_SIDECAR_PORT"] == "21410"
+    assert sidecar["resources"]["limits"]["memory"] == "256Mi"
+    owner = env_of(sidecar)["OOMSIGHT_OWNER_KIND"], env_of(sidecar)["OOMSIGHT_OWNER_NAME"]
+    assert owner == ("Job", "resnet-finetune")
+    train, shipper = pod["spec"]["containers"]
+    assert env_of(train)["OOMSIGHT_DIR"] == SPOOL_PATH
+    assert "env" not in shipper and [m["name"] for m in shipper["volumeMounts"]] == ["kube-api-access-q9w2d"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "21410"
+
+
+def test_the_sidecar_gets_the_service_account_token_mount_the_api_server_gave_the_others():
+    pod, m = inject(fixture("pytorchjob-worker.yaml"))
+    sidecar = by_name(pod["spec"]["initContainers"], SIDECAR_NAME)
+    token = {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+             "readOnly": True}
+    assert token in sidecar["volumeMounts"] and m.warnings == []
+
+
+def test_a_pod_without_a_token_is_injected_with_a_warning_that_events_cannot_be_posted():
+    no_token = "oomsight: the pod mounts no service account token; the sidecar cannot post OOM Events"
+    assert no_token in inject(fixture("zero-code-pod.yaml"))[1].warnings
+    pod = fixture("zero-code-pod.yaml")
+    pod["metadata"]["annotations"]["oomsight.io/events"] = "false"
+    assert no_token not in inject(pod)[1].warnings
+
+
+def test_older_clusters_get_a_regular_sidecar_container_that_kubernetes_1_27_accepts():
+    native_pod, _ = inject(fixture("job-pod.yaml"))
+    with pytest.raises(AssertionError, match="restartPolicy"):
+        validate(native_pod, ("1.27.0",))  # why the choice matters: 1.27 rejects native sidecars
+    pod, _ = inject(fixture("job-pod.yaml"), dataclasses.replace(SETTINGS, native_sidecar=False))
+    validate(pod, ("1.27.0", "1.28.0"))
+    sidecar = by_name(pod["spec"]["containers"], SIDECAR_NAME)
+    assert "restartPolicy" not in sidecar
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["fetch-data"]
+
+
+def test_the_native_sidecar_annotation_overrides_the_cluster_setting():
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/native-sidecar": "false"}
+    patched, _ = inject(pod)
+    assert SIDECAR_NAME in [c["name"] for c in patched["spec"]["containers"]]
+
+
+def test_zero_code_puts_the_startup_folder_first_and_keeps_the_users_pythonpath():
+    pod, m = inject(fixture("zero-code-pod.yaml"))
+    inits = pod["spec"]["initContainers"]
+    assert [c["name"] for c in inits] == [STARTUP_NAME, SIDECAR_NAME]
+    assert inits[0]["command"] == ["oomsight", "install-startup", STARTUP_PATH]
+    trainer = by_name(pod["spec"]["containers"], "trainer")
+    assert env_of(trainer)["PYTHONPATH"] == f"{STARTUP_PATH}:/app/site:/app/src"
+    assert {"name": "oomsight-startup", "mountPath": STARTUP_PATH, "readOnly": True} in trainer["volumeMounts"]
+    assert env_of(trainer)["OOMSIGHT_TERMINATION_MESSAGE_PATH"] == "/tmp/termination-log"
+    tokenizer = by_name(pod["spec"]["containers"], "tokenizer-server")
+    assert "configMapKeyRef" in env_of(tokenizer)["PYTHONPATH"]  # valueFrom: left alone
+    assert all(mt["name"] != "oomsight-startup" for mt in tokenizer["volumeMounts"])
+    assert any("tokenizer-server" in w and "valueFrom" in w for w in m.warnings)
+
+
+def test_a_pythonpath_from_env_from_is_kept_by_reference():
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/inject-python": "true"}
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "python-env"}}]
+    patched, _ = inject(pod)
+    assert env_of(patched["spec"]["containers"][0])["PYTHONPATH"] == f"{STARTUP_PATH}:$(PYTHONPATH)"
+
+
+def test_the_startup_container_goes_before_a_sidecar_injected_earlier():
+    pod, _ = inject(fixture("pytorchjob-worker.yaml"))
+    pod["metadata"]["annotations"]["oomsight.io/inject-python"] = "true"  # e.g. a later webhook added it
+    again, _ = inject(pod)
+    assert [c["name"] for c in again["spec"]["initContainers"]] == [STARTUP_NAME, SIDECAR_NAME]
+    validate(again)
+
+
+def test_zero_code_switched_off_for_the_cluster_is_refused_with_a_warning():
+    pod, m = inject(fixture("zero-code-pod.yaml"), dataclasses.replace(SETTINGS, zero_code=False))
+    assert STARTUP_NAME not in [c["name"] for c in pod["spec"].get("initContainers", [])]
+    assert any("inject-python" in w for w in m.warnings)
+
+
+def test_a_pod_without_gpus_gets_the_spool_in_every_container_and_a_warning():
+    pod, m = inject(fixture("cpu-pod.yaml"))
+    assert env_of(pod["spec"]["containers"][0])["OOMSIGHT_DIR"] == SPOOL_PATH
+    assert m.warnings == ["oomsight: no container asks for a GPU; the spool goes to all containers"]
+
+
+def test_a_dra_claim_counts_as_asking_for_a_gpu():
+    pod = fixture("job-pod.yaml")
+    del pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    patched, m = inject(pod)
+    assert "env" not in patched["spec"]["containers"][1] and m.warnings == []
+
+
+def test_named_containers_and_all_mode_choose_the_targets():
+    pod = fixture("job-pod.yaml")
+    pod["metadata"]["annotations"]["oomsight.io/containers"] = "log-shipper, nope"
+    patched, m = inject(pod)
+    assert "OOMSIGHT_DIR" not in env_of(patched["spec"]["containers"][0])
+    assert env_of(patched["spec"]["containers"][1])["OOMSIGHT_DIR"] == SPOOL_PATH
+    assert m.warnings == ["oomsight: no container named nope"]
+    everyone, _ = inject(fixture("job-pod.yaml"), dataclasses.replace(SETTINGS, containers="all"))
+    assert all(env_of(c)["OOMSIGHT_DIR"] == SPOOL_PATH for c in everyone["spec"]["containers"])
+
+
+def test_bad_annotations_are_ignored_with_one_warning_each():
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {
+        "oomsight.io/metrics-port": "99999",
+        "oomsight.io/sidecar-memory-limit": "lots",
+        "oomsight.io/inject-python": "maybe",
+    }
+    patched, m = inject(pod)
+    validate(patched)
+    sidecar = by_name(patched["spec"]["initContainers"], SIDECAR_NAME)
+    assert sidecar["ports"][0]["containerPort"] == 21400 and sidecar["resources"]["limits"]["memory"] == "128Mi"
+    assert len([w for w in m.warnings if w.startswith("oomsight: ignored")]) == 3
+
+
+def test_a_pod_with_its_own_prometheus_annotations_keeps_them():
+    pod, m = inject(fixture("zero-code-pod.yaml"))
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+    assert any("PodMonitor" in w for w in m.warnings)
+
+
+def test_every_injected_container_meets_pod_security_restricted():
+    pod, _ = inject(fixture("zero-code-pod.yaml"))
+    for c in pod["spec"]["initContainers"]:
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532 and sc["runAsGroup"] == 65532
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "requests" in c["resources"] and "limits" in c["resources"]
+    assert not pod["spec"].get("hostPID") and not pod["spec"].get("hostNetwork")
+
+
+def test_events_can_be_switched_off_per_pod():
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/events": "false"}
+    patched, _ = inject(pod)
+    assert env_of(by_name(patched["spec"]["initContainers"], SIDECAR_NAME))["OOMSIGHT_EVENTS"] == "0"
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [None, [], "pod", {}, {"spec": None}, {"spec": {"containers": []}}, {"spec": {"containers": ["x"]}},
+     {"metadata": {}, "spec": {}}, {"spec": {"containers": [{"name": "a", "image": "b"}]}}],
+)
+def test_objects_that_are_not_usable_pods_get_no_patch_and_a_warning(odd):
+    m = mutate(odd, SETTINGS)
+    assert m.patch == [] and len(m.warnings) == 1
+
+
+# --- property: any pod-shaped object; the patch applies, and applying it again adds nothing ---
+
+names = st.sampled_from(["a", "train", "oomsight-sidecar", "oomsight-startup", "log", "pytorch"])
+env_entries = st.one_of(
+    st.fixed_dictionaries({"name": st.sampled_from(["PYTHONPATH", "OOMSIGHT_DIR", "X"]), "value": st.text(max_size=8)}),
+    st.fixed_dictionaries(
+        {"name": st.just("PYTHONPATH"), "valueFrom": st.just({"fieldRef": {"fieldPath": "metadata.name"}})}
+    ),
+)
+resources = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({"limits": st.dictionaries(st.sampled_from(["cpu", "nvidia.com/gpu", "amd.com/gpu"]),
+                                                     st.just("1"), max_size=2)}),
+    st.fixed_dictionaries({"claims": st.just([{"name": "gpu"}])}),
+)
+containers = st.builds(
+    lambda name, env, res, mounts: {
+        k: v
+        for k, v in {"name": name, "image": "img", "env": env, "resources": res, "volumeMounts": mounts}.items()
+        if v is not None
+    },
+    names,
+    st.one_of(st.none(), st.lists(env_entries, max_size=3)),
+    resources,
+    st.one_of(st.none(), st.lists(st.fixed_dictionaries({"name": st.sampled_from(["oomsight-spool", "data"]),
+                                                          "mountPath": st.sampled_from([SPOOL_PATH, "/data"])}),
+                                  max_size=2)),
+)
+annotation_maps = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.sampled_from(["oomsight.io/inject-python", "oomsight.io/native-sidecar", "oomsight.io/metrics-port",
+                         "oomsight.io/containers", "prometheus.io/scrape", "a/b~c"]),
+        st.sampled_from(["true", "false", "21401", "train,a", "x"]),
+        max_size=4,
+    ),
+)
+pods = st.builds(
+    lambda cs, inits, volumes, ann: {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", **({"annotations": ann} if ann is not None else {})},
+        "spec": {k: v for k, v in {"containers": cs, "initContainers": inits, "volumes": volumes}.items()
+                 if v is not None},
+    },
+    st.lists(containers, min_size=1, max_size=3),
+    st.one_of(st.none(), st.lists(containers, max_size=2)),
+    st.one_of(st.none(), st.lists(st.fixed_dictionaries({"name": st.sampled_from(["data", "oomsight-spool"]),
+                                                          "emptyDir": st.just({})}), max_size=2)),
+    annotation_maps,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods, st.booleans())
+def test_any_pod_shaped_object_gets_a_patch_that_applies_and_a_second_pass_adds_nothing(pod, native):
+    s = dataclasses.replace(SETTINGS, native_sidecar=native)
+    original = copy.deepcopy(pod)
+    m = mutate(pod, s)
+    assert pod == original  # the input is never modified
+    patched = apply(pod, m.patch)
+    assert mutate(patched, s).patch == []
