@@ -83,24 +83,28 @@ def sidecar(
 
 @contextmanager
 def prometheus(
-    workdir: str, targets: list[str], rule_files: Optional[list[str]] = None, scrape_interval: str = "1s"
+    workdir: str,
+    targets: list[str],
+    rule_files: Optional[list[str]] = None,
+    scrape_interval: str = "1s",
+    scrape_configs: Optional[list[dict[str, Any]]] = None,
 ) -> Iterator[str]:
-    """A real Prometheus scraping ``targets`` (host:port) with pod-like target labels."""
+    """A real Prometheus scraping ``targets`` (host:port) with pod-like target labels,
+    or the given ``scrape_configs``."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: run scripts/install-tools.sh"
     port = free_port()
+    default = {
+        "job_name": "oomsight",
+        "static_configs": [
+            {"targets": [t], "labels": {"namespace": "team-a", "pod": f"train-{i}", "container": "oomsight"}}
+            for i, t in enumerate(targets)
+        ],
+    }
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "rule_files": rule_files or [],
-        "scrape_configs": [
-            {
-                "job_name": "oomsight",
-                "static_configs": [
-                    {"targets": [t], "labels": {"namespace": "team-a", "pod": f"train-{i}", "container": "oomsight"}}
-                    for i, t in enumerate(targets)
-                ],
-            }
-        ],
+        "scrape_configs": scrape_configs or [default],
     }
     cfg = os.path.join(workdir, "prometheus.yml")
     with open(cfg, "w") as fh:
@@ -131,6 +135,23 @@ def prometheus(
 
 def promql(url: str, expr: str) -> list[dict[str, Any]]:
     status, body = http_get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    doc = json.loads(body)
+    assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
+    return list(doc["data"]["result"])
+
+
+def promql_at(url: str, expr: str, at: float) -> list[dict[str, Any]]:
+    """An instant query evaluated at Unix time ``at``."""
+    status, body = http_get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}))
+    doc = json.loads(body)
+    assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
+    return list(doc["data"]["result"])
+
+
+def promql_range(url: str, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+    """A range query, as Grafana runs a time-series panel."""
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    status, body = http_get(f"{url}/api/v1/query_range?" + urllib.parse.urlencode(params))
     doc = json.loads(body)
     assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
     return list(doc["data"]["result"])
