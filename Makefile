@@ -24,7 +24,7 @@ tools:
 	bash scripts/install-tools.sh
 
 lint:
-	$(VENV)/bin/ruff check exporter sidecar tests benchmarks dashboards
+	$(VENV)/bin/ruff check $(wildcard exporter sidecar tests benchmarks dashboards)
 	$(VENV)/bin/lint-imports --config .importlinter
 
 typecheck:
