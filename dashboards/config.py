@@ -81,6 +81,11 @@ UID_CLUSTER = "oomsight-cluster"
 UID_POD = "oomsight-pod"
 UID_FORENSICS = "oomsight-forensics"
 TAGS = ["oomsight", "gpu", "cuda-memory"]
+BEFORE_LINK = (
+    f"/d/{UID_POD}/?var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
+    "&var-rank=${__data.fields.rank}&time=${__value.raw}&time.window=1800000"
+)
+"""From an OOM's time (in ms) to the pod dashboard, 15 minutes either side of it."""
 SCHEMA_VERSION = 39
 DEFAULT_TIME = "now-3h"
 REFRESH = "30s"

@@ -5,37 +5,13 @@ from dashboards import config as c
 from dashboards import panels as p
 from dashboards import queries as q
 
-BEFORE_LINK = (
-    f"/d/{c.UID_POD}/?var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
-    "&var-rank=${__data.fields.rank}&time=${__value.raw}&time.window=1800000"
-)
-
-last = p.table(
+last = p.oom_table(
     "Last CUDA OOM of each rank and GPU",
     "Time, pod, rank and GPU of the last OOM in the time range; the size of the allocation that failed and the bytes "
     "the device had free; the diagnosed cause and its remedy; OOMs and fatal OOMs counted over the pod's life. "
     "Click the time to open the pod's memory 15 minutes either side of it.",
     q.OOM_TABLE,
-    {
-        "Value #A": "OOM time",
-        "namespace": "namespace",
-        "workload": "workload",
-        "pod": "pod",
-        "rank": "rank",
-        "device": "GPU",
-        "Value #B": "Requested",
-        "Value #C": "Free",
-        "cause": "Cause",
-        "remedy": "Remedy",
-        "Value #D": "OOMs",
-        "Value #E": "Fatal",
-    },
-    [
-        p.column("OOM time", "dateTimeAsIso", link=BEFORE_LINK),
-        p.column("Requested", "bytes"),
-        p.column("Free", "bytes"),
-        p.column("Fatal", thresholds=p.steps((p.GREEN, None), (p.RED, 1))),
-    ],
+    time_link=c.BEFORE_LINK,
 )
 
 log = p.table(
@@ -52,7 +28,7 @@ log = p.table(
         "cause": "Cause",
         "remedy": "Remedy",
     },
-    [p.column("OOM time", "dateTimeAsIso", link=BEFORE_LINK)],
+    [p.column("OOM time", "dateTimeAsIso", link=c.BEFORE_LINK)],
     group_by_value=True,
 )
 

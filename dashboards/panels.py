@@ -168,8 +168,39 @@ def _organize(columns: dict[str, str]) -> dict[str, Any]:
     }
 
 
+OOM_COLUMNS = {
+    "Value #A": "OOM time",
+    "namespace": "namespace",
+    "workload": "workload",
+    "pod": "pod",
+    "rank": "rank",
+    "device": "GPU",
+    "Value #B": "Requested",
+    "Value #C": "Free",
+    "cause": "Cause",
+    "remedy": "Remedy",
+    "Value #D": "OOMs",
+    "Value #E": "Fatal",
+}
+"""Columns of ``queries.OOM_TABLE``: the OOM's time, where, requested and free bytes, why, the remedy,
+and the pod's OOM and fatal OOM counts."""
+
+
+def oom_table(title: str, description: str, queries: Sequence[Query], time_link: str, pod_link: str = "") -> Panel:
+    """The last OOM of each rank and GPU, one row each, newest first."""
+    overrides = [
+        column("OOM time", "dateTimeAsIso", link=time_link),
+        column("Requested", "bytes"),
+        column("Free", "bytes"),
+        column("Fatal", thresholds=steps((GREEN, None), (RED, 1))),
+    ]
+    if pod_link:
+        overrides.append(column("pod", link=pod_link))
+    return table(title, description, queries, OOM_COLUMNS, overrides)
+
+
 def row(title: str) -> Panel:
-    return g.RowPanel(title=title, description=title, collapsed=False)
+    return g.RowPanel(title=title, description=title, dataSource=DATASOURCE, collapsed=False)
 
 
 def grid(lines: Sequence[Line]) -> list[Panel]:
@@ -264,4 +295,16 @@ def dashboard(
 
 def render(board: Any) -> str:
     """Stable JSON text: sorted keys, two-space indent, newline at the end."""
-    return json.dumps(board.to_json_data(), cls=DashboardEncoder, sort_keys=True, indent=2) + "\n"
+    plain = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))
+    return json.dumps(_prune(plain), sort_keys=True, indent=2) + "\n"
+
+
+def _prune(node: Any) -> Any:
+    """Drop the ``null`` settings grafanalib writes for everything it does not set (Grafana and
+    the foundation SDK read a missing key as the default, a null as a broken object). A threshold
+    step's ``"value": null`` (the base step) stays."""
+    if isinstance(node, dict):
+        return {k: _prune(v) for k, v in node.items() if v is not None or k == "value"}
+    if isinstance(node, list):
+        return [_prune(v) for v in node]
+    return node

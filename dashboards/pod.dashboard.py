@@ -125,27 +125,13 @@ outside = [
     ),
 ]
 
-oom_table = p.table(
+oom_table = p.oom_table(
     "CUDA OOMs of these pods",
-    "The last OOM of each rank and GPU in the time range, with the diagnosed cause and the remedy that fits.",
+    "The last OOM of each rank and GPU in the time range: requested and free bytes, the diagnosed cause and the "
+    "remedy that fits. The pod opens the forensics dashboard; the time, the pod's memory around the OOM.",
     q.OOM_TABLE,
-    {
-        "Value #A": "OOM time",
-        "namespace": "namespace",
-        "pod": "pod",
-        "rank": "rank",
-        "device": "GPU",
-        "Value #B": "Requested",
-        "Value #C": "Free",
-        "cause": "Cause",
-        "remedy": "Remedy",
-    },
-    [
-        p.column("OOM time", "dateTimeAsIso"),
-        p.column("Requested", "bytes"),
-        p.column("Free", "bytes"),
-        p.column("pod", link=FORENSICS_LINK),
-    ],
+    time_link=c.BEFORE_LINK,
+    pod_link=FORENSICS_LINK,
 )
 
 dashboard = p.dashboard(

@@ -9,13 +9,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, Callable, Optional
 
 
 def free_port() -> int:
@@ -155,3 +157,35 @@ def promql_range(url: str, expr: str, start: float, end: float, step: float = 1.
     doc = json.loads(body)
     assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
     return list(doc["data"]["result"])
+
+
+def owner_exposition(name: str, kind: str = "Job") -> bytes:
+    """The pod-owner info series as the sidecar publishes it (namespace/pod come from the target)."""
+    return (
+        "# HELP oomsight_pod_owner_info The pod's controller.\n# TYPE oomsight_pod_owner_info gauge\n"
+        f'oomsight_pod_owner_info{{owner_kind="{kind}",owner_name="{name}"}} 1\n'
+    ).encode()
+
+
+@contextmanager
+def exposition_server(body: Callable[[str], bytes]) -> Iterator[int]:
+    """A static text-exposition server: ``body(path)`` is served at every path; yields its port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            text = body(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()

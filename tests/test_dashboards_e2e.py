@@ -15,10 +15,8 @@ import dataclasses
 import json
 import math
 import os
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
@@ -31,7 +29,7 @@ from oomsight_sidecar.server import serve
 
 from fakes import ROOT
 from panelquery import Probe, all_probes, substitute
-from procs import free_port, http_get, prometheus, promql_at, promql_range, wait_for
+from procs import exposition_server, http_get, owner_exposition, prometheus, promql_at, promql_range, wait_for
 from tapemaker import make_tape
 
 pytestmark = pytest.mark.e2e
@@ -41,10 +39,6 @@ RULES = os.path.join(ROOT, "helm", "oomsight", "rules", "oomsight.rules.yaml")
 REPLAY_SECONDS = 12.0
 """A longer recording is replayed faster, to last about this long."""
 NAMESPACE, POD, SOLO_POD, OWNER = "ml-team", "train-demo-0", "solo-0", "train-demo"
-OWNER_EXPOSITION = (
-    "# HELP oomsight_pod_owner_info The pod's controller.\n# TYPE oomsight_pod_owner_info gauge\n"
-    f'oomsight_pod_owner_info{{owner_kind="Job",owner_name="{OWNER}"}} 1\n'
-).encode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,17 +54,6 @@ class Live:
         every = {name: ".*" for name in ("namespace", "workload", "pod", "rank", "device")}
         window = f"{math.ceil(at - self.start) + 5}s"
         return {**every, "__rate_interval": "1m", "__range": window, "__interval": "2s", "__from": str(int(self.start))}
-
-
-class _Static(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(OWNER_EXPOSITION)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 def scrape_configs(sidecar: str, owner: str) -> list[dict[str, Any]]:
@@ -97,21 +80,23 @@ def live(recording: str, tmp_path_factory: Any) -> Iterator[Live]:
     spool = str(work / "spool")
     os.makedirs(spool)
     sidecar = serve(build_app(SidecarSettings(spool_dir=spool, host="127.0.0.1", port=0)), "127.0.0.1", 0)
-    owner = HTTPServer(("127.0.0.1", free_port()), _Static)
-    threading.Thread(target=owner.serve_forever, daemon=True).start()
-    targets = scrape_configs(f"127.0.0.1:{sidecar.server_port}", f"127.0.0.1:{owner.server_port}")
     try:
-        with prometheus(str(work), [], rule_files=[RULES], scrape_configs=targets) as url:
-            wait_for(lambda: len(promql_at(url, "up == 1", time.time())) == 3, timeout=30)
-            start = time.time()
-            _, records = tape.read(recording)
-            tape.replay(recording, spool, speed=max(1.0, float(records[-1]["t"]) / REPLAY_SECONDS))
-            time.sleep(3.0)  # a last scrape of the final state, and the rules evaluated on it
-            end = time.time()
-            yield Live(url, start, _probe_time(url, start, end), end, recording)
+        with exposition_server(lambda path: owner_exposition(OWNER)) as owner:
+            yield from _run(recording, spool, str(work), f"127.0.0.1:{sidecar.server_port}", f"127.0.0.1:{owner}")
     finally:
         sidecar.shutdown()
-        owner.shutdown()
+
+
+def _run(recording: str, spool: str, work: str, sidecar: str, owner: str) -> Iterator[Live]:
+    """Prometheus scrapes the sidecar and the owner while the recording replays into the spool."""
+    with prometheus(work, [], rule_files=[RULES], scrape_configs=scrape_configs(sidecar, owner)) as url:
+        wait_for(lambda: len(promql_at(url, "up == 1", time.time())) == 3, timeout=30)
+        start = time.time()
+        _, records = tape.read(recording)
+        tape.replay(recording, spool, speed=max(1.0, float(records[-1]["t"]) / REPLAY_SECONDS))
+        time.sleep(3.0)  # a last scrape of the final state, and the rules evaluated on it
+        end = time.time()
+        yield Live(url, start, _probe_time(url, start, end), end, recording)
 
 
 def _probe_time(url: str, start: float, end: float) -> float:
