@@ -32,10 +32,10 @@ from oomsight_sidecar.config import SidecarSettings  # noqa: E402
 from oomsight_sidecar.main import build_app  # noqa: E402
 from oomsight_sidecar.server import serve  # noqa: E402
 
+from fakerank import Rank  # noqa: E402
 from fakes import GIB  # noqa: E402
 from panelquery import substitute  # noqa: E402
 from procs import exposition_server, owner_exposition, prometheus, promql_at, promql_range, wait_for  # noqa: E402
-from tapemaker import Rank  # noqa: E402
 
 RULES = os.path.join(ROOT, "helm", "oomsight", "rules", "oomsight.rules.yaml")
 BYTES_PER_SAMPLE = 1.5

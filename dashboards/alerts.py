@@ -43,10 +43,6 @@ def remedy_template() -> str:
     return "{{ " + "{{ else ".join(branches) + "{{ else }}see the runbook{{ end }}"
 
 
-def headroom_ratio() -> str:
-    return "oomsight_gpu_headroom_bytes / oomsight_gpu_memory_total_bytes"
-
-
 def running() -> str:
     return f"on ({c.PROCESS}) oomsight_process_up == 1"
 
@@ -73,12 +69,13 @@ def capacity_alerts() -> list[Alert]:
     return [
         Alert(
             "GpuMemoryNearCapacity",
-            f"{headroom_ratio()} < {ratio}\nand {running()}",
+            f"{c.HEADROOM_RATIO} < {ratio}\nand {running()}",
             duration,
             severity,
             "GPU memory is nearly full at the training step's peak.",
-            f"{WHERE} has only {{{{ $value | humanizePercentage }}}} of the GPU left at its peak "
-            f"(alert below {ratio:.0%}). The next larger batch or longer sequence runs out of memory.",
+            f"{WHERE} has only {{{{ $value | humanizePercentage }}}} of its GPU memory (its memory-fraction cap, "
+            f"where set) left at its peak (alert below {ratio:.0%}). The next larger batch or longer sequence "
+            "runs out of memory.",
         )
         for ratio, duration, severity in near
     ]
@@ -92,14 +89,14 @@ def forecast_alerts() -> list[Alert]:
             r.promql(f"""
                 predict_linear(oomsight_torch_window_peak_allocated_bytes[{T.forecast_lookback}], {horizon * 60})
                   > oomsight_torch_window_peak_reserved_bytes + oomsight_gpu_headroom_bytes
-                and {headroom_ratio()} < {T.forecast_headroom_ratio}
+                and {c.HEADROOM_RATIO} < {T.forecast_headroom_ratio}
                 and {running()}"""),
             T.forecast_for,
             "warning",
             "Allocated GPU memory is on course to run out within the forecast horizon.",
             f"At the growth of the last {T.forecast_lookback}, the peak of allocated memory of {WHERE} "
             f"reaches {{{{ $value | humanize1024 }}}}B in {horizon} minutes, more than the GPU can give "
-            f"this process; less than {T.forecast_headroom_ratio:.0%} of the GPU is left now.",
+            f"this process; less than {T.forecast_headroom_ratio:.0%} of its GPU memory is left now.",
         ),
         Alert(
             "CudaMemoryLeakSuspected",
@@ -120,7 +117,7 @@ def leak_expr() -> str:
     w = T.leak_window
     f = "oomsight_torch_window_min_allocated_bytes"
     return r.promql(f"""
-        {f} - {f} offset {_times(w, 3)} > {T.leak_min_growth_ratio} * oomsight_gpu_memory_total_bytes
+        {f} - {f} offset {_times(w, 3)} > {T.leak_min_growth_ratio} * {c.CAPACITY}
         and min_over_time({f}[{w}]) > min_over_time({f}[{w}] offset {w})
         and min_over_time({f}[{w}] offset {w}) > min_over_time({f}[{w}] offset {_times(w, 2)})
         and on ({c.PROCESS}) increase(oomsight_steps_total[{_times(w, 3)}]) > 0""")

@@ -139,7 +139,7 @@ peaks = [
         p.table(
             "Pods nearest capacity",
             "The 10 pods whose fullest GPU had the least headroom at its peak in the time range "
-            "(share of the GPU used at the peak, all processes included).",
+            "(share used at the peak of what its processes may use: the GPU, or their memory-fraction cap).",
             q.NEAR_CAPACITY_PODS,
             {"namespace": "namespace", "workload": "workload", "pod": "pod", "Value": "Used at peak"},
             [p.column("Used at peak", "percentunit", FULL), p.column("pod", link=POD_LINK)],
@@ -150,7 +150,7 @@ peaks = [
         p.histogram(
             "Headroom distribution",
             "How many GPUs had how much headroom at their tightest moment in the time range "
-            "(share of the GPU left at the step peak).",
+            "(share left at the step peak of what its processes may use: the GPU, or their memory-fraction cap).",
             q.HEADROOM_DISTRIBUTION,
             "percentunit",
         ),

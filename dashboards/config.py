@@ -19,7 +19,7 @@ class Thresholds:
     oom_recent_seconds: int = 600
     """A CUDA OOM keeps ``CudaOutOfMemory`` firing (and its recorded event alive) this long."""
     near_capacity_warning_ratio: float = 0.10
-    """Headroom (memory left at the window peak) below this share of the GPU: warning."""
+    """Headroom (memory left at the window peak) below this share of ``CAPACITY``: warning."""
     near_capacity_warning_for: str = "15m"
     near_capacity_critical_ratio: float = 0.03
     """Below this share: an OOM can come with any larger batch or longer sequence."""
@@ -34,7 +34,7 @@ class Thresholds:
     leak_window: str = "10m"
     """The between-steps floor must rise across three consecutive windows of this length."""
     leak_min_growth_ratio: float = 0.05
-    """... by at least this share of the GPU over the three windows."""
+    """... by at least this share of ``CAPACITY`` over the three windows."""
     leak_for: str = "10m"
     fragmentation_ratio: float = 0.30
     """Inactive split bytes above this share of reserved bytes..."""
@@ -68,6 +68,11 @@ OOM still gets its alert, annotation and forensics row."""
 
 RUNBOOK_URL_PATTERN = "https://github.com/oomsight/oomsight/blob/main/docs/runbooks/{alert}.md"
 """``{alert}`` is the lower-cased alert name; ``python -m dashboards --runbook-url-pattern`` overrides it."""
+
+CAPACITY = "(oomsight_torch_memory_limit_bytes or oomsight_gpu_memory_total_bytes)"
+"""What a process may use on a device: its set_per_process_memory_fraction cap, else the whole GPU."""
+HEADROOM_RATIO = f"oomsight_gpu_headroom_bytes / {CAPACITY}"
+"""Share of what the process may use still free at the window's peak."""
 
 # Label sets PromQL joins on. Prometheus adds namespace/pod from the scrape target.
 POD = "namespace, pod"

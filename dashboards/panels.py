@@ -52,7 +52,13 @@ def targets(queries: Sequence[Query]) -> list[Any]:
 
 
 def _common(title: str, description: str, queries: Sequence[Query]) -> dict[str, Any]:
-    return {"title": title, "description": description, "dataSource": DATASOURCE, "targets": targets(queries)}
+    return {
+        "title": title,
+        "description": description,
+        "dataSource": DATASOURCE,
+        "targets": targets(queries),
+        "thresholds": steps((GREEN, None)),
+    }
 
 
 def timeseries(
@@ -65,7 +71,7 @@ def timeseries(
     thresholds: Optional[list[dict[str, Any]]] = None,
 ) -> Panel:
     return g.TimeSeries(
-        **_common(title, description, queries),
+        **{**_common(title, description, queries), "thresholds": thresholds or steps((GREEN, None))},
         unit=unit,
         stacking={"mode": "normal", "group": "A"} if stack else {},
         drawStyle="bars" if bars else "line",
@@ -74,7 +80,6 @@ def timeseries(
         legendCalcs=["max", "lastNotNull"],
         tooltipMode="multi",
         tooltipSort="desc",
-        thresholds=thresholds or steps((GREEN, None)),
         thresholdsStyleMode="dashed" if thresholds else "off",
         valueMin=0,
     )
@@ -82,13 +87,12 @@ def timeseries(
 
 def stat(title: str, description: str, queries: Sequence[Query], unit: str, thresholds: list[dict[str, Any]]) -> Panel:
     return g.Stat(
-        **_common(title, description, queries),
+        **{**_common(title, description, queries), "thresholds": thresholds},
         format=unit,
         reduceCalc="lastNotNull",
         graphMode="none",
         colorMode="value",
         noValue="0",
-        thresholds=thresholds,
     )
 
 
@@ -229,17 +233,19 @@ def datasource_variable() -> Any:
 
 def variable(name: str, label: str, query: str, include_all: bool = True) -> Any:
     """A multi-value query variable; ``All`` means every value listed (so a workload narrows its pods)."""
-    return g.Template(
+    var = g.Template(
         name=name,
         label=label,
         query=query,
         dataSource=DATASOURCE,
         includeAll=include_all,
         multi=True,
-        default="$__all" if include_all else None,
         refresh=g.REFRESH_ON_TIME_RANGE_CHANGE,
         sort=g.SORT_ALPHA_IGNORE_CASE_ASC,
     )
+    if include_all:  # grafanalib has no setter for a multi-value "All" selection
+        var._current = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    return var
 
 
 def oom_annotation(expr: str) -> dict[str, Any]:

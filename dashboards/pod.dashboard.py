@@ -15,7 +15,8 @@ timeline = [
         p.timeseries(
             "Allocated, reserved, NVML used and capacity",
             "Per rank and GPU: bytes in live tensors (allocated), bytes the caching allocator holds (reserved), "
-            "device memory in use by every process (NVML used) and the GPU's capacity. The dashed forecast "
+            "device memory in use by every process (NVML used) and capacity (the process's memory-fraction cap "
+            "where set, else the GPU's). The dashed forecast "
             f"extends the growth of the peak of allocated bytes over the last {T.forecast_lookback} by "
             f"{T.forecast_horizon_minutes} minutes: where it crosses capacity, an OOM is coming.",
             q.TIMELINE,
@@ -25,8 +26,8 @@ timeline = [
     (
         p.stat(
             "Headroom at the peak",
-            "Share of the GPU still free at the highest sample of the last window, memory of other processes and "
-            "of the CUDA context subtracted.",
+            "Share of what the process may use (the GPU, or its set_per_process_memory_fraction cap) still free at "
+            "the highest sample of the last window, memory of other processes and of the CUDA context subtracted.",
             q.HEADROOM_NOW,
             "percentunit",
             HEADROOM,

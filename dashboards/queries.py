@@ -41,6 +41,12 @@ EVENT = '{namespace=~"$namespace", workload=~"$workload", pod=~"$pod"}'
 ID = "{{namespace}}/{{pod}} rank {{rank}} GPU {{device}}"
 EVENT_LABELS = "workload, workload_type, cause, remedy"
 
+
+def capacity(selector: str) -> str:
+    """``config.CAPACITY`` for the series ``selector`` picks."""
+    return f"(oomsight_torch_memory_limit_bytes{selector} or oomsight_gpu_memory_total_bytes{selector})"
+
+
 # ------------------------------------------------------------------ template variables
 NAMESPACES = "label_values(oomsight_build_info, namespace)"
 WORKLOADS = f'label_values({r.OWNER}{{namespace=~"$namespace"}}, workload)'
@@ -132,14 +138,14 @@ TIMELINE = [
     Query(f"oomsight_torch_allocated_bytes{DEV}", f"allocated {ID}"),
     Query(f"oomsight_torch_reserved_bytes{DEV}", f"reserved {ID}"),
     Query(f"oomsight_gpu_memory_used_bytes{DEV}", f"NVML used {ID}"),
-    Query(f"oomsight_gpu_memory_total_bytes{DEV}", f"capacity {ID}"),
+    Query(capacity(DEV), f"capacity {ID}"),
     Query(
         f"predict_linear(oomsight_torch_window_peak_allocated_bytes{DEV}[{T.forecast_lookback}], "
         f"{T.forecast_horizon_minutes * 60})",
         f"forecast of peak allocated, {T.forecast_horizon_minutes} min ahead, {ID}",
     ),
 ]
-HEADROOM_NOW = [Query(f"oomsight_gpu_headroom_bytes{DEV} / oomsight_gpu_memory_total_bytes{DEV}", ID, instant=True)]
+HEADROOM_NOW = [Query(f"oomsight_gpu_headroom_bytes{DEV} / {capacity(DEV)}", ID, instant=True)]
 STEP_PEAKS = [
     Query(
         f"oomsight_step_peak_allocated_bytes{DEV}\nor on ({c.DEVICE}) oomsight_torch_window_peak_allocated_bytes{DEV}",
@@ -170,7 +176,7 @@ BEFORE_MEMORY = [
     Query(before_oom(f"oomsight_torch_allocated_bytes{POD}"), f"allocated {ID}"),
     Query(before_oom(f"oomsight_torch_reserved_bytes{POD}"), f"reserved {ID}"),
     Query(before_oom(f"oomsight_torch_window_min_allocated_bytes{POD}"), f"between-steps floor {ID}"),
-    Query(before_oom(f"oomsight_gpu_memory_total_bytes{POD}"), f"capacity {ID}"),
+    Query(before_oom(capacity(POD)), f"capacity {ID}"),
 ]
 BEFORE_ALLOCATOR = [
     Query(before_oom(f"oomsight_torch_inactive_split_bytes{POD}"), f"inactive split {ID}"),

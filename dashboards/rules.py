@@ -111,10 +111,7 @@ def recording_rules() -> list[dict[str, str]]:
         gpu_rule(GPU_PEAK_RESERVED, "oomsight_torch_window_peak_reserved_bytes", "sum"),
         gpu_rule(GPU_USED, "oomsight_gpu_memory_used_bytes", "max"),
         gpu_rule(GPU_TOTAL, "oomsight_gpu_memory_total_bytes", "max"),
-        {
-            "record": GPU_HEADROOM,
-            "expr": f"min by ({GPU_LEVEL}) (\n  {owned(live('oomsight_gpu_headroom_bytes'))}\n)\n/ {GPU_TOTAL}",
-        },
+        gpu_rule(GPU_HEADROOM, c.HEADROOM_RATIO, "min"),
         {"record": POD_PEAK_RESERVED, "expr": f"max by ({POD_LEVEL}) ({GPU_PEAK_RESERVED})"},
         {"record": POD_HEADROOM, "expr": f"min by ({POD_LEVEL}) ({GPU_HEADROOM})"},
         {"record": WL_RESERVED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_RESERVED})"},

@@ -74,6 +74,7 @@ class FakeCuda:
         self.history_on = False
         self.read_error: Optional[Exception] = None
         self.resets: list[int] = []
+        self.limit: Optional[int] = None
 
     def set(self, device: int = 0, **kw: Any) -> None:
         self.stats[device] = nested_stats(**kw)
@@ -119,6 +120,9 @@ class FakeCuda:
         self.observer = fn
         return True
 
+    def memory_limit(self, device: int) -> Optional[int]:
+        return self.limit
+
     def reset_peak(self, device: int) -> None:
         self.resets.append(device)
 
@@ -131,7 +135,7 @@ class FakeCuda:
     def versions(self) -> tuple[str, str]:
         return "2.11.0+cu130", "13.0"
 
-    def start_history(self, max_entries: int) -> bool:
+    def start_history(self, max_entries: int, mode: str = "all") -> bool:
         self.history_on = True
         return True
 

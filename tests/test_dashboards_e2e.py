@@ -2,8 +2,9 @@
 the generated rules, against a real Prometheus that scraped a real ``oomsight sidecar``
 serving the replay of a recorded run with a CUDA OOM in it.
 
-The recording is the one made on an NVIDIA H200 (``exporter/oomsight/data/h200-demo.tape.jsonl.gz``)
-when it is in the tree, else a tape of the real hook over the fakes (``tests/tapemaker.py``).
+The recording is the one made on an NVIDIA H200 (``exporter/oomsight/data/h200-demo.tape.jsonl.gz``,
+``python -m oomsight.demo_train``): two ranks on one GPU under a 5 % memory cap; rank 1 leaks
+evaluation outputs with their graph and dies of a CUDA OOM after rank 0 has finished.
 The pod's owner comes from a second, static exposition as the sidecar will publish it;
 the same sidecar is also scraped as a second pod without owner information, so both the
 owner and the fall-back to the pod are proven.
@@ -30,7 +31,6 @@ from oomsight_sidecar.server import serve
 from fakes import ROOT
 from panelquery import Probe, all_probes, substitute
 from procs import exposition_server, http_get, owner_exposition, prometheus, promql_at, promql_range, wait_for
-from tapemaker import make_tape
 
 pytestmark = pytest.mark.e2e
 
@@ -45,14 +45,14 @@ NAMESPACE, POD, SOLO_POD, OWNER = "ml-team", "train-demo-0", "solo-0", "train-de
 class Live:
     url: str
     start: float
-    probe_at: float
-    """The last moment with a process still running and an OOM already recorded."""
+    """Just before the replay began: the start of the dashboards' time range."""
     end: float
+    """A few scrapes after the replay ended: "now"."""
     tape_path: str
 
-    def grafana_values(self, at: float) -> dict[str, str]:
+    def grafana_values(self) -> dict[str, str]:
         every = {name: ".*" for name in ("namespace", "workload", "pod", "rank", "device")}
-        window = f"{math.ceil(at - self.start) + 5}s"
+        window = f"{math.ceil(self.end - self.start) + 5}s"
         return {**every, "__rate_interval": "1m", "__range": window, "__interval": "2s", "__from": str(int(self.start))}
 
 
@@ -65,13 +65,9 @@ def scrape_configs(sidecar: str, owner: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def recording(tmp_path_factory: Any) -> str:
-    if os.path.exists(H200_TAPE):
-        return H200_TAPE
-    folder = tmp_path_factory.mktemp("tape")
-    path = str(folder / "fakes.tape.jsonl.gz")
-    make_tape(str(folder / "spool"), path)
-    return path
+def recording() -> str:
+    assert os.path.exists(H200_TAPE), f"{H200_TAPE} is missing: the dashboards are proven on the H200 recording"
+    return H200_TAPE
 
 
 @pytest.fixture(scope="module")
@@ -95,15 +91,7 @@ def _run(recording: str, spool: str, work: str, sidecar: str, owner: str) -> Ite
         _, records = tape.read(recording)
         tape.replay(recording, spool, speed=max(1.0, float(records[-1]["t"]) / REPLAY_SECONDS))
         time.sleep(3.0)  # a last scrape of the final state, and the rules evaluated on it
-        end = time.time()
-        yield Live(url, start, _probe_time(url, start, end), end, recording)
-
-
-def _probe_time(url: str, start: float, end: float) -> float:
-    expr = f"count(oomsight_process_up == 1) and on () count({rules.OOM_EVENT})"
-    result = promql_range(url, expr, start, end)
-    assert result, "the recording never had a running process after its OOM: the probes need one"
-    return float(result[0]["values"][-1][0])
+        yield Live(url, start, time.time(), recording)
 
 
 def _finite(series: list[dict[str, Any]]) -> bool:
@@ -113,12 +101,11 @@ def _finite(series: list[dict[str, Any]]) -> bool:
 
 @pytest.mark.parametrize("probe", all_probes(), ids=lambda p: p.name)
 def test_every_dashboard_query_returns_data_from_the_recorded_run(live: Live, probe: Probe) -> None:
-    if probe.instant:
-        expr = substitute(probe.expr, live.grafana_values(live.probe_at))
-        result = promql_at(live.url, expr, live.probe_at)
-    else:
-        expr = substitute(probe.expr, live.grafana_values(live.end))
-        result = promql_range(live.url, expr, live.start, live.end)
+    """Time-series targets, variables and annotations run as Grafana runs them over the range. A
+    stat or table shows its instant query at the moment you look: it must show data at some
+    moment of the run (one Prometheus step at a time), with the same time range."""
+    expr = substitute(probe.expr, live.grafana_values())
+    result = promql_range(live.url, expr, live.start, live.end)
     assert result, f"{probe.name} returned no series:\n{expr}"
     if probe.kind == "variable":
         assert {s["metric"].get(probe.label) for s in result} - {None}, f"{probe.name}: no {probe.label} values"
@@ -131,7 +118,8 @@ def test_every_dashboard_query_returns_data_from_the_recorded_run(live: Live, pr
 
 def _last_oom(tape_path: str) -> dict[str, Any]:
     _, records = tape.read(tape_path)
-    return [r["doc"] for r in records if r["path"].startswith("events/")][-1]  # type: ignore[no-any-return]
+    events = [r["doc"] for r in records if r["path"].startswith("events/")]
+    return max(events, key=lambda e: (e["time"], e["outcome"] != "pending"))  # type: ignore[no-any-return]
 
 
 def test_the_oom_alert_fires_with_its_cause_remedy_and_runbook(live: Live) -> None:
@@ -149,7 +137,7 @@ def test_the_oom_alert_fires_with_its_cause_remedy_and_runbook(live: Live) -> No
 
 
 def test_the_workload_is_the_owner_where_known_and_the_pod_elsewhere(live: Live) -> None:
-    owners = promql_at(live.url, rules.OWNER, live.probe_at)
+    owners = promql_at(live.url, rules.OWNER, live.end)
     found = {(s["metric"]["pod"], s["metric"]["workload"], s["metric"]["workload_type"]) for s in owners}
     assert found == {(POD, OWNER, "Job"), (SOLO_POD, SOLO_POD, "Pod")}
 
@@ -158,10 +146,9 @@ def test_the_oom_table_names_requested_and_free_bytes_cause_and_remedy(live: Liv
     from dashboards import queries
 
     event = _last_oom(live.tape_path)
-    values = live.grafana_values(live.probe_at)
-    at = live.probe_at
+    values = {**live.grafana_values(), "pod": POD}
     time_, requested, free = (
-        promql_at(live.url, substitute(q.expr, {**values, "pod": POD}), at) for q in queries.OOM_TABLE[:3]
+        promql_at(live.url, substitute(q.expr, values), live.end) for q in queries.OOM_TABLE[:3]
     )
     rank = str(event["process"]["rank"])
     row = next(s for s in requested if s["metric"]["rank"] == rank)

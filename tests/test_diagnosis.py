@@ -10,6 +10,7 @@ def facts(**kw):
         requested_bytes=2 * GIB,
         device_total_bytes=80 * GIB,
         device_free_bytes=GIB // 2,
+        physical_free_bytes=GIB // 2,
         allocated_bytes=75 * GIB,
         reserved_bytes=76 * GIB,
         inactive_split_bytes=0,
@@ -19,6 +20,8 @@ def facts(**kw):
         expandable_segments=False,
     )
     base.update(kw)
+    if "device_free_bytes" in kw and "physical_free_bytes" not in kw:
+        base["physical_free_bytes"] = kw["device_free_bytes"]
     return base
 
 
@@ -109,6 +112,12 @@ def test_steady_growth_between_steps_is_a_leak():
     assert any("loss.item()" in r for r in d["remedies"])
 
 
+def test_a_leak_after_a_healthy_start_is_still_a_leak():
+    flat = [[t, 10 * GIB, 10 * t] for t in range(20)]
+    rising = [[20 + t, (10 + 2 * t) * GIB, 200 + 10 * t] for t in range(1, 7)]
+    assert leak_growth(flat + rising, 80 * GIB) == 12 * GIB
+
+
 @pytest.mark.parametrize(
     "trend",
     [
@@ -129,8 +138,10 @@ def test_a_memory_fraction_cap_is_respected():
             device_total_bytes=8 * GIB,
             allocated_bytes=7 * GIB,
             reserved_bytes=8 * GIB - 1,
-            device_free_bytes=70 * GIB,
+            device_free_bytes=1,
+            physical_free_bytes=70 * GIB,
             requested_bytes=2 * GIB,
+            nvml=nvml(used=60 * GIB),  # other tenants hold memory, but the cap is what refused
         )
     )
     assert d["cause"] == "exhaustion"

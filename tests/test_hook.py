@@ -259,3 +259,35 @@ def test_a_forked_child_does_not_write_as_its_parent(make_hook, spool, monkeypat
     monkeypatch.setattr(os, "getpid", lambda: hook.pid + 1)
     hook.at_exit()
     assert read_snapshot(spool)["state"] == "running"
+
+
+def test_a_memory_fraction_cap_limits_free_bytes_and_headroom(make_hook, spool):
+    from oomsight.collector import headroom_bytes
+
+    cuda = FakeCuda()
+    cuda.limit = 7 * GIB  # torch.cuda.set_per_process_memory_fraction(0.05)
+    cuda.set(0, allocated=6 * GIB, reserved=6 * GIB + 512 * MIB)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.stop_thread()
+    hook.sampler.tick()
+    # the observer reports the cap as total and physical free memory as free
+    cuda.observer(0, 2 * GIB, 7 * GIB, 130 * GIB)
+    (event,) = SpoolReader(spool).read().events
+    assert event["device_free_bytes"] == 512 * MIB
+    assert event["diagnosis"]["cause"] == "exhaustion"
+    dev = read_snapshot(spool)["devices"][0]
+    assert dev["limit_bytes"] == 7 * GIB
+    assert headroom_bytes(dev) == 7 * GIB - (6 * GIB + 512 * MIB)
+
+
+def test_the_final_snapshot_reads_the_allocator_afresh(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=GIB)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.stop_thread()
+    hook.sampler.tick()
+    cuda.set(0, allocated=GIB, reserved=GIB, ooms=1)  # num_ooms rises after the observer returns
+    hook.at_exit()
+    assert read_snapshot(spool)["devices"][0]["allocator"]["ooms"] == 1

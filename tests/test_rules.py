@@ -104,7 +104,8 @@ def test_one_function_adds_the_runbook_url_from_a_configurable_pattern() -> None
 def test_forecasts_are_anded_with_a_level_threshold() -> None:
     forecasts = [r for r in alert_rules() if "predict_linear" in r["expr"]]
     assert forecasts
-    assert all(re.search(r"\band\b.*headroom_bytes / oomsight_gpu_memory_total_bytes < ", r["expr"]) for r in forecasts)
+    level = re.escape(f"and {config.HEADROOM_RATIO} < ")
+    assert all(re.search(level, r["expr"]) for r in forecasts)
 
 
 def test_recording_rules_are_named_level_metric_operations() -> None:

@@ -142,3 +142,19 @@ def test_the_reader_never_crashes_on_arbitrary_json_with_our_header(tmp_path_fac
     write(os.path.join(root, folder, "z.json"), doc)
     state = SpoolReader(root).read()
     assert state.readable
+
+
+def test_the_timeline_appends_rotates_and_survives_a_torn_line(spool, monkeypatch):
+    w = SpoolWriter(spool, "1-ab")
+    monkeypatch.setattr(spool_mod, "TIMELINE_MAX_BYTES", 200)
+    for i in range(20):
+        w.append_timeline([float(i), i, [[0, i * 10, i * 20, i * 30]]])
+    with open(w.timeline_path, "ab") as fh:
+        fh.write(b'[99.0, 99, [[0, 1')  # a writer killed mid-line
+    rows, skipped = spool_mod.read_timeline(spool, "1-ab")
+    assert skipped == 1
+    times = [r[0] for r in rows]
+    assert times == sorted(times) and times[-1] == 19.0
+    assert os.path.exists(os.path.join(spool, "timelines", "1-ab.1.jsonl"))  # rotated once at least
+    folder = os.path.join(spool, "timelines")
+    assert sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) < 1000

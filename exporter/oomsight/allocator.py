@@ -89,11 +89,12 @@ class CudaApi(Protocol):
     def device_identity(self, device: int) -> tuple[str, str, int]: ...
     def on_init(self, fn: Callable[[], None]) -> bool: ...
     def attach_oom_observer(self, fn: OomObserver) -> bool: ...
+    def memory_limit(self, device: int) -> int | None: ...
     def reset_peak(self, device: int) -> None: ...
     def summary(self, device: int) -> str: ...
     def backend(self) -> str: ...
     def versions(self) -> tuple[str, str]: ...
-    def start_history(self, max_entries: int) -> bool: ...
+    def start_history(self, max_entries: int, mode: str) -> bool: ...
     def stop_history(self) -> None: ...
     def dump_snapshot(self, path: str) -> None: ...
 
@@ -171,6 +172,16 @@ class TorchCuda:
             _trampoline_attached = True
         return True
 
+    def memory_limit(self, device: int) -> int | None:
+        """The per-process cap set with ``set_per_process_memory_fraction``, if any."""
+        get = getattr(self.cuda, "get_per_process_memory_fraction", None)
+        if get is None:
+            return None
+        fraction = float(get(device))
+        if fraction >= 1.0:
+            return None
+        return int(fraction * self.cuda.get_device_properties(device).total_memory)
+
     def reset_peak(self, device: int) -> None:
         self.cuda.reset_peak_memory_stats(device)
 
@@ -184,15 +195,16 @@ class TorchCuda:
     def versions(self) -> tuple[str, str]:
         return str(self.torch.__version__), str(getattr(self.torch.version, "cuda", "") or "")
 
-    def start_history(self, max_entries: int) -> bool:
-        """Record allocation history with Python stacks; False if unsupported or already on."""
+    def start_history(self, max_entries: int, mode: str) -> bool:
+        """Record allocation history with Python stacks at allocation (``mode`` ``all`` or
+        ``state``); False if unsupported or already on."""
         memory = self.cuda.memory
         record = getattr(memory, "_record_memory_history", None)
         if record is None or "stacks" not in inspect.signature(record).parameters:
             return False  # torch 2.0 has only the legacy boolean form
         if any(memory._snapshot().get("device_traces") or []):
             return False  # somebody (the user) is already recording: leave theirs alone
-        record(enabled="all", context="all", stacks="python", max_entries=max_entries)
+        record(enabled=mode, context="alloc", stacks="python", max_entries=max_entries)
         return True
 
     def stop_history(self) -> None:

@@ -157,6 +157,13 @@ NVML_GAUGES: Sequence[Row] = (
         lambda d: headroom_bytes(d),
     ),
 )
+LIMIT_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_torch_memory_limit_bytes",
+        "Per-process cap of the caching allocator set with torch.cuda.set_per_process_memory_fraction(); absent when unset.",
+        lambda d: d.get("limit_bytes"),
+    ),
+)
 STEP_PEAK_GAUGES: Sequence[Row] = (
     (
         "oomsight_step_peak_allocated_bytes",
@@ -198,13 +205,21 @@ def non_torch_bytes(d: DeviceSnapshot) -> Optional[int]:
     return max(base - reserved, 0)
 
 
-def headroom_bytes(d: DeviceSnapshot) -> Optional[int]:
+def headroom_bytes(d: DeviceSnapshot, peak: Optional[int] = None) -> Optional[int]:
+    """Memory left at ``peak`` reserved bytes (default: the window peak), within the
+    device and within the process cap of ``set_per_process_memory_fraction``."""
     nv = d["nvml"]
     total = nv["total_bytes"] if nv is not None else d.get("total_bytes")
     if not total:
         return None
-    outside = max(nv["used_bytes"] - d["allocator"]["reserved_bytes"], 0) if nv is not None else 0
-    return max(int(total) - outside - d["allocator"]["window_peak_reserved_bytes"], 0)
+    a = d["allocator"]
+    peak = a["window_peak_reserved_bytes"] if peak is None else peak
+    outside = max(nv["used_bytes"] - a["reserved_bytes"], 0) if nv is not None else 0
+    left = int(total) - outside - peak
+    limit = d.get("limit_bytes")
+    if limit:
+        left = min(left, int(limit) - peak)
+    return max(left, 0)
 
 
 class SpoolCollector(Collector):
@@ -335,7 +350,7 @@ def _process_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
 
 def _device_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
     rows: list[tuple[Row, GaugeMetricFamily | CounterMetricFamily]] = [
-        (r, _gauge(r[0], r[1], DEV)) for r in (*ALLOCATOR_GAUGES, *NVML_GAUGES, *STEP_PEAK_GAUGES)
+        (r, _gauge(r[0], r[1], DEV)) for r in (*ALLOCATOR_GAUGES, *LIMIT_GAUGES, *NVML_GAUGES, *STEP_PEAK_GAUGES)
     ]
     counters: list[tuple[Row, GaugeMetricFamily | CounterMetricFamily]] = [
         (r, CounterMetricFamily(r[0], r[1], labels=DEV)) for r in ALLOCATOR_COUNTERS

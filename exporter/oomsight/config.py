@@ -25,6 +25,7 @@ ENV_CATEGORIES_INTERVAL = "OOMSIGHT_CATEGORIES_INTERVAL_SECONDS"
 ENV_OOM_OBSERVER = "OOMSIGHT_OOM_OBSERVER"
 ENV_RECORD_HISTORY = "OOMSIGHT_RECORD_HISTORY"
 ENV_HISTORY_MAX_ENTRIES = "OOMSIGHT_HISTORY_MAX_ENTRIES"
+ENV_HISTORY_MODE = "OOMSIGHT_HISTORY_MODE"
 ENV_ARTIFACTS_MAX_BYTES = "OOMSIGHT_ARTIFACTS_MAX_BYTES"
 ENV_MAX_OOM_EVENTS = "OOMSIGHT_MAX_OOM_EVENTS"
 ENV_TERMINATION_MESSAGE_PATH = "OOMSIGHT_TERMINATION_MESSAGE_PATH"
@@ -42,11 +43,13 @@ ALL_ENV_VARS = (
     ENV_OOM_OBSERVER,
     ENV_RECORD_HISTORY,
     ENV_HISTORY_MAX_ENTRIES,
+    ENV_HISTORY_MODE,
     ENV_ARTIFACTS_MAX_BYTES,
     ENV_MAX_OOM_EVENTS,
     ENV_TERMINATION_MESSAGE_PATH,
 )
 
+HISTORY_MODES = ("all", "state")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -107,6 +110,10 @@ class Settings:
     history_max_entries: int = 10_000
     """Ring size of the allocation history when ``record_history`` is on."""
 
+    history_mode: str = "all"
+    """``all``: alloc/free events with the allocating Python stack (the memory_viz timeline);
+    ``state``: only the stacks of live blocks (who holds memory at the OOM), cheaper."""
+
     artifacts_max_bytes: int = 256 * 1024 * 1024
     """Size bound of the spool's artifacts folder; the oldest artifacts are evicted first."""
 
@@ -134,6 +141,7 @@ class Settings:
             oom_observer=_read(env, ENV_OOM_OBSERVER, _bool, d.oom_observer),
             record_history=_read(env, ENV_RECORD_HISTORY, _bool, d.record_history),
             history_max_entries=_read(env, ENV_HISTORY_MAX_ENTRIES, _count, d.history_max_entries),
+            history_mode=_read(env, ENV_HISTORY_MODE, _choice(HISTORY_MODES), d.history_mode),
             artifacts_max_bytes=_read(env, ENV_ARTIFACTS_MAX_BYTES, _count, d.artifacts_max_bytes),
             max_oom_events=_read(env, ENV_MAX_OOM_EVENTS, _count, d.max_oom_events),
             termination_message_path=env.get(ENV_TERMINATION_MESSAGE_PATH, d.termination_message_path),
@@ -143,6 +151,8 @@ class Settings:
 
     def validate(self) -> None:
         """Reject combinations that cannot work, naming the variables involved."""
+        if self.history_mode not in HISTORY_MODES:
+            raise ConfigError(f"{ENV_HISTORY_MODE}={self.history_mode!r} is not one of {', '.join(HISTORY_MODES)}")
         if self.publish_interval_seconds < self.sample_interval_seconds:
             raise ConfigError(
                 f"{ENV_PUBLISH_INTERVAL}={self.publish_interval_seconds} is shorter than "
@@ -188,6 +198,15 @@ def _seconds(name: str, raw: str) -> float:
     if not 0.001 <= value <= 86_400:
         raise ConfigError(f"{name}={raw!r} must be between 0.001 and 86400 seconds")
     return value
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        if raw not in choices:
+            raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+        return raw
+
+    return parse
 
 
 def _count(name: str, raw: str) -> int:

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Optional
+from typing import Any, Optional
 
 from oomsight import report, tape
 
@@ -58,9 +58,10 @@ def _replay(speed: float) -> int:
 
     header, records = tape.read(TAPE)
     meta = header.get("meta", {})
+    process: dict[str, Any] = next((r["doc"]["process"] for r in records if "process" in r["doc"]), {})
     banner = (
         f"== oomsight demo: REPLAY of a run recorded on {meta.get('gpu', 'an NVIDIA H200')} "
-        f"(torch {meta.get('torch', '?')}) -- no GPU here, this is not a live run =="
+        f"(torch {process.get('torch_version', '?')}) -- no GPU here, this is not a live run =="
     )
     print(banner, flush=True)
     spool = tempfile.mkdtemp(prefix="oomsight-demo-")

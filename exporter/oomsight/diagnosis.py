@@ -39,6 +39,7 @@ class OomFacts(TypedDict):
     requested_bytes: int
     device_total_bytes: int
     device_free_bytes: int
+    physical_free_bytes: int  # free on the device, before any per-process cap
     allocated_bytes: int
     reserved_bytes: int
     inactive_split_bytes: int
@@ -84,15 +85,17 @@ def diagnose(f: OomFacts) -> Diagnosis:
     """Classify one OOM from the numbers recorded at the moment it happened."""
     total = max(f["device_total_bytes"], 1)
     cached_free = max(f["reserved_bytes"] - f["allocated_bytes"], 0)
-    # Under torch.cuda.set_per_process_memory_fraction the observer's total is the cap.
-    free = max(min(f["device_free_bytes"], total - f["reserved_bytes"]), 0)
+    free = f["device_free_bytes"]
     usable = f["reserved_bytes"] + free
     facts: dict[str, Any] = {
         "requested_bytes": f["requested_bytes"],
         "usable_bytes": usable,
         "reserved_unallocated_bytes": cached_free,
     }
-    outside, others = _outside(f)
+    # If the device still had room, a per-process cap refused the request: memory
+    # outside this allocator did not cause it.
+    cap_bound = f["physical_free_bytes"] >= f["requested_bytes"]
+    outside, others = (None, None) if cap_bound else _outside(f)
     facts.update(outside_bytes=outside, other_processes_bytes=others)
     growth = leak_growth(f["trend"], total)
     facts["leak_growth_bytes"] = growth
@@ -170,17 +173,21 @@ def _outside(f: OomFacts) -> tuple[Optional[int], Optional[int]]:
 def leak_growth(trend: Sequence[Sequence[float]], total: int) -> Optional[int]:
     """Growth of the between-steps trough if it rose steadily while steps ran, else None.
 
-    ``trend`` rows are ``[time, window_min_allocated_bytes, steps]``, oldest first.
+    ``trend`` rows are ``[time, window_min_allocated_bytes, steps]``, oldest first. The
+    longest recent stretch in which at least 80 % of the points rose is judged, so a
+    healthy start followed by a leak still counts.
     """
     points = [row for row in trend if len(row) >= 3]
-    if len(points) < LEAK_MIN_POINTS or points[-1][2] <= points[0][2]:
+    stretch: Optional[list[Sequence[float]]] = None
+    for start in range(len(points) - LEAK_MIN_POINTS, -1, -1):
+        seg = points[start:]
+        rising = sum(1 for a, b in zip(seg, seg[1:]) if b[1] > a[1])
+        if rising >= LEAK_MONOTONE_SHARE * (len(seg) - 1):
+            stretch = seg
+    if stretch is None or stretch[-1][2] <= stretch[0][2]:
         return None
-    diffs = [b[1] - a[1] for a, b in zip(points, points[1:])]
-    rising = sum(1 for d in diffs if d > 0)
-    growth = int(points[-1][1] - points[0][1])
-    if rising < LEAK_MONOTONE_SHARE * len(diffs) or growth < LEAK_MIN_GROWTH_SHARE * total:
-        return None
-    return growth
+    growth = int(stretch[-1][1] - stretch[0][1])
+    return growth if growth >= LEAK_MIN_GROWTH_SHARE * total else None
 
 
 def _exhaustion_remedies(cat: Optional[Categories]) -> list[str]:

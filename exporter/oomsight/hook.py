@@ -80,7 +80,9 @@ class Hook:
             if self.settings.oom_observer:
                 self.sources["oom_observer"] = self.cuda.attach_oom_observer(self.oom.observe)
             if self.settings.record_history:
-                self.sources["history"] = self.oom.history = self.cuda.start_history(self.settings.history_max_entries)
+                self.sources["history"] = self.oom.history = self.cuda.start_history(
+                    self.settings.history_max_entries, self.settings.history_mode
+                )
             self.sampler.start_thread()
         except Exception as exc:  # an exception here would surface as DeferredCudaCallError
             self.errors.record("cuda_init", exc)
@@ -106,6 +108,7 @@ class Hook:
         self.sampler.state = "exited"
         self.sampler.exit_reason = reason
         if self.sampler.devices:
+            self.sampler.refresh()
             self.sampler.publish()
 
     def at_exit(self) -> None:

@@ -89,6 +89,10 @@ class OomRecorder:
             self.unwritten += 1
             return
         r = self.cuda.read(device)
+        # Under set_per_process_memory_fraction the total is the cap and free is physical:
+        # what this process could still get is the smaller of the two.
+        physical_free = free
+        free = max(min(free, total - r.reserved_bytes), 0)
         dev = self.sampler.device(device)
         nvml = self.sampler.nvml_sample(dev) if dev is not None else None
         categories = self._categories(device, r.allocated_bytes)
@@ -97,6 +101,7 @@ class OomRecorder:
             requested_bytes=requested,
             device_total_bytes=total,
             device_free_bytes=free,
+            physical_free_bytes=physical_free,
             allocated_bytes=r.allocated_bytes,
             reserved_bytes=r.reserved_bytes,
             inactive_split_bytes=r.inactive_split_bytes,

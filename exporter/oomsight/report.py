@@ -6,7 +6,7 @@ import datetime
 import os
 from typing import Optional
 
-from oomsight.collector import non_torch_bytes
+from oomsight.collector import headroom_bytes, non_torch_bytes
 from oomsight.inventory import EventView, Inventory, ProcessView
 from oomsight.schema import DeviceSnapshot
 from oomsight.units import format_bytes as fb
@@ -64,12 +64,13 @@ def _device(d: DeviceSnapshot) -> list[str]:
     nv = d["nvml"]
     total: Optional[int] = nv["total_bytes"] if nv else d.get("total_bytes") or None
     outside = non_torch_bytes(d)
-    headroom = share = None
-    if total:
-        headroom = total - a["peak_reserved_bytes"] - (outside or 0)
-        share = headroom / total
+    limit = d.get("limit_bytes")
+    headroom = headroom_bytes(d, peak=a["peak_reserved_bytes"])
+    capacity = limit or total
+    share = headroom / capacity if headroom is not None and capacity else None
     lines = [
-        f"  cuda:{d['index']} {d.get('name', '')} {d['uuid']}  capacity {fb(total)}",
+        f"  cuda:{d['index']} {d.get('name', '')} {d['uuid']}  capacity {fb(total)}"
+        + (f", process cap {fb(limit)} (set_per_process_memory_fraction)" if limit else ""),
         f"    peak allocated {fb(a['peak_allocated_bytes'])}, "
         f"peak reserved {fb(a['peak_reserved_bytes'])}, "
         f"headroom at peak {fb(headroom)} ({format_ratio(share)})",

@@ -29,7 +29,7 @@ from oomsight.schema import (
     Snapshot,
     StepInfo,
 )
-from oomsight.spool import SpoolWriter
+from oomsight.spool import SpoolWriter, timeline_row
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class DeviceState:
         self.uuid = uuid
         self.name = name
         self.total = total
+        self.limit: Optional[int] = None
         self.nvml_handle = handle
         self.last: Optional[Reading] = None
         self.bucket: Optional[list[int]] = None  # [max allocated, max reserved, min allocated]
@@ -224,6 +225,14 @@ class Sampler:
                 return None
         return self.devices[index]
 
+    def refresh(self) -> None:
+        """Read every known device now (before a final or OOM-time publish)."""
+        for dev in self.devices.values():
+            try:
+                dev.observe(self.cuda.read(dev.index))
+            except Exception as exc:
+                self.errors.record("allocator", exc)
+
     def nvml_sample(self, dev: DeviceState) -> Optional[NvmlSample]:
         if self.nvml is None or dev.nvml_handle is None:
             return None
@@ -238,6 +247,7 @@ class Sampler:
             try:
                 doc = self.build()
                 self.writer.write_snapshot(doc)
+                self.writer.append_timeline(timeline_row(doc))
             except Exception as exc:
                 self.errors.record("spool_write", exc, f"check that {self.writer.root} is writable")
 
@@ -266,6 +276,9 @@ class Sampler:
             sources={**self.sources, **extra.get("sources", {})},
             errors=dict(self.errors.counts),
             oom_events_unwritten=int(extra.get("oom_events_unwritten", 0)),
+            leak=extra.get("leak"),
+            batch_advice=extra.get("batch_advice"),
+            profiling=extra.get("profiling"),
         )
 
     def _device_doc(self, dev: DeviceState, now: float, steps: int, extra: dict[str, Any]) -> DeviceSnapshot:
@@ -273,12 +286,17 @@ class Sampler:
         assert r is not None
         peak_a, peak_r, low_a = dev.roll(now, self.settings.window_seconds, steps)
         dev.nvml = self.nvml_sample(dev)
+        try:
+            dev.limit = self.cuda.memory_limit(dev.index)
+        except Exception as exc:
+            self.errors.record("memory_limit", exc)
         step_peak = extra.get("step_peaks", {}).get(dev.index)
         return DeviceSnapshot(
             index=dev.index,
             uuid=dev.uuid,
             name=dev.name,
             total_bytes=dev.total,
+            limit_bytes=dev.limit,
             allocator=AllocatorSample(
                 allocated_bytes=r.allocated_bytes,
                 reserved_bytes=r.reserved_bytes,

@@ -13,7 +13,8 @@ from typing import Any, Optional, TypedDict
 SCHEMA_VERSION = 1
 KIND_SNAPSHOT = "snapshot"
 KIND_OOM_EVENT = "oom_event"
-KINDS = (KIND_SNAPSHOT, KIND_OOM_EVENT)
+KIND_PROFILE = "profile"
+KINDS = (KIND_SNAPSHOT, KIND_OOM_EVENT, KIND_PROFILE)
 
 OUTCOME_PENDING = "pending"
 OUTCOME_RECOVERED = "recovered"
@@ -84,6 +85,7 @@ class DeviceSnapshot(TypedDict):
     uuid: str
     name: str
     total_bytes: int  # device capacity as torch sees it (get_device_properties().total_memory)
+    limit_bytes: Optional[int]  # cap from torch.cuda.set_per_process_memory_fraction, None if unset
     allocator: AllocatorSample
     nvml: Optional[NvmlSample]
     categories: Optional[Categories]
@@ -96,6 +98,31 @@ class StepInfo(TypedDict):
     duration_seconds_total: float
     last_duration_seconds: Optional[float]
     last_step_time: Optional[float]
+
+
+class LeakFinding(TypedDict):
+    """Tensors that survived an optimizer step still holding their autograd graph."""
+
+    checked_at: float
+    step: int
+    graph_tensors: int  # CUDA tensors with a grad_fn alive at the step boundary
+    graph_bytes: int  # their storage bytes, each storage once
+    growth_bytes: Optional[int]  # growth of the between-steps floor that triggered the check
+    sites: list[str]  # where the largest surviving tensors were allocated (needs history), "file:line in fn"
+
+
+class BatchAdvice(TypedDict):
+    """The answer of ``oomsight.probe_batch_size`` (or of observed steps)."""
+
+    measured_at: float
+    device: int
+    max_batch_size: int  # largest batch that keeps the margin
+    margin_ratio: float  # share of capacity kept free
+    capacity_bytes: int
+    fixed_bytes: int  # fitted peak at batch size 0 (parameters, gradients, optimizer state, ...)
+    bytes_per_sample: float  # fitted peak growth per sample
+    points: list[list[float]]  # [[batch_size, peak_bytes], ...] measured
+    source: str  # "probe" or "observed"
 
 
 class Snapshot(TypedDict):
@@ -111,6 +138,37 @@ class Snapshot(TypedDict):
     sources: dict[str, bool]
     errors: dict[str, int]
     oom_events_unwritten: int
+    leak: Optional[LeakFinding]
+    batch_advice: Optional[BatchAdvice]
+    profiling: Optional[str]  # id of the profile request running now, else None
+
+
+class ProfileOp(TypedDict):
+    op: str  # operator name ("other" sums the rest)
+    calls: int
+    self_cuda_memory_bytes: int  # memory the op itself allocated on the device (can be negative: frees)
+    self_cuda_time_us: float
+    cuda_time_us: float  # including children
+    cpu_time_us: float
+
+
+class Profile(TypedDict):
+    """One on-demand ``torch.profiler`` window of N optimizer steps in one process."""
+
+    schema_version: int
+    kind: str
+    process: ProcessInfo
+    request_id: str
+    start_step: int  # the step after which profiling started (aligned across ranks)
+    steps: int
+    started_at: float
+    ended_at: float
+    device: int
+    peak_allocated_bytes: int
+    top_by_memory: list[ProfileOp]  # K ops by self CUDA memory, then "other"
+    top_by_time: list[ProfileOp]  # K ops by self CUDA time, then "other"
+    table_artifact: Optional[str]  # the profiler's own key_averages() table, in artifacts/
+    trace_artifact: Optional[str]  # Chrome trace (json.gz), in artifacts/
 
 
 class Diagnosis(TypedDict):
@@ -190,6 +248,7 @@ _DEVICE: Spec = {
     "uuid": (_STR, True, None),
     "name": (_STR, False, None),
     "total_bytes": (_INT, False, None),
+    "limit_bytes": ((int, NONE), False, None),
     "allocator": ((dict,), True, {k: (_INT, True, None) for k in AllocatorSample.__annotations__}),
     "nvml": ((dict, NONE), False, _NVML),
     "categories": ((dict, NONE), False, _CATEGORIES),
@@ -202,6 +261,25 @@ _STEPS: Spec = {
     "last_duration_seconds": ((int, float, NONE), False, None),
     "last_step_time": ((int, float, NONE), False, None),
 }
+_LEAK: Spec = {
+    "checked_at": (_NUM, True, None),
+    "step": (_INT, True, None),
+    "graph_tensors": (_INT, True, None),
+    "graph_bytes": (_INT, True, None),
+    "growth_bytes": ((int, NONE), False, None),
+    "sites": ((list,), True, "strings"),
+}
+_BATCH_ADVICE: Spec = {
+    "measured_at": (_NUM, True, None),
+    "device": (_INT, True, None),
+    "max_batch_size": (_INT, True, None),
+    "margin_ratio": (_NUM, True, None),
+    "capacity_bytes": (_INT, True, None),
+    "fixed_bytes": (_NUM, True, None),
+    "bytes_per_sample": (_NUM, True, None),
+    "points": ((list,), True, "numbers"),
+    "source": (_STR, True, None),
+}
 _SNAPSHOT: Spec = {
     "process": ((dict,), True, _PROCESS),
     "time": (_NUM, True, None),
@@ -213,6 +291,31 @@ _SNAPSHOT: Spec = {
     "sources": ((dict,), False, "flags"),
     "errors": ((dict,), False, "counts"),
     "oom_events_unwritten": (_INT, False, None),
+    "leak": ((dict, NONE), False, _LEAK),
+    "batch_advice": ((dict, NONE), False, _BATCH_ADVICE),
+    "profiling": ((str, NONE), False, None),
+}
+_PROFILE_OP: Spec = {
+    "op": (_STR, True, None),
+    "calls": (_INT, True, None),
+    "self_cuda_memory_bytes": (_INT, True, None),
+    "self_cuda_time_us": (_NUM, True, None),
+    "cuda_time_us": (_NUM, True, None),
+    "cpu_time_us": (_NUM, True, None),
+}
+_PROFILE: Spec = {
+    "process": ((dict,), True, _PROCESS),
+    "request_id": (_STR, True, None),
+    "start_step": (_INT, True, None),
+    "steps": (_INT, True, None),
+    "started_at": (_NUM, True, None),
+    "ended_at": (_NUM, True, None),
+    "device": (_INT, True, None),
+    "peak_allocated_bytes": (_INT, True, None),
+    "top_by_memory": ((list,), True, _PROFILE_OP),
+    "top_by_time": ((list,), True, _PROFILE_OP),
+    "table_artifact": ((str, NONE), False, None),
+    "trace_artifact": ((str, NONE), False, None),
 }
 _DIAGNOSIS: Spec = {"cause": (_STR, True, None), "summary": (_STR, True, None), "remedies": ((list,), True, "strings")}
 _EVENT: Spec = {
@@ -276,6 +379,8 @@ def validate(doc: Any) -> str:
         _check(doc, _SNAPSHOT, "snapshot")
         if doc["state"] not in ("running", "exited"):
             raise SchemaError(f"snapshot.state {doc['state']!r} is not running/exited")
+    elif kind == KIND_PROFILE:
+        _check(doc, _PROFILE, "profile")
     elif kind == KIND_OOM_EVENT:
         _check(doc, _EVENT, "oom_event")
         if doc["outcome"] not in OUTCOMES:

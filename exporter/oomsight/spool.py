@@ -25,9 +25,11 @@ from typing import Any, Union
 
 from oomsight.schema import (
     KIND_OOM_EVENT,
+    KIND_PROFILE,
     KIND_SNAPSHOT,
     SCHEMA_VERSION,
     OomEvent,
+    Profile,
     SchemaError,
     Snapshot,
     validate,
@@ -38,13 +40,18 @@ logger = logging.getLogger(__name__)
 SNAPSHOTS = "snapshots"
 EVENTS = "events"
 ARTIFACTS = "artifacts"
-SUBDIRS = (SNAPSHOTS, EVENTS, ARTIFACTS)
+TIMELINES = "timelines"
+PROFILES = "profiles"
+REQUESTS = "requests"
+SUBDIRS = (SNAPSHOTS, EVENTS, ARTIFACTS, TIMELINES, PROFILES, REQUESTS)
+TIMELINE_MAX_BYTES = 1024 * 1024
+"""A timeline file is rotated to ``<id>.1.jsonl`` at this size: at most 2 MiB per process."""
 MAX_FILE_BYTES = 1024 * 1024
 """Snapshots and events are a few KiB; anything over this is not ours."""
 
 SKIP_REASONS = ("corrupt", "oversized", "foreign", "future_version", "invalid", "unreadable")
 
-Document = Union[Snapshot, OomEvent]
+Document = Union[Snapshot, OomEvent, Profile]
 
 
 def event_name(process_id: str, seq: int) -> str:
@@ -62,6 +69,7 @@ class SpoolWriter:
         self.root = root
         self.process_id = process_id
         self.snapshot_path = os.path.join(root, SNAPSHOTS, f"{process_id}.json")
+        self.timeline_path = os.path.join(root, TIMELINES, f"{process_id}.jsonl")
 
     def prepare(self) -> None:
         for sub in SUBDIRS:
@@ -82,6 +90,23 @@ class SpoolWriter:
         except FileNotFoundError:  # the spool was created late or wiped: make it and retry once
             self.prepare()
             write_atomic(path, data, durable)
+
+    def append_timeline(self, row: list[Any]) -> None:
+        """Append one JSON line (one ``write`` with O_APPEND: readers never see half a line
+        from us); rotate the file once it exceeds ``TIMELINE_MAX_BYTES``."""
+        data = _encode(row) + b"\n"
+        try:
+            fd = os.open(self.timeline_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except FileNotFoundError:
+            self.prepare()
+            fd = os.open(self.timeline_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size > TIMELINE_MAX_BYTES:
+            os.replace(self.timeline_path, self.timeline_path[: -len(".jsonl")] + ".1.jsonl")
 
     def artifact_path(self, seq: int, suffix: str) -> str:
         return os.path.join(self.root, ARTIFACTS, artifact_name(self.process_id, seq, suffix))
@@ -159,6 +184,7 @@ class SpoolState:
     """Cumulative count of distinct unusable files (a file counts again only if it changes)."""
     readable: bool
     error: str | None = None
+    profiles: list[Profile] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,16 +213,22 @@ class SpoolReader:
                 return SpoolState([], [], dict(self._skipped), False, f"{self.root} is not a directory")
             snapshots: list[Snapshot] = []
             events: list[OomEvent] = []
+            profiles: list[Profile] = []
             present: set[str] = set()
-            for sub, kind, out in ((SNAPSHOTS, KIND_SNAPSHOT, snapshots), (EVENTS, KIND_OOM_EVENT, events)):
+            folders: tuple[tuple[str, str, list[Any]], ...] = (
+                (SNAPSHOTS, KIND_SNAPSHOT, snapshots),
+                (EVENTS, KIND_OOM_EVENT, events),
+                (PROFILES, KIND_PROFILE, profiles),
+            )
+            for sub, kind, out in folders:
                 for path in self._files(os.path.join(self.root, sub)):
                     present.add(path)
                     doc = self._load(path, kind)
                     if doc is not None:
-                        out.append(doc)  # type: ignore[arg-type]
+                        out.append(doc)
             for gone in set(self._seen) - present:
                 del self._seen[gone]
-            return SpoolState(snapshots, events, dict(self._skipped), True)
+            return SpoolState(snapshots, events, dict(self._skipped), True, profiles=profiles)
 
     def _files(self, folder: str) -> Iterator[str]:
         try:
@@ -257,3 +289,47 @@ class SpoolReader:
     def _skip(self, path: str, reason: str, detail: str) -> None:
         self._skipped[reason] += 1
         logger.warning("oomsight: skipping spool file %s (%s: %s); it is left in place", path, reason, detail)
+
+
+def read_timeline(root: str, process_id: str) -> tuple[list[list[Any]], int]:
+    """(rows oldest first, lines skipped) of a process's timeline, rotated part included.
+
+    A row is ``[time, steps, [[device, allocated, reserved, window_peak_allocated], ...]]``.
+    """
+    rows: list[list[Any]] = []
+    skipped = 0
+    base = os.path.join(root, TIMELINES, process_id)
+    for path in (base + ".1.jsonl", base + ".jsonl"):
+        try:
+            with open(path, "rb") as fh:
+                lines = fh.read(4 * TIMELINE_MAX_BYTES).splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                skipped += 1
+                continue
+            if isinstance(row, list) and len(row) == 3 and isinstance(row[2], list):
+                rows.append(row)
+            else:
+                skipped += 1
+    return rows, skipped
+
+
+def timeline_row(doc: Snapshot) -> list[Any]:
+    """The compact line a publish appends to the process's timeline."""
+    return [
+        round(doc["time"], 3),
+        doc["steps"]["count"],
+        [
+            [
+                d["index"],
+                d["allocator"]["allocated_bytes"],
+                d["allocator"]["reserved_bytes"],
+                d["allocator"]["window_peak_allocated_bytes"],
+            ]
+            for d in doc["devices"]
+        ],
+    ]

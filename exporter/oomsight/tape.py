@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-from oomsight.spool import EVENTS, SNAPSHOTS, SUBDIRS, write_atomic
+from oomsight.spool import EVENTS, SNAPSHOTS, SUBDIRS, SpoolWriter, timeline_row, write_atomic
 
 TAPE_MAGIC = "oomsight-spool-tape"
 TAPE_VERSION = 1
@@ -113,6 +113,9 @@ def replay(
             raise TapeError(f"{tape_path}: refusing to write outside the spool: {rel!r}")
         doc = _retime(rec["doc"], lambda t: t0 + (t - origin) / speed)
         write_atomic(os.path.join(spool_dir, rel), json.dumps(doc).encode(), durable=rel.startswith(EVENTS))
+        if rel.startswith(SNAPSHOTS) and isinstance(doc.get("process"), dict):
+            # the hook appends a timeline row with every snapshot; so does the replay
+            SpoolWriter(spool_dir, str(doc["process"].get("id"))).append_timeline(timeline_row(doc))
         if on_record is not None:
             on_record(rec)
     return len(records)

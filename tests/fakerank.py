@@ -1,30 +1,19 @@
-"""A spool tape recorded from the real hook over the fakes, with ``oomsight.tape.record``.
-
-The stand-in for the H200 recording (``exporter/oomsight/data/h200-demo.tape.jsonl.gz``)
-where that is not in the tree yet, shaped like it: two ranks on one GPU; rank 1 starts
-keeping tensors alive with their graph (its between-steps floor rises step after step),
-fragments, makes the allocator retry, and dies of a CUDA OOM diagnosed as a leak; rank 0
-trains on, on a GPU of its own at low memory, and exits normally.
-"""
+"""A training process as the real hook sees it, over the fakes: one rank on a GPU of its own,
+stepped by hand. The scale benchmark builds its spools from these."""
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from oomsight import tape
 from oomsight.config import Settings
 from oomsight.hook import Hook
 from oomsight.nvml import Nvml
 
 from fakes import GIB, FakeCuda, FakeNvmlModule, FakeOptimizer
 
-STEP_SECONDS = 0.08
-LEAK_FROM, OOM_AT, LAST_STEP = 15, 70, 115
-LEAK_PER_STEP = 9 * GIB // 5
 CONTEXT = GIB // 2
 
 
@@ -95,37 +84,3 @@ class Rank:
         own = self.reserved + CONTEXT  # the only process on its GPU
         self.nvml.used = own
         self.nvml.procs = [(os.getpid(), own)]
-
-
-def simulate(spool: str) -> None:
-    healthy, leaky = Rank(spool, 0, 3 * GIB), Rank(spool, 1, 20 * GIB)
-    for i in range(LAST_STEP):
-        healthy.step(2 * GIB, 0)
-        if i < OOM_AT:
-            if i >= LEAK_FROM:
-                leaky.floor += LEAK_PER_STEP
-                leaky.retries += i % 6 == 0
-            split = min(max(i - LEAK_FROM, 0), 12) * GIB // 2
-            leaky.step(6 * GIB, split)
-        elif i == OOM_AT:
-            assert leaky.cuda.observer is not None
-            leaky.cuda.observer(0, 4 * GIB, 140 * GIB, GIB // 2)
-            leaky.hook.uncaught = RuntimeError("CUDA out of memory. Tried to allocate 4.00 GiB")
-            leaky.hook.at_exit()
-        time.sleep(STEP_SECONDS)
-    healthy.hook.at_exit()
-
-
-def make_tape(spool: str, tape_path: str) -> int:
-    """Run :func:`simulate` while recording its spool; return the number of records."""
-    stop = threading.Event()
-    counted: list[int] = []
-    recorder = threading.Thread(target=lambda: counted.append(tape.record(spool, tape_path, stop, interval=0.02)))
-    recorder.start()
-    try:
-        simulate(spool)
-        time.sleep(0.1)
-    finally:
-        stop.set()
-        recorder.join(10)
-    return counted[0]

@@ -1,0 +1,264 @@
+"""On a real CUDA GPU (the H200 machine): ``pytest -m gpu``. Skipped where CUDA is absent.
+
+Each test runs a real training script under ``oomsight run`` (or with ``import
+oomsight.auto``) and checks what comes out of the spool and ``/metrics`` against
+torch's own numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+from oomsight.spool import SpoolReader
+
+from procs import free_port, http_get, wait_for
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+GIB = 1 << 30
+PY = sys.executable
+
+TRAIN = """
+import json, os, sys, time, torch
+from torch import nn
+torch.manual_seed(0)
+layers = []
+for _ in range(8):
+    layers += [nn.Linear(2048, 2048), nn.GELU()]
+model = nn.Sequential(*layers).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randn(256, 2048, device="cuda")
+for _ in range(STEPS):
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+torch.cuda.synchronize()
+"""
+
+
+def write_script(tmp_path: Any, body: str, name: str = "job.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def metrics(port: int) -> dict[str, float]:
+    """Parse /metrics into {'name{labels}': value}."""
+    status, text = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def pick(ms: dict[str, float], name: str, **labels: str) -> list[float]:
+    return [
+        v for k, v in ms.items() if k.split("{")[0] == name and all(f'{lk}="{lv}"' in k for lk, lv in labels.items())
+    ]
+
+
+def test_metrics_match_torchs_own_numbers(tmp_path):
+    state = tmp_path / "torch.json"
+    body = (
+        TRAIN.replace("STEPS", "50")
+        + f"""
+params = sum(p.numel() * p.element_size() for p in model.parameters())
+json.dump({{
+    "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+    "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved(),
+    "params": params, "total": torch.cuda.get_device_properties(0).total_memory,
+}}, open({str(state)!r}, "w"))
+time.sleep(6)  # steady state: the test scrapes now
+"""
+    )
+    port = free_port()
+    spool = str(tmp_path / "spool")
+    job = subprocess.Popen(
+        [PY, "-m", "oomsight", "run", "--port", str(port), "--spool", spool, "--", PY, write_script(tmp_path, body)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(state.exists, timeout=120)
+        time.sleep(2.5)  # > publish interval
+        ms = metrics(port)
+    finally:
+        out = job.communicate(timeout=60)[0]
+    assert job.returncode == 0, out
+    want = json.loads(state.read_text())
+    labels = {"rank": "0", "device": "0"}
+    assert pick(ms, "oomsight_torch_allocated_bytes", **labels) == [want["allocated"]]
+    assert pick(ms, "oomsight_torch_reserved_bytes", **labels) == [want["reserved"]]
+    assert pick(ms, "oomsight_torch_peak_allocated_bytes", **labels) == [want["peak_allocated"]]
+    assert pick(ms, "oomsight_torch_peak_reserved_bytes", **labels) == [want["peak_reserved"]]
+    assert pick(ms, "oomsight_steps_total", rank="0") == [50]
+    assert pick(ms, "oomsight_memory_by_category_bytes", category="parameters") == [want["params"]]
+    assert pick(ms, "oomsight_memory_by_category_bytes", category="gradients") == [want["params"]]
+    assert pick(ms, "oomsight_memory_by_category_bytes", category="optimizer_state") == [2 * want["params"]]
+    (total,) = pick(ms, "oomsight_gpu_memory_total_bytes", **labels)
+    assert total >= want["total"]
+    (non_torch,) = pick(ms, "oomsight_gpu_non_torch_bytes", **labels)
+    assert 0 < non_torch < 4 * GIB  # CUDA context, cuBLAS workspace: hundreds of MiB
+    assert pick(ms, "oomsight_oom_events_total", **labels) == [0]
+    assert pick(ms, "oomsight_source_up", source="oom_observer") == [1]
+    assert "peak allocated" in out and "non-PyTorch memory of the process" in out
+
+
+def test_a_real_oom_gives_exactly_one_event_with_the_requested_size(tmp_path):
+    request = 200 * GIB  # a multiple of 2 MiB: the allocator does not round it
+    body = (
+        TRAIN.replace("STEPS", "5")
+        + f"""
+print("allocating", flush=True)
+torch.empty({request}, dtype=torch.uint8, device="cuda")
+"""
+    )
+    spool = str(tmp_path / "spool")
+    result = subprocess.run(
+        [PY, "-m", "oomsight", "run", "--port", "0", "--spool", spool, "--", PY, write_script(tmp_path, body)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "OutOfMemoryError" in result.stderr
+    state = SpoolReader(spool).read()
+    (event,) = state.events
+    assert event["requested_bytes"] == request
+    assert event["outcome"] == "fatal" and event["step"] == 5
+    assert event["diagnosis"]["cause"] == "oversized_request"
+    assert event["device_total_bytes"] >= 130 * GIB
+    assert any("job.py" in frame for frame in event["stack"])
+    (snap,) = state.snapshots
+    assert snap["state"] == "exited" and snap["exit_reason"] == "oom"
+    assert snap["devices"][0]["allocator"]["ooms"] == 1
+    assert "CUDA out-of-memory events: 1" in result.stderr and "-> FATAL" in result.stderr
+
+
+def test_a_caught_oom_followed_by_a_step_is_recovered(tmp_path):
+    body = (
+        TRAIN.replace("STEPS", "3")
+        + """
+try:
+    torch.empty(300 * 2**30, dtype=torch.uint8, device="cuda")
+except torch.cuda.OutOfMemoryError:
+    print("caught", flush=True)
+model(x).square().mean().backward()
+opt.step()
+"""
+    )
+    spool = str(tmp_path / "spool")
+    result = subprocess.run(
+        [PY, "-m", "oomsight", "run", "--port", "0", "--spool", spool, "--", PY, write_script(tmp_path, body)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    (event,) = SpoolReader(spool).read().events
+    assert event["outcome"] == "recovered"
+
+
+def test_two_processes_sharing_the_gpu_are_reported_with_distinct_ranks(tmp_path):
+    worker = write_script(
+        tmp_path,
+        """
+        import os, time, torch
+        rank = int(os.environ["RANK"])
+        keep = torch.empty((rank + 1) * 2**30, dtype=torch.uint8, device="cuda")
+        time.sleep(8)
+    """,
+        "worker.py",
+    )
+    launcher = write_script(
+        tmp_path,
+        f"""
+        import os, subprocess, sys
+        procs = [subprocess.Popen([sys.executable, {worker!r}],
+                                  env={{**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"}})
+                 for r in range(2)]
+        sys.exit(max(p.wait() for p in procs))
+    """,
+        "launcher.py",
+    )
+    port = free_port()
+    spool = str(tmp_path / "spool")
+    job = subprocess.Popen(
+        [PY, "-m", "oomsight", "run", "--port", str(port), "--spool", spool, "--", PY, launcher],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        ms = wait_for(  # both ranks have published after their allocation
+            lambda: (m := metrics(port)) and sorted(pick(m, "oomsight_torch_allocated_bytes")) == [GIB, 2 * GIB] and m,
+            timeout=60,
+        )
+    finally:
+        out = job.communicate(timeout=60)[0]
+    assert job.returncode == 0, out
+    for rank in (0, 1):
+        assert pick(ms, "oomsight_torch_allocated_bytes", rank=str(rank), device="0") == [(rank + 1) * GIB]
+    uuids = {k.split('gpu_uuid="')[1].split('"')[0] for k in ms if k.startswith("oomsight_torch_allocated_bytes")}
+    assert len(uuids) == 1 and next(iter(uuids)).startswith("GPU-")
+
+
+def test_the_history_snapshot_opens_and_holds_segments(tmp_path):
+    body = (
+        TRAIN.replace("STEPS", "3")
+        + """
+torch.empty(300 * 2**30, dtype=torch.uint8, device="cuda")
+"""
+    )
+    spool = str(tmp_path / "spool")
+    env = {**os.environ, "OOMSIGHT_RECORD_HISTORY": "1", "OOMSIGHT_HISTORY_MAX_ENTRIES": "2000"}
+    result = subprocess.run(
+        [PY, "-m", "oomsight", "run", "--port", "0", "--spool", spool, "--", PY, write_script(tmp_path, body)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 1, result.stderr
+    (event,) = SpoolReader(spool).read().events
+    path = os.path.join(spool, "artifacts", event["snapshot_artifact"])
+    with open(path, "rb") as fh:
+        snapshot = pickle.load(fh)
+    assert snapshot["segments"], "no segments in the snapshot"
+    assert any(snapshot["device_traces"]), "no allocation history recorded"
+    assert "memory_viz" in result.stderr
+
+
+def test_the_hook_never_initialises_cuda_itself(tmp_path):
+    body = """
+        import oomsight.auto, time, torch
+        time.sleep(1.5)
+        print("initialised:", torch.cuda.is_initialized())
+    """
+    spool = tmp_path / "spool"
+    result = subprocess.run(
+        [PY, write_script(tmp_path, body)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OOMSIGHT_DIR": str(spool)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "initialised: False" in result.stdout
+    assert not (spool / "snapshots").exists() or not os.listdir(spool / "snapshots")
