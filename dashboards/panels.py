@@ -231,20 +231,20 @@ def datasource_variable() -> Any:
     return g.Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="default")
 
 
-def variable(name: str, label: str, query: str, include_all: bool = True) -> Any:
-    """A multi-value query variable; ``All`` means every value listed (so a workload narrows its pods)."""
+def variable(name: str, label: str, query: str) -> Any:
+    """A multi-value query variable, *All* by default; *All* means every value listed (so a selected
+    workload narrows its pods), not ``.*``."""
     var = g.Template(
         name=name,
         label=label,
         query=query,
         dataSource=DATASOURCE,
-        includeAll=include_all,
+        includeAll=True,
         multi=True,
         refresh=g.REFRESH_ON_TIME_RANGE_CHANGE,
         sort=g.SORT_ALPHA_IGNORE_CASE_ASC,
     )
-    if include_all:  # grafanalib has no setter for a multi-value "All" selection
-        var._current = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    var._current = {"selected": True, "text": ["All"], "value": ["$__all"]}  # grafanalib has no setter for it
     return var
 
 
