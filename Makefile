@@ -7,12 +7,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test setup tools lint typecheck unit gpu-test clean
+.PHONY: demo test setup tools lint typecheck dashboards dashboards-check unit gpu-test clean
 
 demo: setup
 	$(PY) -m oomsight demo
 
-test: setup tools lint typecheck unit
+test: setup tools lint typecheck dashboards-check unit
 
 setup: $(VENV)/.ready
 
@@ -29,6 +29,13 @@ lint:
 
 typecheck:
 	$(VENV)/bin/mypy
+
+# Grafana dashboards and Prometheus rules of the chart, generated from dashboards/ (docs/dashboards.md)
+dashboards: setup
+	$(PY) -m dashboards
+
+dashboards-check:
+	$(PY) -m dashboards --check
 
 unit:
 	$(PY) -m pytest -q

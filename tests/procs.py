@@ -9,13 +9,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Optional
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, Callable, Optional
 
 
 def free_port() -> int:
@@ -83,24 +85,28 @@ def sidecar(
 
 @contextmanager
 def prometheus(
-    workdir: str, targets: list[str], rule_files: Optional[list[str]] = None, scrape_interval: str = "1s"
+    workdir: str,
+    targets: list[str],
+    rule_files: Optional[list[str]] = None,
+    scrape_interval: str = "1s",
+    scrape_configs: Optional[list[dict[str, Any]]] = None,
 ) -> Iterator[str]:
-    """A real Prometheus scraping ``targets`` (host:port) with pod-like target labels."""
+    """A real Prometheus scraping ``targets`` (host:port) with pod-like target labels,
+    or the given ``scrape_configs``."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: run scripts/install-tools.sh"
     port = free_port()
+    default = {
+        "job_name": "oomsight",
+        "static_configs": [
+            {"targets": [t], "labels": {"namespace": "team-a", "pod": f"train-{i}", "container": "oomsight"}}
+            for i, t in enumerate(targets)
+        ],
+    }
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "rule_files": rule_files or [],
-        "scrape_configs": [
-            {
-                "job_name": "oomsight",
-                "static_configs": [
-                    {"targets": [t], "labels": {"namespace": "team-a", "pod": f"train-{i}", "container": "oomsight"}}
-                    for i, t in enumerate(targets)
-                ],
-            }
-        ],
+        "scrape_configs": scrape_configs or [default],
     }
     cfg = os.path.join(workdir, "prometheus.yml")
     with open(cfg, "w") as fh:
@@ -134,3 +140,52 @@ def promql(url: str, expr: str) -> list[dict[str, Any]]:
     doc = json.loads(body)
     assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
     return list(doc["data"]["result"])
+
+
+def promql_at(url: str, expr: str, at: float) -> list[dict[str, Any]]:
+    """An instant query evaluated at Unix time ``at``."""
+    status, body = http_get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}))
+    doc = json.loads(body)
+    assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
+    return list(doc["data"]["result"])
+
+
+def promql_range(url: str, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+    """A range query, as Grafana runs a time-series panel."""
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    status, body = http_get(f"{url}/api/v1/query_range?" + urllib.parse.urlencode(params))
+    doc = json.loads(body)
+    assert status == 200 and doc["status"] == "success", f"{expr}: {body}"
+    return list(doc["data"]["result"])
+
+
+def owner_exposition(name: str, kind: str = "Job") -> bytes:
+    """The pod-owner info series as the sidecar publishes it (namespace/pod come from the target)."""
+    return (
+        "# HELP oomsight_pod_owner_info The pod's controller.\n# TYPE oomsight_pod_owner_info gauge\n"
+        f'oomsight_pod_owner_info{{owner_kind="{kind}",owner_name="{name}"}} 1\n'
+    ).encode()
+
+
+@contextmanager
+def exposition_server(body: Callable[[str], bytes]) -> Iterator[int]:
+    """A static text-exposition server: ``body(path)`` is served at every path; yields its port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            text = body(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -71,6 +71,28 @@ def test_an_oom_is_counted_with_its_cause_and_outcome(spool, monkeypatch):
     assert reg.get_sample_value("oomsight_process_up", {"rank": "0", "local_rank": "0"}) == 0
 
 
+def test_the_last_oom_reports_the_free_bytes_the_allocator_saw(spool, monkeypatch):
+    _hook, cuda = hooked_process(spool, monkeypatch=monkeypatch)
+    cuda.observer(0, 100 * GIB, 140 * GIB, 2 * GIB)
+    reg, _ = registry_for(spool)
+    assert reg.get_sample_value("oomsight_last_oom_device_free_bytes", labels()) == 2 * GIB
+
+
+def test_a_process_that_is_no_longer_up_says_why_it_ended(spool, monkeypatch):
+    clock = [1000.0]
+    hook, _cuda = hooked_process(spool, monkeypatch=monkeypatch, clock=lambda: clock[0])
+    ranks = {"rank": "0", "local_rank": "0"}
+    reg, _ = registry_for(spool, clock=lambda: 1000.0 + 1)
+    assert reg.get_sample_value("oomsight_process_exit_info", {**ranks, "reason": "vanished"}) is None
+    reg, _ = registry_for(spool, clock=lambda: 1000.0 + 31)  # silent past stale_after, no final snapshot
+    assert reg.get_sample_value("oomsight_process_exit_info", {**ranks, "reason": "vanished"}) == 1
+    hook.uncaught = RuntimeError("CUDA out of memory")
+    hook.at_exit()
+    reg, _ = registry_for(spool, clock=lambda: 1000.0 + 31)
+    assert reg.get_sample_value("oomsight_process_exit_info", {**ranks, "reason": "oom"}) == 1
+    assert reg.get_sample_value("oomsight_process_exit_info", {**ranks, "reason": "vanished"}) is None
+
+
 def test_a_pending_oom_of_a_vanished_process_counts_as_fatal(spool, monkeypatch):
     clock = [1000.0]
     _hook, cuda = hooked_process(spool, monkeypatch=monkeypatch, clock=lambda: clock[0])

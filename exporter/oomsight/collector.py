@@ -311,6 +311,11 @@ def _process_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
         "Errors the in-process hook caught and swallowed, by component.",
         labels=[*PROC, "component"],
     )
+    exits = InfoMetricFamily(
+        "oomsight_process_exit",
+        "Why a process that is no longer up ended: normal, exception, oom, stopped, or vanished (silent without a final snapshot: killed, or its hook stopped).",
+        labels=PROC,
+    )
     dropped = CounterMetricFamily(
         "oomsight_oom_events_unwritten",
         "OOMs counted but not written because OOMSIGHT_MAX_OOM_EVENTS was reached.",
@@ -320,6 +325,8 @@ def _process_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
         s, labels = v.snapshot, list(v.rank_labels)
         p = s["process"]
         pup.add_metric(labels, float(v.up))
+        if not v.up:
+            exits.add_metric(labels, {"reason": v.exit_reason or "vanished"})
         age.add_metric(labels, v.age_seconds)
         info.add_metric(
             labels,
@@ -340,7 +347,7 @@ def _process_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
         for component, n in sorted(s.get("errors", {}).items()):
             errs.add_metric([*labels, component], n)
         dropped.add_metric(labels, s.get("oom_events_unwritten", 0))
-    yield from (pup, age, info, steps, dur, last, errs, dropped)
+    yield from (pup, age, info, exits, steps, dur, last, errs, dropped)
 
 
 def _device_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
@@ -394,6 +401,7 @@ def _oom_families(inv: Inventory) -> Iterator[Metric]:
     )
     ts = _gauge("oomsight_last_oom_timestamp_seconds", "Unix time of the last OOM.", DEV)
     req = _gauge("oomsight_last_oom_requested_bytes", "Bytes the failing allocation of the last OOM asked for.", DEV)
+    free = _gauge("oomsight_last_oom_device_free_bytes", "Device bytes free as the allocator saw them at the last OOM.", DEV)
     cause = InfoMetricFamily(
         "oomsight_last_oom_cause", "Diagnosed cause of the last OOM (see docs/diagnosis.md).", labels=DEV
     )
@@ -405,8 +413,9 @@ def _oom_families(inv: Inventory) -> Iterator[Metric]:
         if tally.last is not None:
             ts.add_metric(labels, tally.last["time"])
             req.add_metric(labels, tally.last["requested_bytes"])
+            free.add_metric(labels, tally.last["device_free_bytes"])
             cause.add_metric(labels, {"cause": tally.last["diagnosis"]["cause"]})
-    yield from (total, fatal, recovered, ts, req, cause)
+    yield from (total, fatal, recovered, ts, req, free, cause)
 
 
 def _advice_families(inv: Inventory) -> Iterator[Metric]:

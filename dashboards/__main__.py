@@ -1,0 +1,5 @@
+import sys
+
+from dashboards.generator import main
+
+sys.exit(main())

@@ -1,0 +1,236 @@
+"""Alerting rules: before an OOM (near capacity, forecast, leak, fragmentation, retries), at
+it (a CUDA OOM happened), about oomsight itself (sidecar down, hook silent or missing) and
+about waste (GPU memory badly underused).
+
+Every alert gets ``runbook_url`` from :func:`add_runbook_links`; ``docs/alerts.md`` explains
+the thresholds and ``docs/runbooks/<alert>.md`` the remedies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dashboards import config as c
+from dashboards import rules as r
+
+T = c.THRESHOLDS
+WHERE = "{{ $labels.namespace }}/{{ $labels.pod }} rank {{ $labels.rank }} GPU {{ $labels.device }}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    duration: str
+    severity: str
+    summary: str
+    description: str
+
+    def rule(self) -> dict[str, Any]:
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": self.duration,
+            "labels": {"severity": self.severity},
+            "annotations": {"summary": self.summary, "description": self.description},
+        }
+
+
+def remedy_template() -> str:
+    """A Go template that names the short remedy for ``$labels.cause``."""
+    branches = [f'if eq $labels.cause "{cause}" }}}}{text}' for cause, text in c.CAUSE_REMEDY.items()]
+    return "{{ " + "{{ else ".join(branches) + "{{ else }}see the runbook{{ end }}"
+
+
+def running() -> str:
+    return f"on ({c.PROCESS}) oomsight_process_up == 1"
+
+
+def oom_alerts() -> list[Alert]:
+    return [
+        Alert(
+            "CudaOutOfMemory",
+            f"time() - max by ({c.EVENT}, cause) ({r.OOM_EVENT}) < {T.oom_recent_seconds}",
+            "0m",
+            "warning",
+            "A PyTorch process ran out of CUDA memory.",
+            f"{WHERE} hit a CUDA out-of-memory error {{{{ $value | humanizeDuration }}}} ago. "
+            f"Diagnosed cause: {{{{ $labels.cause }}}}. Remedy: {remedy_template()}.",
+        ),
+    ]
+
+
+def capacity_alerts() -> list[Alert]:
+    near = [
+        (T.near_capacity_warning_ratio, T.near_capacity_warning_for, "warning"),
+        (T.near_capacity_critical_ratio, T.near_capacity_critical_for, "critical"),
+    ]
+    return [
+        Alert(
+            "GpuMemoryNearCapacity",
+            f"{c.HEADROOM_RATIO} < {ratio}\nand {running()}",
+            duration,
+            severity,
+            "GPU memory is nearly full at the training step's peak.",
+            f"{WHERE} has only {{{{ $value | humanizePercentage }}}} of its GPU memory (its memory-fraction cap, "
+            f"where set) left at its peak (alert below {ratio:.0%}). The next larger batch or longer sequence "
+            "runs out of memory.",
+        )
+        for ratio, duration, severity in near
+    ]
+
+
+def forecast_alerts() -> list[Alert]:
+    horizon = T.forecast_horizon_minutes
+    return [
+        Alert(
+            "CudaOomPredicted",
+            r.promql(f"""
+                predict_linear(oomsight_torch_window_peak_allocated_bytes[{T.forecast_lookback}], {horizon * 60})
+                  > oomsight_torch_window_peak_reserved_bytes + oomsight_gpu_headroom_bytes
+                and {c.HEADROOM_RATIO} < {T.forecast_headroom_ratio}
+                and {running()}"""),
+            T.forecast_for,
+            "warning",
+            "Allocated GPU memory is on course to run out within the forecast horizon.",
+            f"At the growth of the last {T.forecast_lookback}, the peak of allocated memory of {WHERE} "
+            f"reaches {{{{ $value | humanize1024 }}}}B in {horizon} minutes, more than the GPU can give "
+            f"this process; less than {T.forecast_headroom_ratio:.0%} of its GPU memory is left now.",
+        ),
+        Alert(
+            "CudaMemoryLeakSuspected",
+            leak_expr(),
+            T.leak_for,
+            "warning",
+            "The memory that survives between training steps keeps growing: a leak.",
+            f"The between-steps floor of allocated memory of {WHERE} rose in each of the last three "
+            f"{T.leak_window} windows while steps ran, by {{{{ $value | humanize1024 }}}}B in all. "
+            "Classic cause: tensors kept alive with their autograd graph (loss, outputs) across steps.",
+        ),
+    ]
+
+
+def leak_expr() -> str:
+    """Growth over three windows, and each window's floor above the one before: a one-time step
+    up (a lazily built buffer) raises one window's minimum only, a leak raises all three."""
+    w = T.leak_window
+    f = "oomsight_torch_window_min_allocated_bytes"
+    return r.promql(f"""
+        {f} - {f} offset {_times(w, 3)} > {T.leak_min_growth_ratio} * {c.CAPACITY}
+        and min_over_time({f}[{w}]) > min_over_time({f}[{w}] offset {w})
+        and min_over_time({f}[{w}] offset {w}) > min_over_time({f}[{w}] offset {_times(w, 2)})
+        and on ({c.PROCESS}) increase(oomsight_steps_total[{_times(w, 3)}]) > 0""")
+
+
+def _times(duration: str, n: int) -> str:
+    """``"10m"`` times 3 is ``"30m"`` (durations here are one number and one unit)."""
+    return f"{int(duration[:-1]) * n}{duration[-1]}"
+
+
+def allocator_alerts() -> list[Alert]:
+    return [
+        Alert(
+            "CudaMemoryFragmented",
+            r.promql(f"""
+                oomsight_torch_inactive_split_bytes / oomsight_torch_reserved_bytes > {T.fragmentation_ratio}
+                and oomsight_torch_inactive_split_bytes > {T.fragmentation_min_bytes}
+                and {running()}"""),
+            T.fragmentation_for,
+            "warning",
+            "A large share of the memory PyTorch holds is fragmented.",
+            f"{{{{ $value | humanizePercentage }}}} of the memory the caching allocator of {WHERE} holds "
+            "sits free inside split blocks that no large tensor can use and empty_cache() cannot release.",
+        ),
+        Alert(
+            "CudaMallocRetries",
+            f"increase(oomsight_torch_alloc_retries_total[{T.retries_window}]) >= {T.retries_min}",
+            T.retries_for,
+            "warning",
+            "PyTorch's allocator keeps flushing its cache to satisfy allocations.",
+            f"cudaMalloc failed {{{{ $value | humanize }}}} times in {T.retries_window} for {WHERE}; each "
+            "time the allocator freed its whole cache and retried. Steps slow down, and an OOM is close.",
+        ),
+    ]
+
+
+def self_alerts() -> list[Alert]:
+    return [
+        Alert(
+            "OomsightSidecarDown",
+            f"up{{{c.SIDECAR_UP_SELECTOR}}} == 0",
+            T.sidecar_down_for,
+            "warning",
+            "Prometheus cannot scrape the oomsight sidecar of a running pod.",
+            "The oomsight sidecar of {{ $labels.namespace }}/{{ $labels.pod }} does not answer "
+            f"on {{{{ $labels.instance }}}}: no GPU memory data for this pod for {T.sidecar_down_for}.",
+        ),
+        Alert(
+            "OomsightHookSilent",
+            f'oomsight_snapshot_age_seconds\nand on ({c.PROCESS}) oomsight_process_exit_info{{reason="vanished"}}',
+            T.hook_silent_for,
+            "warning",
+            "A training process stopped publishing without exiting cleanly.",
+            "Rank {{ $labels.rank }} of {{ $labels.namespace }}/{{ $labels.pod }} wrote its last "
+            "snapshot {{ $value | humanizeDuration }} ago and never said it exited: it was killed "
+            "(e.g. by the kernel OOM killer) or its oomsight hook stopped.",
+        ),
+        Alert(
+            "OomsightHookMissing",
+            f"group by ({c.POD}) (oomsight_build_info)\nunless on ({c.POD}) group by ({c.POD}) (oomsight_process_up)",
+            T.hook_missing_for,
+            "warning",
+            "The oomsight sidecar runs, but no training process publishes to it.",
+            "The sidecar of {{ $labels.namespace }}/{{ $labels.pod }} has seen no PyTorch process with the "
+            f"oomsight hook for {T.hook_missing_for}: the hook is not loaded, CUDA is not used, or the "
+            "training has ended and the pod keeps running.",
+        ),
+    ]
+
+
+def waste_alerts() -> list[Alert]:
+    w = T.underused_window
+    return [
+        Alert(
+            "GpuMemoryUnderused",
+            r.promql(f"""
+                max_over_time({r.GPU_PEAK_RESERVED}[{w}]) / {r.GPU_TOTAL} < {T.underused_peak_ratio}
+                and on ({c.POD}, gpu_uuid) ({r.GPU_TOTAL} offset {w})"""),
+            T.underused_for,
+            "warning",
+            "A GPU's memory has been badly underused for hours.",
+            f"For {w} the PyTorch processes of {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}} peaked at "
+            f"{{{{ $value | humanizePercentage }}}} of GPU {{{{ $labels.gpu_uuid }}}}. A larger batch would "
+            "train faster, or a smaller GPU (or MIG slice) would do.",
+        ),
+    ]
+
+
+def all_alerts() -> list[Alert]:
+    return [
+        *oom_alerts(),
+        *capacity_alerts(),
+        *forecast_alerts(),
+        *allocator_alerts(),
+        *self_alerts(),
+        *waste_alerts(),
+    ]
+
+
+def add_runbook_links(groups: list[dict[str, Any]], pattern: str) -> list[dict[str, Any]]:
+    """Give every alert that lacks one a ``runbook_url`` built from ``pattern`` ({alert} = name, lower case)."""
+    for group in groups:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                annotations = rule.setdefault("annotations", {})
+                annotations.setdefault("runbook_url", pattern.format(alert=rule["alert"].lower()))
+    return groups
+
+
+def alert_group() -> dict[str, Any]:
+    return {"name": "oomsight.alerts", "rules": [a.rule() for a in all_alerts()]}
+
+
+def rule_groups(pattern: str = c.RUNBOOK_URL_PATTERN) -> list[dict[str, Any]]:
+    """The whole rule file: recording rules first, then alerts with their runbook links."""
+    return add_runbook_links([r.recording_group(), alert_group()], pattern)

@@ -1,0 +1,161 @@
+"""Workload / pod detail: per rank and GPU the memory timeline (allocated, reserved, NVML used,
+capacity, a forecast), step peaks, memory by category, fragmentation, cudaMalloc retries,
+memory outside PyTorch, the processes, and OOMs as annotations with their diagnosis."""
+
+from dashboards import config as c
+from dashboards import panels as p
+from dashboards import queries as q
+
+T = c.THRESHOLDS
+HEADROOM = p.steps((p.RED, None), (p.ORANGE, T.near_capacity_warning_ratio), (p.GREEN, T.forecast_headroom_ratio))
+FORENSICS_LINK = f"/d/{c.UID_FORENSICS}/?var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
+
+timeline = [
+    (
+        p.timeseries(
+            "Allocated, reserved, NVML used and capacity",
+            "Per rank and GPU: bytes in live tensors (allocated), bytes the caching allocator holds (reserved), "
+            "device memory in use by every process (NVML used) and capacity (the process's memory-fraction cap "
+            "where set, else the GPU's). The dashed forecast "
+            f"extends the growth of the peak of allocated bytes over the last {T.forecast_lookback} by "
+            f"{T.forecast_horizon_minutes} minutes: where it crosses capacity, an OOM is coming.",
+            q.TIMELINE,
+        ),
+        18,
+    ),
+    (
+        p.stat(
+            "Headroom at the peak",
+            "Share of what the process may use (the GPU, or its set_per_process_memory_fraction cap) still free at "
+            "the highest sample of the last window, memory of other processes and of the CUDA context subtracted.",
+            q.HEADROOM_NOW,
+            "percentunit",
+            HEADROOM,
+        ),
+        6,
+    ),
+]
+
+peaks = [
+    (
+        p.timeseries(
+            "Step peaks and the between-steps floor",
+            "Peak allocated bytes of each optimizer step (with OOMSIGHT_STEP_PEAKS=1; otherwise the sampled "
+            "peak of each window), the lowest allocated bytes of each window (what survives between steps: a "
+            "floor that keeps rising is a leak) and the lifetime peak.",
+            q.STEP_PEAKS,
+        ),
+        12,
+    ),
+    (
+        p.timeseries(
+            "Memory by category",
+            "Parameters, gradients and optimizer state summed from the optimizers' tensors; activations are "
+            "the step peak minus those three (a lower bound unless OOMSIGHT_STEP_PEAKS=1).",
+            q.CATEGORIES,
+            stack=True,
+        ),
+        12,
+    ),
+]
+
+health = [
+    (
+        p.timeseries(
+            "Fragmentation",
+            "Inactive split bytes as a share of reserved bytes: free memory inside split blocks that no large "
+            f"tensor can use and empty_cache() cannot release. Alert above {T.fragmentation_ratio:.0%}.",
+            q.FRAGMENTATION,
+            unit="percentunit",
+            thresholds=p.steps((p.GREEN, None), (p.RED, T.fragmentation_ratio)),
+        ),
+        8,
+    ),
+    (
+        p.timeseries(
+            "cudaMalloc retries",
+            "cudaMalloc failed and the allocator freed its whole cache to retry: each one stalls the step. "
+            "Rising retries come before an OOM.",
+            q.RETRIES,
+            unit="none",
+            bars=True,
+        ),
+        8,
+    ),
+    (
+        p.timeseries(
+            "Step time",
+            "Mean time between optimizer steps. Steps slow down when the allocator retries or memory thrashes.",
+            q.STEP_TIME,
+            unit="s",
+        ),
+        8,
+    ),
+]
+
+outside = [
+    (
+        p.timeseries(
+            "Memory outside PyTorch",
+            "NVML's memory of the process minus PyTorch's reserved bytes: CUDA context, NCCL buffers, cuBLAS and "
+            "cuDNN workspaces, other CUDA libraries. Where NVML cannot see the process ID (most containers) it is "
+            "device used minus reserved and includes other processes on the GPU.",
+            q.NON_TORCH,
+        ),
+        12,
+    ),
+    (
+        p.table(
+            "Processes",
+            "Each rank: running (1) or not, seconds since its last snapshot, why it ended, its torch version and "
+            "whether expandable segments are on.",
+            q.PROCESSES,
+            {
+                "namespace": "namespace",
+                "pod": "pod",
+                "rank": "rank",
+                "Value #A": "Up",
+                "Value #B": "Snapshot age",
+                "reason": "Ended",
+                "torch_version": "torch",
+                "expandable_segments": "Expandable segments",
+            },
+            [p.column("Snapshot age", "s"), p.column("Up", thresholds=p.steps((p.RED, None), (p.GREEN, 1)))],
+        ),
+        12,
+    ),
+]
+
+oom_table = p.oom_table(
+    "CUDA OOMs of these pods",
+    "The last OOM of each rank and GPU in the time range: requested and free bytes, the diagnosed cause and the "
+    "remedy that fits. The pod opens the forensics dashboard; the time, the pod's memory around the OOM.",
+    q.OOM_TABLE,
+    time_link=c.BEFORE_LINK,
+    pod_link=FORENSICS_LINK,
+)
+
+dashboard = p.dashboard(
+    c.UID_POD,
+    "oomsight / Workload and pod GPU memory",
+    "GPU memory of the ranks of one workload or pod over time, and why it ran out.",
+    [
+        p.variable("namespace", "Namespace", q.NAMESPACES),
+        p.variable("workload", "Workload", q.WORKLOADS),
+        p.variable("pod", "Pod", q.PODS),
+        p.variable("rank", "Rank", q.RANKS),
+        p.variable("device", "GPU", q.DEVICES),
+    ],
+    q.OOM_ANNOTATION_POD,
+    [
+        "Memory timeline",
+        (10, timeline),
+        (8, peaks),
+        "Allocator health",
+        (8, health),
+        "Outside PyTorch, and the processes",
+        (8, outside),
+        "CUDA out-of-memory errors",
+        (6, [(oom_table, 24)]),
+    ],
+)

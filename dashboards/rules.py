@@ -1,0 +1,126 @@
+"""Recording rules: the workload label, OOM events with their cause and remedy, and
+per-GPU / per-pod / per-workload aggregates that keep the cluster overview fast.
+
+Names follow ``level:metric:operations``; the level lists the labels kept. Device-wide NVML
+values are repeated by every process on a GPU, so they are aggregated with ``max by
+(gpu_uuid)``; allocator values belong to one process each and are summed.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from dashboards import config as c
+
+OWNER = "namespace_workload_pod:oomsight_pod_owner:relabel"
+OOM_EVENT = "namespace_workload_pod_rank_device:oomsight_last_oom_timestamp_seconds:cause"
+GPU_RESERVED = "namespace_workload_pod_gpu:oomsight_torch_reserved_bytes:sum"
+GPU_ALLOCATED = "namespace_workload_pod_gpu:oomsight_torch_allocated_bytes:sum"
+GPU_PEAK_RESERVED = "namespace_workload_pod_gpu:oomsight_torch_window_peak_reserved_bytes:sum"
+GPU_USED = "namespace_workload_pod_gpu:oomsight_gpu_memory_used_bytes:max"
+GPU_TOTAL = "namespace_workload_pod_gpu:oomsight_gpu_memory_total_bytes:max"
+GPU_HEADROOM = "namespace_workload_pod_gpu:oomsight_gpu_headroom:ratio"
+POD_PEAK_RESERVED = "namespace_workload_pod:oomsight_torch_window_peak_reserved_bytes:max"
+POD_HEADROOM = "namespace_workload_pod:oomsight_gpu_headroom:min_ratio"
+WL_RESERVED = "namespace_workload:oomsight_torch_reserved_bytes:sum"
+WL_ALLOCATED = "namespace_workload:oomsight_torch_allocated_bytes:sum"
+WL_USED = "namespace_workload:oomsight_gpu_memory_used_bytes:sum"
+WL_TOTAL = "namespace_workload:oomsight_gpu_memory_total_bytes:sum"
+WL_GPUS = "namespace_workload:oomsight_gpus:count"
+
+GPU_LEVEL = f"{c.WORKLOAD}, pod, gpu_uuid"
+POD_LEVEL = f"{c.WORKLOAD}, pod"
+
+
+def promql(text: str) -> str:
+    """An expression written as an indented block, without the indentation."""
+    return textwrap.dedent(text).strip()
+
+
+def with_remedy(expr: str) -> str:
+    """Add a ``remedy`` label from ``cause`` (config.CAUSE_REMEDY), one label_replace per cause;
+    a cause missing from the table keeps its series, without a remedy."""
+    lines = []
+    for cause, remedy in c.CAUSE_REMEDY.items():
+        text = remedy.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
+        lines.append(f'  "remedy", "{text}", "cause", "{cause}")')
+    opening = "label_replace(" * len(lines)
+    return f"{opening}\n{textwrap.indent(expr, '  ')},\n" + ",\n".join(lines)
+
+
+def live(metric: str) -> str:
+    """Series of ``metric`` from processes that still run (exited ones linger for the retention)."""
+    return f"({metric} and on ({c.PROCESS}) oomsight_process_up == 1)"
+
+
+def owned(expr: str) -> str:
+    """``expr`` with the pod's workload and workload_type labels."""
+    return f"{expr} * on ({c.POD}) group_left ({c.OWNER_LABELS}) {OWNER}"
+
+
+def owner_expr() -> str:
+    """The pod's owner from the sidecar's owner info; where that is absent, the pod itself."""
+    lb = c.OOM_LOOKBACK
+    return promql(f"""
+        group by ({c.POD}, {c.OWNER_LABELS}) (
+          label_replace(
+            label_replace(
+              last_over_time(oomsight_pod_owner_info[{lb}])
+              or on ({c.POD})
+              label_replace(
+                label_replace(last_over_time(oomsight_build_info[{lb}]), "owner_name", "$1", "pod", "(.+)"),
+                "owner_kind", "Pod", "", ""
+              ),
+              "workload", "$1", "owner_name", "(.+)"
+            ),
+            "workload_type", "$1", "owner_kind", "(.+)"
+          )
+        )""")
+
+
+def oom_event_expr() -> str:
+    """Each device's last OOM: value = its Unix time; labels = cause, remedy, workload.
+
+    Cause is on the left of the join (many-to-one) so two causes within the lookback never make
+    the rule fail; the lookback keeps the event after a pod that died of it is gone."""
+    lb = c.OOM_LOOKBACK
+    joined = promql(f"""
+        max by ({c.EVENT}, cause) (
+          (
+            last_over_time(oomsight_last_oom_cause_info[{lb}])
+            * on ({c.DEVICE}) group_left ()
+            last_over_time(oomsight_last_oom_timestamp_seconds[{lb}])
+          )
+          * on ({c.POD}) group_left ({c.OWNER_LABELS}) {OWNER}
+        )""")
+    return with_remedy(joined)
+
+
+def gpu_rule(record: str, metric: str, how: str) -> dict[str, str]:
+    return {"record": record, "expr": f"{how} by ({GPU_LEVEL}) (\n  {owned(live(metric))}\n)"}
+
+
+def recording_rules() -> list[dict[str, str]]:
+    """In dependency order: a group evaluates its rules one after the other."""
+    return [
+        {"record": OWNER, "expr": owner_expr()},
+        {"record": OOM_EVENT, "expr": oom_event_expr()},
+        gpu_rule(GPU_RESERVED, "oomsight_torch_reserved_bytes", "sum"),
+        gpu_rule(GPU_ALLOCATED, "oomsight_torch_allocated_bytes", "sum"),
+        gpu_rule(GPU_PEAK_RESERVED, "oomsight_torch_window_peak_reserved_bytes", "sum"),
+        gpu_rule(GPU_USED, "oomsight_gpu_memory_used_bytes", "max"),
+        gpu_rule(GPU_TOTAL, "oomsight_gpu_memory_total_bytes", "max"),
+        gpu_rule(GPU_HEADROOM, c.HEADROOM_RATIO, "min"),
+        {"record": POD_PEAK_RESERVED, "expr": f"max by ({POD_LEVEL}) ({GPU_PEAK_RESERVED})"},
+        {"record": POD_HEADROOM, "expr": f"min by ({POD_LEVEL}) ({GPU_HEADROOM})"},
+        {"record": WL_RESERVED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_RESERVED})"},
+        {"record": WL_ALLOCATED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_ALLOCATED})"},
+        {"record": WL_USED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_USED})"},
+        {"record": WL_TOTAL, "expr": f"sum by ({c.WORKLOAD}) ({GPU_TOTAL})"},
+        {"record": WL_GPUS, "expr": f"count by ({c.WORKLOAD}) ({GPU_RESERVED})"},
+    ]
+
+
+def recording_group() -> dict[str, Any]:
+    return {"name": "oomsight.rules", "rules": recording_rules()}

@@ -1,0 +1,159 @@
+"""Every query of every generated dashboard (panels, template variables, annotations) and
+the generated rules, against a real Prometheus that scraped a real ``oomsight sidecar``
+serving the replay of a recorded run with a CUDA OOM in it.
+
+The recording is the one made on an NVIDIA H200 (``exporter/oomsight/data/h200-demo.tape.jsonl.gz``,
+``python -m oomsight.demo_train``): two ranks on one GPU under a 5 % memory cap; rank 1 leaks
+evaluation outputs with their graph and dies of a CUDA OOM after rank 0 has finished.
+The pod's owner comes from a second, static exposition as the sidecar will publish it;
+the same sidecar is also scraped as a second pod without owner information, so both the
+owner and the fall-back to the pod are proven.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dashboards import config, rules
+from oomsight import tape
+from oomsight_sidecar.config import SidecarSettings
+from oomsight_sidecar.main import build_app
+from oomsight_sidecar.server import serve
+
+from fakes import ROOT
+from panelquery import Probe, all_probes, substitute
+from procs import exposition_server, http_get, owner_exposition, prometheus, promql_at, promql_range, wait_for
+
+pytestmark = pytest.mark.e2e
+
+H200_TAPE = os.path.join(ROOT, "exporter", "oomsight", "data", "h200-demo.tape.jsonl.gz")
+RULES = os.path.join(ROOT, "helm", "oomsight", "rules", "oomsight.rules.yaml")
+REPLAY_SECONDS = 12.0
+"""A longer recording is replayed faster, to last about this long."""
+NAMESPACE, POD, SOLO_POD, OWNER = "ml-team", "train-demo-0", "solo-0", "train-demo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Live:
+    url: str
+    start: float
+    """Just before the replay began: the start of the dashboards' time range."""
+    end: float
+    """A few scrapes after the replay ended: "now"."""
+    tape_path: str
+
+    def grafana_values(self) -> dict[str, str]:
+        every = {name: ".*" for name in ("namespace", "workload", "pod", "rank", "device")}
+        window = f"{math.ceil(self.end - self.start) + 5}s"
+        return {**every, "__rate_interval": "1m", "__range": window, "__interval": "2s", "__from": str(int(self.start))}
+
+
+def scrape_configs(sidecar: str, owner: str) -> list[dict[str, Any]]:
+    def job(name: str, target: str, pod: str) -> dict[str, Any]:
+        labels = {"namespace": NAMESPACE, "pod": pod, "container": "oomsight"}
+        return {"job_name": name, "static_configs": [{"targets": [target], "labels": labels}]}
+
+    return [job("sidecar", sidecar, POD), job("sidecar-solo", sidecar, SOLO_POD), job("owner", owner, POD)]
+
+
+@pytest.fixture(scope="module")
+def recording() -> str:
+    assert os.path.exists(H200_TAPE), f"{H200_TAPE} is missing: the dashboards are proven on the H200 recording"
+    return H200_TAPE
+
+
+@pytest.fixture(scope="module")
+def live(recording: str, tmp_path_factory: Any) -> Iterator[Live]:
+    work = tmp_path_factory.mktemp("live")
+    spool = str(work / "spool")
+    os.makedirs(spool)
+    sidecar = serve(build_app(SidecarSettings(spool_dir=spool, host="127.0.0.1", port=0)), "127.0.0.1", 0)
+    try:
+        with exposition_server(lambda path: owner_exposition(OWNER)) as owner:
+            yield from _run(recording, spool, str(work), f"127.0.0.1:{sidecar.server_port}", f"127.0.0.1:{owner}")
+    finally:
+        sidecar.shutdown()
+
+
+def _run(recording: str, spool: str, work: str, sidecar: str, owner: str) -> Iterator[Live]:
+    """Prometheus scrapes the sidecar and the owner while the recording replays into the spool."""
+    with prometheus(work, [], rule_files=[RULES], scrape_configs=scrape_configs(sidecar, owner)) as url:
+        wait_for(lambda: len(promql_at(url, "up == 1", time.time())) == 3, timeout=30)
+        start = time.time()
+        _, records = tape.read(recording)
+        tape.replay(recording, spool, speed=max(1.0, float(records[-1]["t"]) / REPLAY_SECONDS))
+        time.sleep(3.0)  # a last scrape of the final state, and the rules evaluated on it
+        yield Live(url, start, time.time(), recording)
+
+
+def _finite(series: list[dict[str, Any]]) -> bool:
+    values = [s["value"] for s in series if "value" in s] + [v for s in series for v in s.get("values", [])]
+    return any(math.isfinite(float(v[1])) for v in values)
+
+
+@pytest.mark.parametrize("probe", all_probes(), ids=lambda p: p.name)
+def test_every_dashboard_query_returns_data_from_the_recorded_run(live: Live, probe: Probe) -> None:
+    """Time-series targets, variables and annotations run as Grafana runs them over the range. A
+    stat or table shows its instant query at the moment you look: it must show data at some
+    moment of the run (one Prometheus step at a time), with the same time range."""
+    expr = substitute(probe.expr, live.grafana_values())
+    result = promql_range(live.url, expr, live.start, live.end)
+    assert result, f"{probe.name} returned no series:\n{expr}"
+    if probe.kind == "variable":
+        assert {s["metric"].get(probe.label) for s in result} - {None}, f"{probe.name}: no {probe.label} values"
+    else:
+        assert _finite(result), f"{probe.name} returned only NaN:\n{expr}"
+    if probe.kind == "annotation":
+        times = {float(v[1]) for s in result for v in s["values"]}
+        assert all(live.start <= t <= live.end for t in times), f"{probe.name}: values are not OOM times: {times}"
+
+
+def _last_oom(tape_path: str) -> dict[str, Any]:
+    _, records = tape.read(tape_path)
+    events = [r["doc"] for r in records if r["path"].startswith("events/")]
+    return max(events, key=lambda e: (e["time"], e["outcome"] != "pending"))  # type: ignore[no-any-return]
+
+
+def test_the_oom_alert_fires_with_its_cause_remedy_and_runbook(live: Live) -> None:
+    event = _last_oom(live.tape_path)
+    cause = event["diagnosis"]["cause"]
+    status, body = http_get(f"{live.url}/api/v1/alerts")
+    alerts = json.loads(body)["data"]["alerts"]
+    firing = [a for a in alerts if a["labels"]["alertname"] == "CudaOutOfMemory"]
+    assert status == 200 and firing, body
+    mine = [a for a in firing if a["labels"]["pod"] == POD and a["labels"]["rank"] == str(event["process"]["rank"])]
+    assert len(mine) == 1 and mine[0]["state"] == "firing"
+    assert mine[0]["labels"]["cause"] == cause and mine[0]["labels"]["workload"] == OWNER
+    assert config.CAUSE_REMEDY[cause] in mine[0]["annotations"]["description"]
+    assert mine[0]["annotations"]["runbook_url"].endswith("/docs/runbooks/cudaoutofmemory.md")
+
+
+def test_the_workload_is_the_owner_where_known_and_the_pod_elsewhere(live: Live) -> None:
+    owners = promql_at(live.url, rules.OWNER, live.end)
+    found = {(s["metric"]["pod"], s["metric"]["workload"], s["metric"]["workload_type"]) for s in owners}
+    assert found == {(POD, OWNER, "Job"), (SOLO_POD, SOLO_POD, "Pod")}
+
+
+def test_the_oom_table_names_requested_and_free_bytes_cause_and_remedy(live: Live) -> None:
+    from dashboards import queries
+
+    event = _last_oom(live.tape_path)
+    values = {**live.grafana_values(), "pod": POD}
+    time_, requested, free = (
+        promql_at(live.url, substitute(q.expr, values), live.end) for q in queries.OOM_TABLE[:3]
+    )
+    rank = str(event["process"]["rank"])
+    row = next(s for s in requested if s["metric"]["rank"] == rank)
+    assert float(row["value"][1]) == event["requested_bytes"]
+    assert float(next(s for s in free if s["metric"]["rank"] == rank)["value"][1]) == event["device_free_bytes"]
+    stamp = next(s for s in time_ if s["metric"]["rank"] == rank)
+    assert live.start <= float(stamp["value"][1]) / 1000 <= live.end
+    assert row["metric"]["remedy"] == config.CAUSE_REMEDY[event["diagnosis"]["cause"]]

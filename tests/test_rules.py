@@ -1,0 +1,126 @@
+"""The generated rule file: valid for promtool, unit-tested alert by alert, and in the house
+style (CamelCase alerts with for, severity, summary, description and a runbook that exists;
+recording rules named level:metric:operations)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from dashboards import alerts, config
+from oomsight.diagnosis import CAUSES
+
+from fakes import ROOT
+
+RULES = os.path.join(ROOT, "helm", "oomsight", "rules", "oomsight.rules.yaml")
+TESTS = sorted(glob.glob(os.path.join(ROOT, "tests", "rules", "*.test.yaml")))
+
+
+def rule_file() -> dict[str, Any]:
+    with open(RULES) as fh:
+        return yaml.safe_load(fh)  # type: ignore[no-any-return]
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [r for g in rule_file()["groups"] for r in g["rules"] if "alert" in r]
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.e2e
+def test_the_rule_file_passes_promtool_check_rules() -> None:
+    result = promtool("check", "rules", RULES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 26 rules found" in result.stdout + result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("path", TESTS, ids=os.path.basename)
+def test_the_promtool_unit_tests_pass(path: str) -> None:
+    result = promtool("test", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_rule_file_is_a_plain_groups_document() -> None:
+    doc = rule_file()
+    assert list(doc) == ["groups"]
+    assert [g["name"] for g in doc["groups"]] == ["oomsight.rules", "oomsight.alerts"]
+
+
+def test_every_alert_fires_stays_silent_and_has_its_boundary_in_the_unit_tests() -> None:
+    cases: dict[str, list[bool]] = {}
+    for path in TESTS:
+        with open(path) as fh:
+            for test in yaml.safe_load(fh)["tests"]:
+                for case in test.get("alert_rule_test", []):
+                    cases.setdefault(case["alertname"], []).append(bool(case["exp_alerts"]))
+    for name in {a["alert"] for a in alert_rules()}:
+        outcomes = cases.get(name, [])
+        assert True in outcomes, f"{name}: no case where it fires"
+        assert outcomes.count(False) >= 2, f"{name}: needs a case where it must not fire and its boundary"
+
+
+def test_every_alert_has_for_severity_summary_description_and_runbook() -> None:
+    for rule in alert_rules():
+        assert re.fullmatch(r"(?:[A-Z][a-z0-9]+)+", rule["alert"]), rule["alert"]
+        assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+        lower = rule["alert"].lower()
+        assert rule["annotations"]["runbook_url"] == config.RUNBOOK_URL_PATTERN.format(alert=lower)
+
+
+def test_every_alert_has_a_runbook_page_that_names_it_and_a_remedy() -> None:
+    for name in {a["alert"] for a in alert_rules()}:
+        path = os.path.join(ROOT, "docs", "runbooks", f"{name.lower()}.md")
+        assert os.path.exists(path), f"no runbook {path}"
+        with open(path) as fh:
+            text = fh.read()
+        assert text.startswith(f"# {name}\n") and "## Remedies" in text, path
+
+
+def test_every_alert_is_in_the_alerts_doc() -> None:
+    with open(os.path.join(ROOT, "docs", "alerts.md")) as fh:
+        text = fh.read()
+    assert all(f"[{a['alert']}]" in text for a in alert_rules())
+
+
+def test_one_function_adds_the_runbook_url_from_a_configurable_pattern() -> None:
+    groups = alerts.rule_groups("https://runbooks.example/oomsight/{alert}")
+    urls = [r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r]
+    assert urls and all(re.fullmatch(r"https://runbooks\.example/oomsight/[a-z]+", u) for u in urls)
+    kept = alerts.add_runbook_links([{"rules": [{"alert": "X", "annotations": {"runbook_url": "mine"}}]}], "{alert}")
+    assert kept[0]["rules"][0]["annotations"]["runbook_url"] == "mine"
+
+
+def test_forecasts_are_anded_with_a_level_threshold() -> None:
+    forecasts = [r for r in alert_rules() if "predict_linear" in r["expr"]]
+    assert forecasts
+    level = re.escape(f"and {config.HEADROOM_RATIO} < ")
+    assert all(re.search(level, r["expr"]) for r in forecasts)
+
+
+def test_recording_rules_are_named_level_metric_operations() -> None:
+    records = [r["record"] for g in rule_file()["groups"] for r in g["rules"] if "record" in r]
+    assert records
+    for name in records:
+        level, metric, operations = name.split(":")
+        assert re.fullmatch(r"[a-z_]+", level) and metric.startswith("oomsight_") and operations, name
+
+
+def test_nvml_device_values_are_aggregated_with_max_never_sum() -> None:
+    for g in rule_file()["groups"]:
+        for r in g["rules"]:
+            assert not re.search(r"sum by \([^)]*\) \(\s*\(oomsight_gpu_memory_\w+", r["expr"]), r.get("record")
+
+
+def test_every_diagnosed_cause_has_a_short_remedy() -> None:
+    assert set(config.CAUSE_REMEDY) == set(CAUSES)
