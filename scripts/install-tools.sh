@@ -9,6 +9,8 @@ TOOLS="$PWD/.tools"
 BIN="$TOOLS/bin"
 KUBECTL_LAYER_VERSION="2.2.2"
 mkdir -p "$BIN"
+# look programs up outside our own bin folder (make puts it first on PATH), or ln would link to itself
+PATH="$(printf %s "$PATH" | tr : '\n' | grep -vxF "$BIN" | paste -sd: -)"
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo -n "$@"; else
