@@ -95,11 +95,7 @@ def memory_over_time(panel: MemoryPanel, chart_id: str) -> str:
                 label, (at, 0.03), xycoords=("data", "axes fraction"), color=COLORS["oom"], rotation=90, ha="right"
             )
         ax.set_title(title, loc="left")
-        ax.set_xlabel("seconds since the first sample")
-        ax.set_ylabel("GiB")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        _legend(ax)
+        _finish_xy(ax, "seconds since the first sample", "GiB")
         return to_svg(fig, chart_id)
 
 
@@ -179,12 +175,17 @@ def batch_fit(advice: BatchAdvice, chart_id: str) -> str:
         limit = advice["capacity_bytes"] * (1 - advice["margin_ratio"]) / GIB
         ax.axhline(limit, color=COLORS["capacity"], linewidth=1.0, label="capacity minus margin")
         ax.axvline(advice["max_batch_size"], color="#7f7f7f", linestyle=":", label="largest batch that fits")
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("peak GiB")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        _legend(ax)
+        _finish_xy(ax, "batch size", "peak GiB")
         return to_svg(fig, chart_id)
+
+
+def _finish_xy(ax: Axes, xlabel: str, ylabel: str) -> None:
+    """Labels, a y axis from zero, a light grid and the legend of a line chart."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    _legend(ax)
 
 
 def _legend(ax: Axes) -> None:

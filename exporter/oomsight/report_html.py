@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from oomsight import advice, chart, timeline
 from oomsight.inventory import EventView, Inventory, take_inventory
-from oomsight.schema import Profile, ProfileOp, Snapshot
+from oomsight.schema import OomEvent, Profile, ProfileOp, Snapshot
 from oomsight.spool import SpoolReader, SpoolState, write_atomic
 from oomsight.units import format_bytes as fb
 from oomsight.units import format_ratio
@@ -219,7 +219,7 @@ def _oom(r: Report, i: int, ev: EventView) -> list[str]:
         ("requested", fb(e["requested_bytes"])),
         ("allocated", fb(e["allocated_bytes"])),
         ("reserved", fb(e["reserved_bytes"])),
-        ("reserved but unallocated", fb(e.get("reserved_unallocated_bytes"))),
+        ("reserved but unallocated", _bytes(e.get("reserved_unallocated_bytes"))),
         ("inactive split", fb(e.get("inactive_split_bytes"))),
         ("free for the process", fb(e["device_free_bytes"])),
         ("total (or the process cap)", fb(e["device_total_bytes"])),
@@ -232,9 +232,21 @@ def _oom(r: Report, i: int, ev: EventView) -> list[str]:
         "<ol>" + "".join(f"<li>{_e(x)}</li>" for x in d["remedies"]) + "</ol>",
         _table(("at the OOM", "bytes"), facts, numeric=(1,)),
     ]
-    if e.get("stack"):
-        frames = "\n".join(str(x) for x in e["stack"])
-        out.append(f"<details><summary>stack ({len(e['stack'])} frames)</summary><pre>{_e(frames)}</pre></details>")
+    out.extend(_oom_details(e))
+    fp = advice.at_oom(e)
+    if fp is not None:
+        out.append("<h4>What a remedy would save at this OOM (estimates)</h4>")
+        out.extend(_estimate_block(r, fp, d["cause"]))
+    return out
+
+
+def _oom_details(e: OomEvent) -> list[str]:
+    """The stack, the allocator's own summary and the memory snapshot's name, when recorded."""
+    out = []
+    stack = e.get("stack")  # not checked by the schema: anything may be here
+    if isinstance(stack, list) and stack:
+        frames = "\n".join(str(x) for x in stack)
+        out.append(f"<details><summary>stack ({len(stack)} frames)</summary><pre>{_e(frames)}</pre></details>")
     if e.get("allocator_summary"):
         out.append(f"<details><summary>allocator summary</summary><pre>{_e(e['allocator_summary'])}</pre></details>")
     if e.get("snapshot_artifact"):
@@ -242,10 +254,6 @@ def _oom(r: Report, i: int, ev: EventView) -> list[str]:
             f"<p>memory snapshot: <code>{_e(e['snapshot_artifact'])}</code> in the spool's artifacts/ "
             "(open it in pytorch.org/memory_viz)</p>"
         )
-    fp = advice.at_oom(e)
-    if fp is not None:
-        out.append("<h4>What a remedy would save at this OOM (estimates)</h4>")
-        out.extend(_estimate_block(r, fp, d["cause"]))
     return out
 
 
@@ -376,6 +384,13 @@ def _ops_table(ops: list[ProfileOp]) -> str:
         for op in ops
     ]
     return _table(OP_COLUMNS, rows, numeric=(1, 2, 3, 4, 5))
+
+
+def _bytes(value: object) -> str:
+    """Bytes of a field the schema does not check: "n/a" unless it is a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fb(value)
+    return "n/a"
 
 
 def _us(value: float) -> str:
