@@ -1,7 +1,7 @@
 """The ``oomsight`` command line.
 
 oomsight run [--port N] [--spool DIR] -- python train.py ARGS
-oomsight report DIR
+oomsight report [--html FILE] DIR
 oomsight sidecar --spool DIR [--port N]
 oomsight replay TAPE --spool DIR [--speed X]
 oomsight demo
@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="print the memory report of a spool directory")
     rep.add_argument("spool")
+    rep.add_argument("--html", metavar="FILE", default=None, help="write a self-contained HTML report (with charts)")
     rep.add_argument(
         "--retention-seconds",
         type=float,
@@ -139,6 +140,8 @@ def _report(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.spool):
         print(f"oomsight report: {args.spool} is not a directory", file=sys.stderr)
         return 2
+    if args.html:
+        return _report_html(args)
     inv = take_inventory(SpoolReader(args.spool).read(), time.time(), retention_seconds=args.retention_seconds)
     sys.stdout.write(report.render(inv, args.spool))
     return 0
@@ -170,6 +173,26 @@ def _profile(args: argparse.Namespace) -> int:
             return 0
         time.sleep(0.2)
     return 0 if not args.wait else 3
+
+
+def _report_html(args: argparse.Namespace) -> int:
+    import time
+
+    try:
+        from oomsight import report_html
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "matplotlib":
+            raise
+        print("oomsight report --html needs matplotlib: pip install 'oomsight[report]'", file=sys.stderr)
+        return 1
+    page = report_html.build(args.spool, time.time(), args.retention_seconds)
+    try:
+        report_html.write(args.html, page)
+    except OSError as exc:
+        print(f"oomsight report: cannot write {args.html}: {exc}", file=sys.stderr)
+        return 1
+    print(f"oomsight report: wrote {args.html}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -401,7 +401,9 @@ def _oom_families(inv: Inventory) -> Iterator[Metric]:
     )
     ts = _gauge("oomsight_last_oom_timestamp_seconds", "Unix time of the last OOM.", DEV)
     req = _gauge("oomsight_last_oom_requested_bytes", "Bytes the failing allocation of the last OOM asked for.", DEV)
-    free = _gauge("oomsight_last_oom_device_free_bytes", "Device bytes free as the allocator saw them at the last OOM.", DEV)
+    free = _gauge(
+        "oomsight_last_oom_device_free_bytes", "Device bytes free as the allocator saw them at the last OOM.", DEV
+    )
     cause = InfoMetricFamily(
         "oomsight_last_oom_cause", "Diagnosed cause of the last OOM (see docs/diagnosis.md).", labels=DEV
     )

@@ -6,6 +6,7 @@ import datetime
 import os
 from typing import Optional
 
+from oomsight import advice
 from oomsight.collector import headroom_bytes, non_torch_bytes
 from oomsight.inventory import EventView, Inventory, ProcessView
 from oomsight.schema import DeviceSnapshot
@@ -113,4 +114,18 @@ def _event(i: int, ev: EventView, spool_dir: str) -> list[str]:
     if e.get("snapshot_artifact"):
         path = os.path.join(spool_dir, "artifacts", str(e["snapshot_artifact"]))
         lines.append(f"     memory snapshot: {path} (open in https://pytorch.org/memory_viz)")
+    fp = advice.at_oom(e)
+    if fp is not None:
+        lines.extend(_estimates(fp, d["cause"]))
+    return lines
+
+
+def _estimates(fp: advice.Footprint, cause: str) -> list[str]:
+    """The remedies estimated to fit (``oomsight.advice``); ``--html`` shows every estimate."""
+    choice = advice.choose(fp, advice.estimate_all(fp), cause=cause)
+    lines = [f"     estimate (peak {fb(fp.peak_bytes)}, target {fb(choice.target_bytes)}): {choice.message}"]
+    lines.extend(
+        f"       {e.title}: peak about {fb(e.peak_bytes)}, saves {fb(e.saving_bytes)} (assumes {e.assumption})"
+        for e in choice.fitting
+    )
     return lines
