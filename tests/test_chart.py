@@ -234,7 +234,13 @@ def test_the_operator_scenario_scrapes_sidecars_with_a_pod_monitor_that_kube_pro
     env = env_map(one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0])
     assert env["OOMSIGHT_INJECT_SCRAPE_ANNOTATIONS"] == "false"  # the PodMonitor scrapes: no double scrape
     assert env["OOMSIGHT_INJECT_ZERO_CODE"] == "false"
-    assert find(docs, "PrometheusRule") == [] and find(docs, "ConfigMap") == []  # no rule or dashboard files yet
+    # the rule and dashboard files generated from dashboards/ ship as one PrometheusRule and a ConfigMap each
+    with open(os.path.join(CHART, "rules", "oomsight.rules.yaml")) as fh:
+        groups = yaml.safe_load(fh)["groups"]
+    (rule,) = find(docs, "PrometheusRule")
+    assert rule["spec"]["groups"] == groups
+    dashboards = [c for c in find(docs, "ConfigMap") if c["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    assert len(dashboards) == len([f for f in os.listdir(os.path.join(CHART, "dashboards")) if f.endswith(".json")])
 
 
 @pytest.fixture(scope="module")
