@@ -129,6 +129,7 @@ class FakeKube:
 
 # --- a recording HTTP stand-in for the API server, for the real kubernetes client ---
 
+
 class _StubHandler(BaseHTTPRequestHandler):
     server: _StubServer
 

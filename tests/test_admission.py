@@ -30,8 +30,10 @@ def review(obj, operation="CREATE", kind="Pod", resource="pods", api_version="ad
         "requestResource": {"group": "", "version": "v1", "resource": resource},
         "namespace": "team-a",
         "operation": operation,
-        "userInfo": {"username": "system:serviceaccount:kubeflow:training-operator",
-                     "groups": ["system:authenticated"]},
+        "userInfo": {
+            "username": "system:serviceaccount:kubeflow:training-operator",
+            "groups": ["system:authenticated"],
+        },
         "object": obj,
         "oldObject": None,
         "dryRun": False,
@@ -67,8 +69,12 @@ def test_the_answer_speaks_the_requests_api_version():
 
 @pytest.mark.parametrize(
     "operation, kind, resource, extra",
-    [("UPDATE", "Pod", "pods", {}), ("CREATE", "Deployment", "deployments", {}),
-     ("CREATE", "Pod", "pods", {"subResource": "ephemeralcontainers"}), ("DELETE", "Pod", "pods", {})],
+    [
+        ("UPDATE", "Pod", "pods", {}),
+        ("CREATE", "Deployment", "deployments", {}),
+        ("CREATE", "Pod", "pods", {"subResource": "ephemeralcontainers"}),
+        ("DELETE", "Pod", "pods", {}),
+    ],
 )
 def test_anything_but_a_pod_create_is_allowed_unchanged(operation, kind, resource, extra):
     a = admitter()

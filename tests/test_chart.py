@@ -79,8 +79,9 @@ def env_map(container):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_helm_lint_strict_passes(scenario):
-    out = helm("lint", "--strict", CHART, "-f", os.path.join(CHART, "ci", scenario), "--kube-version",
-               kube_version(scenario))
+    out = helm(
+        "lint", "--strict", CHART, "-f", os.path.join(CHART, "ci", scenario), "--kube-version", kube_version(scenario)
+    )
     assert "0 chart(s) failed" in out.stdout
 
 
@@ -138,12 +139,23 @@ def test_the_webhook_is_opt_in_fails_open_and_never_touches_system_namespaces(sc
     assert {"kube-system", NS} <= set(expr["values"])
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] <= 10
     assert hook["sideEffects"] == "None" and hook["reinvocationPolicy"] == "IfNeeded"
-    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                              "resources": ["pods"], "scope": "Namespaced"}]
+    assert hook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
     assert "caBundle" not in hook["clientConfig"]  # filled at run time, never by Helm
     service = one(render(scenario), "Service")
-    assert hook["clientConfig"]["service"] == {"name": service["metadata"]["name"], "namespace": NS,
-                                               "path": "/mutate", "port": 443}
+    assert hook["clientConfig"]["service"] == {
+        "name": service["metadata"]["name"],
+        "namespace": NS,
+        "path": "/mutate",
+        "port": 443,
+    }
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -189,9 +201,17 @@ def test_an_old_cluster_renders_a_hint_that_turns_native_sidecars_off():
 
 @pytest.mark.parametrize(
     "bad",
-    ["bogus=1", "webhook.replicass=2", "sidecar.resources.requests.gpu=1", "podMonitor.labels.release=x",
-     "certManager.issuerRef.namespace=x", "webhook.failurePolicy=Maybe", "sidecar.native=sometimes",
-     "sidecar.spoolSizeLimit=lots", "webhook.timeoutSeconds=60"],
+    [
+        "bogus=1",
+        "webhook.replicass=2",
+        "sidecar.resources.requests.gpu=1",
+        "podMonitor.labels.release=x",
+        "certManager.issuerRef.namespace=x",
+        "webhook.failurePolicy=Maybe",
+        "sidecar.native=sometimes",
+        "sidecar.spoolSizeLimit=lots",
+        "webhook.timeoutSeconds=60",
+    ],
 )
 def test_the_values_schema_rejects_unknown_keys_and_bad_values_at_every_level(bad):
     result = helm("template", "oomsight", CHART, "--set", bad, check=False)
@@ -214,11 +234,16 @@ def test_cert_manager_mode_uses_a_certificate_and_grants_no_secret_or_webhook_ac
 
 
 def test_an_existing_cluster_issuer_can_be_used():
-    docs = render("cert-manager-values.yaml", sets=("certManager.issuerRef.name=corp-ca",
-                                                    "certManager.issuerRef.kind=ClusterIssuer"))
+    docs = render(
+        "cert-manager-values.yaml",
+        sets=("certManager.issuerRef.name=corp-ca", "certManager.issuerRef.kind=ClusterIssuer"),
+    )
     assert find(docs, "Issuer") == []
-    assert one(docs, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
-                                                             "group": "cert-manager.io"}
+    assert one(docs, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
 
 
 def test_the_operator_scenario_scrapes_sidecars_with_a_pod_monitor_that_kube_prometheus_stack_selects():
@@ -302,8 +327,9 @@ def test_a_broken_rule_file_fails_the_render_with_its_name(tmp_path):
 
 def bindings_for(docs, namespace, account):
     """The rules that apply to ``account`` in ``namespace`` through the rendered (Cluster)RoleBindings."""
-    roles = {(d["kind"], d["metadata"]["name"]): d.get("rules", [])
-             for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    roles = {
+        (d["kind"], d["metadata"]["name"]): d.get("rules", []) for d in docs if d["kind"] in ("Role", "ClusterRole")
+    }
     rules = []
     for b in docs:
         if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
@@ -377,13 +403,14 @@ def test_the_webhook_grant_allows_exactly_what_self_managed_tls_does():
     assert granted(rules) == {(g, r, v) for v, g, r, _, _ in requests}  # every grant is used
     assert settings.configuration == config["metadata"]["name"]
     assert not rbac_allows(rules, ("get", "", "secrets", NS, "some-other-secret"))
-    assert not rbac_allows(rules, ("patch", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "",
-                                   "someone-elses-webhook"))
+    assert not rbac_allows(
+        rules, ("patch", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", "someone-elses-webhook")
+    )
 
 
 def test_notes_tell_the_user_what_to_label_and_where_to_look():
     out = helm("install", "oomsight", CHART, "-n", NS, "--dry-run=client", "--set", "podMonitor.enabled=true").stdout
-    notes = out[out.index("NOTES:"):]
+    notes = out[out.index("NOTES:") :]
     assert 'oomsight.io/inject: "true"' in notes and "oomsight.io/inject-python" in notes
     assert "release=<its release>" in notes  # the kube-prometheus-stack selector pitfall
     assert "rbac.podNamespaces" in notes and "oomsight_torch_allocated_bytes" in notes

@@ -147,9 +147,7 @@ def test_the_oom_table_names_requested_and_free_bytes_cause_and_remedy(live: Liv
 
     event = _last_oom(live.tape_path)
     values = {**live.grafana_values(), "pod": POD}
-    time_, requested, free = (
-        promql_at(live.url, substitute(q.expr, values), live.end) for q in queries.OOM_TABLE[:3]
-    )
+    time_, requested, free = (promql_at(live.url, substitute(q.expr, values), live.end) for q in queries.OOM_TABLE[:3])
     rank = str(event["process"]["rank"])
     row = next(s for s in requested if s["metric"]["rank"] == rank)
     assert float(row["value"][1]) == event["requested_bytes"]

@@ -49,7 +49,11 @@ def test_the_event_is_a_valid_events_k8s_io_v1_event_about_the_pod(spool, monkey
     (body,) = kube.events
     validate(body)
     assert body["regarding"] == {
-        "apiVersion": "v1", "kind": "Pod", "name": POD.pod_name, "namespace": "team-a", "uid": POD.pod_uid
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": POD.pod_name,
+        "namespace": "team-a",
+        "uid": POD.pod_uid,
     }
     assert (body["type"], body["reason"], body["action"]) == ("Warning", "CUDAOutOfMemory", "Allocate")
     assert body["reportingController"] == "oomsight.io/sidecar" and body["reportingInstance"] == POD.pod_name
@@ -113,8 +117,10 @@ def test_an_api_server_hiccup_is_retried_on_the_next_tick(spool, monkeypatch):
     kube.fail["create_event"] = [KubeError(503, "etcd leader changed")]
     poster = poster_for(spool, kube)
     assert poster.tick() == 0 and poster.tick() == 1
-    assert poster.counts() == ({"posted": 1, "failed": 0, "suppressed": 0}, {"events_api": 1, "events_state": 0,
-                                                                             "kubernetes_client": 0})
+    assert poster.counts() == (
+        {"posted": 1, "failed": 0, "suppressed": 0},
+        {"events_api": 1, "events_state": 0, "kubernetes_client": 0},
+    )
 
 
 def test_ooms_beyond_the_limit_are_counted_as_suppressed(spool, monkeypatch):
@@ -207,8 +213,13 @@ def test_the_real_client_sends_exactly_the_validated_body_to_the_events_api(spoo
 
 def test_the_real_client_turns_a_forbidden_answer_into_a_counted_failure(spool, monkeypatch):
     spool_with_ooms(spool, monkeypatch)
-    status = {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
-              "message": 'events.events.k8s.io is forbidden: User "system:serviceaccount:team-a:default" cannot create'}
+    status = {
+        "kind": "Status",
+        "status": "Failure",
+        "reason": "Forbidden",
+        "code": 403,
+        "message": 'events.events.k8s.io is forbidden: User "system:serviceaccount:team-a:default" cannot create',
+    }
     with kube_stub({("POST", r"/apis/events\.k8s\.io/v1/namespaces/[^/]+/events"): (403, status)}) as (client, _):
         poster = EventPoster(spool, POD, lambda: client)
         poster.tick()

@@ -262,7 +262,7 @@ def test_a_forked_child_does_not_write_as_its_parent(make_hook, spool, monkeypat
 
 
 def test_a_memory_fraction_cap_limits_free_bytes_and_headroom(make_hook, spool):
-    from oomsight.collector import headroom_bytes
+    from oomsight.family import headroom_bytes
 
     cuda = FakeCuda()
     cuda.limit = 7 * GIB  # torch.cuda.set_per_process_memory_fraction(0.05)

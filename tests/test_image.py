@@ -85,8 +85,9 @@ def image_venv(tmp_path_factory):
                 target = src / source.rstrip("/")
                 (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, target)
         elif instruction == "RUN":
-            result = subprocess.run(["/bin/sh", "-c", args], cwd=src, env=env, capture_output=True, text=True,
-                                    timeout=300)
+            result = subprocess.run(
+                ["/bin/sh", "-c", args], cwd=src, env=env, capture_output=True, text=True, timeout=300
+            )
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return venv
 
@@ -96,13 +97,22 @@ def test_the_built_environment_serves_the_sidecar_and_has_no_torch(image_venv, t
     hooked_process(spool, monkeypatch=monkeypatch)
     runtime = {"PATH": f"{image_venv}/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path)}
     python = str(image_venv / "bin" / "python")
-    probe = subprocess.run([python, "-c", "import kubernetes, cryptography, prometheus_client; import torch"],
-                           env=runtime, capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [python, "-c", "import kubernetes, cryptography, prometheus_client; import torch"],
+        env=runtime,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "No module named 'torch'" in probe.stderr  # the rest imported fine
     assert not (image_venv / "bin" / "pip").exists()
     port = free_port()
-    proc = subprocess.Popen([str(image_venv / "bin" / "oomsight"), "sidecar", "--spool", spool, "--host", "127.0.0.1",
-                             "--port", str(port)], env=runtime, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(image_venv / "bin" / "oomsight"), "sidecar", "--spool", spool, "--host", "127.0.0.1", "--port", str(port)],
+        env=runtime,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         body = wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics")[1])
         assert "oomsight_torch_allocated_bytes{" in body and "oomsight_build_info{" in body
@@ -110,8 +120,9 @@ def test_the_built_environment_serves_the_sidecar_and_has_no_torch(image_venv, t
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     for args in (["webhook", "--help"], ["install-startup", str(tmp_path / "startup")]):
-        done = subprocess.run([str(image_venv / "bin" / "oomsight"), *args], env=runtime, capture_output=True,
-                              timeout=60)
+        done = subprocess.run(
+            [str(image_venv / "bin" / "oomsight"), *args], env=runtime, capture_output=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "startup" / "sitecustomize.py").exists()
 

@@ -246,11 +246,7 @@ def test_without_matplotlib_the_html_report_fails_with_one_line_and_the_text_rep
     spool = str(tmp_path / "spool")
     tape.replay(TAPE, spool, speed=1e6, sleep=lambda s: None)
     out = str(tmp_path / "r.html")
-    code = (
-        "import sys; sys.modules['matplotlib'] = None\n"
-        "from oomsight.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
+    code = "import sys; sys.modules['matplotlib'] = None\nfrom oomsight.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "exporter")}
     argv = [sys.executable, "-c", code, "report", "--html", out, spool]
     html_run = subprocess.run(argv, capture_output=True, text=True, env=env)

@@ -137,17 +137,24 @@ def test_the_serving_certificate_verifies_for_the_service_name_in_a_real_handsha
 
         t = threading.Thread(target=accept)
         t.start()
-        with socket.create_connection(("127.0.0.1", port)) as raw, client.wrap_socket(
-            raw, server_hostname="svc.ns.svc"
-        ) as tls:
+        with (
+            socket.create_connection(("127.0.0.1", port)) as raw,
+            client.wrap_socket(raw, server_hostname="svc.ns.svc") as tls,
+        ):
             tls.send(b"x")
             assert tls.getpeercert()["subject"][0][0][1] == "svc"
         t.join(5)
 
 
 def test_the_real_client_makes_exactly_these_tls_requests():
-    with kube_stub({("GET", r"/apis/admissionregistration\.k8s\.io/v1/mutatingwebhookconfigurations/oomsight"):
-                    (200, cluster().configs["oomsight"])}) as (client, stub):
+    with kube_stub(
+        {
+            ("GET", r"/apis/admissionregistration\.k8s\.io/v1/mutatingwebhookconfigurations/oomsight"): (
+                200,
+                cluster().configs["oomsight"],
+            )
+        }
+    ) as (client, stub):
         SelfManagedCertificates(client, SETTINGS, clock=lambda: NOW).current()
     seen = [(r["method"], r["path"]) for r in stub.requests]
     assert seen == [
@@ -162,9 +169,15 @@ def test_the_real_client_makes_exactly_these_tls_requests():
 
 @pytest.mark.parametrize(
     "mode, version, hint, expected",
-    [("true", "v1.27.3", "", True), ("false", "v1.33.0", "", False), ("auto", "v1.29.0-gke.1", "", True),
-     ("auto", "v1.28.9", "v1.33.0", False), ("auto", None, "v1.27.0", False), ("auto", None, "v1.30.1", True),
-     ("auto", None, "", False)],
+    [
+        ("true", "v1.27.3", "", True),
+        ("false", "v1.33.0", "", False),
+        ("auto", "v1.29.0-gke.1", "", True),
+        ("auto", "v1.28.9", "v1.33.0", False),
+        ("auto", None, "v1.27.0", False),
+        ("auto", None, "v1.30.1", True),
+        ("auto", None, "", False),
+    ],
 )
 def test_native_sidecars_follow_the_mode_then_the_server_version_then_the_charts_hint(mode, version, hint, expected):
     kube = FakeKube(version=version or "")

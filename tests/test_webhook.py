@@ -81,8 +81,11 @@ def test_a_job_pod_feeds_only_its_gpu_container_and_honours_its_annotations():
 def test_the_sidecar_gets_the_service_account_token_mount_the_api_server_gave_the_others():
     pod, m = inject(fixture("pytorchjob-worker.yaml"))
     sidecar = by_name(pod["spec"]["initContainers"], SIDECAR_NAME)
-    token = {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-             "readOnly": True}
+    token = {
+        "name": "kube-api-access-x7k2p",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    }
     assert token in sidecar["volumeMounts"] and m.warnings == []
 
 
@@ -216,8 +219,17 @@ def test_events_can_be_switched_off_per_pod():
 
 @pytest.mark.parametrize(
     "odd",
-    [None, [], "pod", {}, {"spec": None}, {"spec": {"containers": []}}, {"spec": {"containers": ["x"]}},
-     {"metadata": {}, "spec": {}}, {"spec": {"containers": [{"name": "a", "image": "b"}]}}],
+    [
+        None,
+        [],
+        "pod",
+        {},
+        {"spec": None},
+        {"spec": {"containers": []}},
+        {"spec": {"containers": ["x"]}},
+        {"metadata": {}, "spec": {}},
+        {"spec": {"containers": [{"name": "a", "image": "b"}]}},
+    ],
 )
 def test_objects_that_are_not_usable_pods_get_no_patch_and_a_warning(odd):
     m = mutate(odd, SETTINGS)
@@ -235,8 +247,9 @@ env_entries = st.one_of(
 )
 resources = st.one_of(
     st.none(),
-    st.fixed_dictionaries({"limits": st.dictionaries(st.sampled_from(["cpu", "nvidia.com/gpu", "amd.com/gpu"]),
-                                                     st.just("1"), max_size=2)}),
+    st.fixed_dictionaries(
+        {"limits": st.dictionaries(st.sampled_from(["cpu", "nvidia.com/gpu", "amd.com/gpu"]), st.just("1"), max_size=2)}
+    ),
     st.fixed_dictionaries({"claims": st.just([{"name": "gpu"}])}),
 )
 containers = st.builds(
@@ -248,15 +261,32 @@ containers = st.builds(
     names,
     st.one_of(st.none(), st.lists(env_entries, max_size=3)),
     resources,
-    st.one_of(st.none(), st.lists(st.fixed_dictionaries({"name": st.sampled_from(["oomsight-spool", "data"]),
-                                                          "mountPath": st.sampled_from([SPOOL_PATH, "/data"])}),
-                                  max_size=2)),
+    st.one_of(
+        st.none(),
+        st.lists(
+            st.fixed_dictionaries(
+                {
+                    "name": st.sampled_from(["oomsight-spool", "data"]),
+                    "mountPath": st.sampled_from([SPOOL_PATH, "/data"]),
+                }
+            ),
+            max_size=2,
+        ),
+    ),
 )
 annotation_maps = st.one_of(
     st.none(),
     st.dictionaries(
-        st.sampled_from(["oomsight.io/inject-python", "oomsight.io/native-sidecar", "oomsight.io/metrics-port",
-                         "oomsight.io/containers", "prometheus.io/scrape", "a/b~c"]),
+        st.sampled_from(
+            [
+                "oomsight.io/inject-python",
+                "oomsight.io/native-sidecar",
+                "oomsight.io/metrics-port",
+                "oomsight.io/containers",
+                "prometheus.io/scrape",
+                "a/b~c",
+            ]
+        ),
         st.sampled_from(["true", "false", "21401", "train,a", "x"]),
         max_size=4,
     ),
@@ -266,13 +296,19 @@ pods = st.builds(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "p", **({"annotations": ann} if ann is not None else {})},
-        "spec": {k: v for k, v in {"containers": cs, "initContainers": inits, "volumes": volumes}.items()
-                 if v is not None},
+        "spec": {
+            k: v for k, v in {"containers": cs, "initContainers": inits, "volumes": volumes}.items() if v is not None
+        },
     },
     st.lists(containers, min_size=1, max_size=3),
     st.one_of(st.none(), st.lists(containers, max_size=2)),
-    st.one_of(st.none(), st.lists(st.fixed_dictionaries({"name": st.sampled_from(["data", "oomsight-spool"]),
-                                                          "emptyDir": st.just({})}), max_size=2)),
+    st.one_of(
+        st.none(),
+        st.lists(
+            st.fixed_dictionaries({"name": st.sampled_from(["data", "oomsight-spool"]), "emptyDir": st.just({})}),
+            max_size=2,
+        ),
+    ),
     annotation_maps,
 )
 

@@ -64,8 +64,11 @@ class Webhook:
 def webhook(tmp_path_factory):
     hook = Webhook(tmp_path_factory.mktemp("webhook"))
     stop = threading.Event()
-    thread = threading.Thread(target=run, args=(hook.settings, INJECTION, FileCertificates(
-        hook.settings.cert_file, hook.settings.key_file), stop), daemon=True)
+    thread = threading.Thread(
+        target=run,
+        args=(hook.settings, INJECTION, FileCertificates(hook.settings.cert_file, hook.settings.key_file), stop),
+        daemon=True,
+    )
     thread.start()
     wait_for(lambda: http_get(f"http://127.0.0.1:{hook.metrics_port}/metrics")[0] == 200)
     yield hook
@@ -75,20 +78,22 @@ def webhook(tmp_path_factory):
 
 
 def review(pod, uid="b1f9c8e2-0d2e-4c36-9d4b-1c2f3e4d5a6b"):
-    return json.dumps({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": pod["metadata"].get("namespace", "default"),
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:job-controller"},
-            "object": pod,
-            "dryRun": False,
-        },
-    }).encode()
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": pod["metadata"].get("namespace", "default"),
+                "operation": "CREATE",
+                "userInfo": {"username": "system:serviceaccount:kube-system:job-controller"},
+                "object": pod,
+                "dryRun": False,
+            },
+        }
+    ).encode()
 
 
 def admitted(webhook, pod, conn=None):
@@ -118,8 +123,12 @@ def test_the_api_servers_kept_alive_connection_serves_many_reviews(webhook):
 
 @pytest.mark.parametrize(
     "body, content_type, status",
-    [(b"{}", "text/yaml", 415), (b"not json", "application/json", 400), (b'{"kind":"AdmissionReview"}', None, 415),
-     (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}}', "application/json", 400)],
+    [
+        (b"{}", "text/yaml", 415),
+        (b"not json", "application/json", 400),
+        (b'{"kind":"AdmissionReview"}', None, 415),
+        (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}}', "application/json", 400),
+    ],
 )
 def test_requests_that_are_not_admission_reviews_get_a_client_error(webhook, body, content_type, status):
     code, text = webhook.post(body, content_type)
@@ -127,18 +136,21 @@ def test_requests_that_are_not_admission_reviews_get_a_client_error(webhook, bod
 
 
 def test_a_huge_body_is_refused_by_its_length_before_it_is_read(webhook):
-    sock = webhook.client_context.wrap_socket(socket.create_connection(("localhost", webhook.port)),
-                                              server_hostname="localhost")
-    sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 50000000\r\n\r\n")
+    sock = webhook.client_context.wrap_socket(
+        socket.create_connection(("localhost", webhook.port)), server_hostname="localhost"
+    )
+    sock.sendall(
+        b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50000000\r\n\r\n"
+    )
     reply = sock.recv(4096).decode()
     sock.close()
     assert reply.startswith("HTTP/1.1 413") and "Connection: close" in reply
 
 
 def test_a_missing_content_length_and_unknown_paths_are_answered_not_crashed(webhook):
-    sock = webhook.client_context.wrap_socket(socket.create_connection(("localhost", webhook.port)),
-                                              server_hostname="localhost")
+    sock = webhook.client_context.wrap_socket(
+        socket.create_connection(("localhost", webhook.port)), server_hostname="localhost"
+    )
     sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n")
     assert sock.recv(4096).decode().startswith("HTTP/1.1 411")
     sock.close()
@@ -164,9 +176,10 @@ def test_a_renewed_certificate_file_is_served_without_a_restart(webhook):
     renewed = webhook.issue(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=1))
 
     def served_serial():
-        with socket.create_connection(("localhost", webhook.port)) as raw, webhook.client_context.wrap_socket(
-            raw, server_hostname="localhost"
-        ) as tls:
+        with (
+            socket.create_connection(("localhost", webhook.port)) as raw,
+            webhook.client_context.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
             return tls.getpeercert(binary_form=True)
 
     from cryptography import x509

@@ -7,7 +7,7 @@ import os
 from typing import Optional
 
 from oomsight import advice
-from oomsight.collector import headroom_bytes, non_torch_bytes
+from oomsight.family import headroom_bytes, non_torch_bytes
 from oomsight.inventory import EventView, Inventory, ProcessView
 from oomsight.schema import DeviceSnapshot
 from oomsight.units import format_bytes as fb
