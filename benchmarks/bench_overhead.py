@@ -29,7 +29,7 @@ VARIANTS = {
 }
 
 
-def run(rounds: int, warmup: int, models: list[str]) -> dict[str, object]:
+def run(rounds: int, warmup: int, models: list[str], clock: str = "wall") -> dict[str, object]:
     os.environ["OOMSIGHT_DIR"] = tempfile.mkdtemp(prefix="oomsight-bench-")
     rng = random.Random(0)
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 4:
@@ -52,7 +52,7 @@ def run(rounds: int, warmup: int, models: list[str]) -> dict[str, object]:
                     oomsight.start(**settings)
                 for _ in range(warmup):
                     step()
-                per_round[variant].append(time_steps(step, spec["steps"]))
+                per_round[variant].append(time_steps(step, spec["steps"], clock))
             oomsight.stop()
         base = per_round["baseline"]
         results[name] = {
@@ -73,12 +73,20 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of the models")
-    args = p.parse_args()
-    write(
-        args.out,
-        "overhead.json",
-        {"rounds": args.rounds, "models": MODELS, "results": run(args.rounds, args.warmup, args.models.split(","))},
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time per step, or the process's CPU time per step (all threads)",
     )
+    args = p.parse_args()
+    doc = {
+        "rounds": args.rounds,
+        "models": MODELS,
+        "clock": args.clock,
+        "results": run(args.rounds, args.warmup, args.models.split(","), args.clock),
+    }
+    write(args.out, "overhead.json" if args.clock == "wall" else "overhead-cpu-time.json", doc)
 
 
 if __name__ == "__main__":

@@ -35,16 +35,22 @@ def build(width: int, batch: int) -> tuple[Any, Any]:
     return model, step
 
 
-def time_steps(step: Any, n: int) -> float:
-    """Seconds per step over ``n`` steps, synchronised at both ends."""
+def time_steps(step: Any, n: int, clock: str = "wall") -> float:
+    """Seconds per step over ``n`` steps, synchronised at both ends.
+
+    ``clock="cpu"`` counts the CPU time of the whole process (every thread, the sampler's
+    included) instead of wall time: on a launch-bound loop that is the cost, and it does
+    not move with GPU clocks or with other tenants of the machine.
+    """
     import torch
 
+    now = time.process_time if clock == "cpu" else time.perf_counter
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0 = now()
     for _ in range(n):
         step()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n
+    return (now() - t0) / n
 
 
 def summary(values: list[float]) -> dict[str, float]:

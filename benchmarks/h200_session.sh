@@ -24,5 +24,6 @@ for s in $STAGES; do case $s in
   gpu-advice) stage gpu-advice 300 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_advice.py;;
   batch-probe) stage batch-probe 150 python3 benchmarks/bench_batch_probe.py --out "$R/bench";;
   profile) stage profile 90 python3 benchmarks/bench_profile.py --out "$R/bench";;
+  overhead-cpu) stage overhead-cpu 240 python3 benchmarks/bench_overhead.py --clock cpu --rounds 40 --models launch_bound --out "$R/bench";;
   overhead-gpu) stage overhead-gpu 120 python3 benchmarks/bench_overhead.py --rounds 20 --models gpu_bound --out "$R/bench";;
 esac; done
