@@ -260,3 +260,34 @@ def test_profile_metrics_reach_prometheus_format(tmp_path):
         job.communicate(timeout=120)
     ops = [line for line in body.splitlines() if line.startswith("oomsight_profile_op_self_cuda_memory_bytes{")]
     assert 1 <= len(ops) <= 11
+
+
+REMEDIES = (
+    MLP
+    + """
+import oomsight
+from oomsight.remedy import with_autocast
+from torch.utils.checkpoint import checkpoint
+model = mlp(2048, 16)
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(4096, 2048, device="cuda")
+def base():
+    model(x).square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
+def ckpt():
+    h = x
+    for i in range(0, len(model), 4):
+        h = checkpoint(model[i:i + 4], h, use_reentrant=False)
+    h.square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
+out = oomsight.measure_remedies({{"baseline": base, "autocast": with_autocast(base), "checkpointing": ckpt}})
+print("REMEDIES", json.dumps({{m.name: [m.peak_allocated_bytes, m.seconds_per_step, m.error] for m in out}}), flush=True)
+"""
+)
+
+
+def test_measured_remedies_show_autocast_and_checkpointing_lowering_the_peak(tmp_path):
+    result, _ = run_job(tmp_path, REMEDIES.format(fraction=cap_fraction(40)))
+    assert result.returncode == 0, result.stderr
+    r = json.loads(next(x for x in result.stdout.splitlines() if x.startswith("REMEDIES "))[len("REMEDIES ") :])
+    assert all(v[2] is None for v in r.values()), r
+    assert r["autocast"][0] < r["baseline"][0] and r["checkpointing"][0] < r["baseline"][0], r
+    assert r["checkpointing"][1] > r["baseline"][1]  # recomputation costs time

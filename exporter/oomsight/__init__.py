@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "probe_batch_size", "start", "stop"]
+__all__ = ["__version__", "measure_remedies", "probe_batch_size", "start", "stop"]
 
 
 def start(**settings: Any) -> bool:
@@ -29,6 +29,13 @@ def probe_batch_size(step_fn: Any, **kwargs: Any) -> Any:
     advice = probe.probe_batch_size(step_fn, **kwargs)
     probe.publish(advice)
     return advice
+
+
+def measure_remedies(variants: Any, **kwargs: Any) -> Any:
+    """Peak memory and step time of each variant against the first (``oomsight.remedy``)."""
+    from oomsight import remedy
+
+    return remedy.measure_remedies(variants, **kwargs)
 
 
 def stop() -> None:

@@ -62,6 +62,18 @@ class Memory:
         cuda.synchronize(self.device)
         return int(cuda.max_memory_reserved(self.device))
 
+    def measure_window(self, fn: Callable[[], None], steps: int) -> tuple[int, int, float]:
+        """(peak allocated, peak reserved, seconds per step) over ``steps`` runs of ``fn``."""
+        cuda = self.torch.cuda
+        cuda.synchronize(self.device)
+        cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        cuda.synchronize(self.device)
+        seconds = (time.perf_counter() - t0) / steps
+        return int(cuda.max_memory_allocated(self.device)), int(cuda.max_memory_reserved(self.device)), seconds
+
     def release(self) -> None:
         gc.collect()
         self.torch.cuda.empty_cache()
