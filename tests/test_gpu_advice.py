@@ -279,7 +279,8 @@ def ckpt():
         h = checkpoint(model[i:i + 4], h, use_reentrant=False)
     h.square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
 out = oomsight.measure_remedies({{"baseline": base, "autocast": with_autocast(base), "checkpointing": ckpt}})
-print("REMEDIES", json.dumps({{m.name: [m.peak_allocated_bytes, m.seconds_per_step, m.error] for m in out}}), flush=True)
+table = {{m.name: [m.peak_allocated_bytes, m.seconds_per_step, m.error] for m in out}}
+print("REMEDIES", json.dumps(table), flush=True)
 """
 )
 
