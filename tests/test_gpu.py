@@ -54,6 +54,17 @@ def write_script(tmp_path: Any, body: str, name: str = "job.py") -> str:
     return str(path)
 
 
+def run_under_oomsight(tmp_path: Any, body: str, spool: str, env: dict[str, str] | None = None) -> Any:
+    """``oomsight run --spool SPOOL -- python job.py`` to completion, output captured."""
+    return subprocess.run(
+        [PY, "-m", "oomsight", "run", "--port", "0", "--spool", spool, "--", PY, write_script(tmp_path, body)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
 def metrics(port: int) -> dict[str, float]:
     """Parse /metrics into {'name{labels}': value}."""
     status, text = http_get(f"http://127.0.0.1:{port}/metrics")
@@ -130,12 +141,7 @@ torch.empty({request}, dtype=torch.uint8, device="cuda")
 """
     )
     spool = str(tmp_path / "spool")
-    result = subprocess.run(
-        [PY, "-m", "oomsight", "run", "--port", "0", "--spool", spool, "--", PY, write_script(tmp_path, body)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_under_oomsight(tmp_path, body, spool)
     assert result.returncode == 1, result.stderr
     assert "OutOfMemoryError" in result.stderr
     state = SpoolReader(spool).read()
@@ -164,12 +170,7 @@ opt.step()
 """
     )
     spool = str(tmp_path / "spool")
-    result = subprocess.run(
-        [PY, "-m", "oomsight", "run", "--port", "0", "--spool", spool, "--", PY, write_script(tmp_path, body)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_under_oomsight(tmp_path, body, spool)
     assert result.returncode == 0, result.stderr
     (event,) = SpoolReader(spool).read().events
     assert event["outcome"] == "recovered"
@@ -228,13 +229,7 @@ torch.empty(300 * 2**30, dtype=torch.uint8, device="cuda")
     )
     spool = str(tmp_path / "spool")
     env = {**os.environ, "OOMSIGHT_RECORD_HISTORY": "1", "OOMSIGHT_HISTORY_MAX_ENTRIES": "2000"}
-    result = subprocess.run(
-        [PY, "-m", "oomsight", "run", "--port", "0", "--spool", spool, "--", PY, write_script(tmp_path, body)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    result = run_under_oomsight(tmp_path, body, spool, env)
     assert result.returncode == 1, result.stderr
     (event,) = SpoolReader(spool).read().events
     path = os.path.join(spool, "artifacts", event["snapshot_artifact"])
