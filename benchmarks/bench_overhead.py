@@ -4,7 +4,8 @@
 
 For each model (GPU-bound and launch-bound) and round, every variant runs the same
 number of steps in a shuffled order; the overhead of a variant is its time per step
-over the baseline's of the same round, minus one. Reported: median and spread.
+over the baseline's of the same round, minus one. Reported: median and spread, for wall
+time and for the process's CPU time (all threads), both taken over the same steps.
 """
 
 from __future__ import annotations
@@ -26,24 +27,28 @@ VARIANTS = {
     "oomsight_defaults": {},
     "oomsight_history_state": {"record_history": True, "history_mode": "state"},
     "oomsight_history_all": {"record_history": True, "history_mode": "all"},
+    # the sampler at 100x its default rate: its cost per tick, amplified out of the noise
+    "oomsight_sample_1khz": {"sample_interval_seconds": 0.001},
 }
 
 
-def run(rounds: int, warmup: int, models: list[str], clock: str = "wall") -> dict[str, object]:
+def run(rounds: int, warmup: int, models: list[str], variants: list[str], steps: int = 0) -> dict[str, object]:
+    """Every variant of ``variants`` (the first is the baseline) once per round, shuffled."""
     os.environ["OOMSIGHT_DIR"] = tempfile.mkdtemp(prefix="oomsight-bench-")
     rng = random.Random(0)
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 4:
         os.sched_setaffinity(0, {2, 3})  # less migration noise; the sampler shares the cores
     results: dict[str, object] = {}
-    for name, spec in MODELS.items():
-        if name not in models:
-            continue
+    for name in models:
+        spec = MODELS[name]
+        n = steps or spec["steps"]
         _, step = build(spec["width"], spec["batch"])
         for _ in range(3 * warmup):
             step()
-        per_round: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        wall: dict[str, list[float]] = {v: [] for v in variants}
+        cpu: dict[str, list[float]] = {v: [] for v in variants}
         for _ in range(rounds):
-            order = list(VARIANTS)
+            order = list(variants)
             rng.shuffle(order)
             for variant in order:
                 settings = VARIANTS[variant]
@@ -52,41 +57,51 @@ def run(rounds: int, warmup: int, models: list[str], clock: str = "wall") -> dic
                     oomsight.start(**settings)
                 for _ in range(warmup):
                     step()
-                per_round[variant].append(time_steps(step, spec["steps"], clock))
+                w, c = time_steps(step, n)
+                wall[variant].append(w)
+                cpu[variant].append(c)
             oomsight.stop()
-        base = per_round["baseline"]
         results[name] = {
-            "steps_per_measurement": spec["steps"],
-            "seconds_per_step": {v: summary(ts) for v, ts in per_round.items()},
-            "overhead_ratio": {
-                v: summary([t / b - 1 for t, b in zip(ts, base)]) for v, ts in per_round.items() if v != "baseline"
-            },
-            "raw_seconds_per_step": per_round,
+            "steps_per_measurement": n,
+            "seconds_per_step": {v: summary(ts) for v, ts in wall.items()},
+            "overhead_ratio": _ratios(wall, variants[0]),
+            "cpu_seconds_per_step": {v: summary(ts) for v, ts in cpu.items()},
+            "cpu_overhead_ratio": _ratios(cpu, variants[0]),
+            "raw_seconds_per_step": wall,
+            "raw_cpu_seconds_per_step": cpu,
         }
-        print(name, {v: round(r["median"] * 100, 3) for v, r in results[name]["overhead_ratio"].items()}, "% median")
+        for clock in ("overhead_ratio", "cpu_overhead_ratio"):
+            got = results[name][clock]  # type: ignore[index]
+            print(name, clock, {v: round(r["median"] * 100, 3) for v, r in got.items()}, "% median")
     return results
+
+
+def _ratios(per_round: dict[str, list[float]], baseline: str) -> dict[str, dict[str, float]]:
+    """Each variant's time over the baseline's of the same round, minus one."""
+    base = per_round[baseline]
+    return {v: summary([t / b - 1 for t, b in zip(ts, base)]) for v, ts in per_round.items() if v != baseline}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    p.add_argument("--name", default="overhead.json", help="file name of the result under --out")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--steps", type=int, default=0, help="steps per measurement (default: the model's own)")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of the models")
-    p.add_argument(
-        "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="wall time per step, or the process's CPU time per step (all threads)",
-    )
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, the baseline first")
     args = p.parse_args()
+    variants = args.variants.split(",")
+    if variants[0] != "baseline" or not set(variants) <= set(VARIANTS):
+        p.error(f"--variants: the first must be baseline, all of {', '.join(VARIANTS)}")
     doc = {
         "rounds": args.rounds,
         "models": MODELS,
-        "clock": args.clock,
-        "results": run(args.rounds, args.warmup, args.models.split(","), args.clock),
+        "variants": variants,
+        "results": run(args.rounds, args.warmup, args.models.split(","), variants, args.steps),
     }
-    write(args.out, "overhead.json" if args.clock == "wall" else "overhead-cpu-time.json", doc)
+    write(args.out, args.name, doc)
 
 
 if __name__ == "__main__":

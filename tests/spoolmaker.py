@@ -36,6 +36,7 @@ def hooked_process(
         hook.oom.clock = clock
     hook.start()
     hook.sampler.stop_thread()
+    hook.sources["profiler"] = True  # a real rank has torch, hence a profiler; this one has fakes
     hook.steps.post_step(FakeOptimizer(), (), {})
     hook.steps.categories = {0: (GIB, GIB, GIB // 2, time.time())}
     hook.sampler.tick()  # discovers the device and publishes

@@ -62,6 +62,15 @@ def test_a_request_while_a_process_reports_profiling_is_refused(spool, monkeypat
     assert status == 409 and "other-run" in json.loads(body)["error"]
 
 
+def test_a_request_is_refused_when_no_live_process_can_be_profiled(spool, monkeypatch):
+    hook, _ = hooked_process(spool, monkeypatch=monkeypatch)
+    hook.sources["profiler"] = False  # TEARDOWN_CUPTI=1 in that process, or its step hook is off
+    hook.sampler.publish()
+    status, body = call(AdminApp(spool, None), "POST", "/admin/profile", "steps=3")
+    assert status == 409 and "TEARDOWN_CUPTI=1" in json.loads(body)["error"]
+    assert not os.listdir(os.path.join(spool, "requests"))  # nothing was asked of anyone
+
+
 def test_bad_steps_and_no_process_are_clear_errors(spool, monkeypatch):
     app = AdminApp(spool, None)
     os.makedirs(spool)

@@ -289,6 +289,7 @@ def test_measured_remedies_show_autocast_and_checkpointing_lowering_the_peak(tmp
     result, _ = run_job(tmp_path, REMEDIES.format(fraction=cap_fraction(40)))
     assert result.returncode == 0, result.stderr
     r = json.loads(next(x for x in result.stdout.splitlines() if x.startswith("REMEDIES "))[len("REMEDIES ") :])
+    print("REMEDIES [peak allocated bytes, seconds per step, error]", json.dumps(r))  # shown with -rP
     assert all(v[2] is None for v in r.values()), r
     assert r["autocast"][0] < r["baseline"][0] and r["checkpointing"][0] < r["baseline"][0], r
     assert r["checkpointing"][1] > r["baseline"][1]  # recomputation costs time

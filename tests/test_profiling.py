@@ -10,7 +10,7 @@ import pytest
 
 from oomsight.config import Settings
 from oomsight.hook import Hook
-from oomsight.profiling import ProfileRequest, plan_start_step, top_k, write_request
+from oomsight.profiling import ProfileRequest, plan_start_step, top_k, unavailable_reason, write_request
 from oomsight.schema import ProfileOp, validate
 from oomsight.spool import SpoolReader
 
@@ -148,3 +148,35 @@ def test_scheduled_profiles_start_by_themselves(spool):
     hook.profiler._last_scheduled = 0
     hook.profiler.poll(spool)
     assert isinstance(hook.profiler.plan, ProfileRequest) and hook.profiler.plan.id.startswith("scheduled-")
+
+
+def test_a_process_with_cupti_teardown_refuses_windows_and_says_so(spool, monkeypatch):
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    hook = Hook(Settings(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
+    hook.start()
+    try:
+        hook.sampler.stop_thread()
+        assert hook.sources["step_hook"] is True and hook.sources["profiler"] is False
+        write_request(spool, "t1", steps=2, start_step=0)
+        hook.sampler.publish()
+        assert hook.profiler.plan is None and hook.profiler.running is None
+        assert hook.errors.counts["profiler"] == 1  # counted, and logged once
+        hook.sampler.publish()
+        assert hook.errors.counts["profiler"] == 1  # the same request is not refused twice
+    finally:
+        hook.stop()
+
+
+@pytest.mark.parametrize("value", [None, "0"])
+def test_without_cupti_teardown_the_profiler_is_available(spool, monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    else:
+        monkeypatch.setenv("TEARDOWN_CUPTI", value)
+    assert unavailable_reason() is None
+    hook = Hook(Settings(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
+    hook.start()
+    try:
+        assert hook.sources["profiler"] is True
+    finally:
+        hook.stop()

@@ -71,7 +71,12 @@ class Hook:
             self.profiler.mark_peak, self.profiler.read_peak = self.sampler.mark_peak, self.sampler.read_peak
         self.sampler.before_publish = self._before_publish
         self.sampler.extra = self._extra
-        self.sources = {"oom_observer": False, "step_hook": False, "history": False}
+        self.sources = {
+            "oom_observer": False,
+            "step_hook": False,
+            "history": False,
+            "profiler": False,  # windows can open: the step hook runs and nothing forbids them
+        }
         self.uncaught: Optional[BaseException] = None
         self.leak: Optional[LeakFinding] = None
         self.batch_advice: Optional[BatchAdvice] = None
@@ -91,6 +96,8 @@ class Hook:
                 self.steps.on_step = self._on_step
             except Exception as exc:
                 self.errors.record("step_hook", exc)
+        p = self.profiler
+        self.sources["profiler"] = self.sources["step_hook"] and p is not None and p.unavailable is None
         if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
             # No lazy-init hook in this torch: the sampler thread polls for initialisation.
             self.sampler.start_thread()

@@ -33,6 +33,16 @@ def submit(spool_dir: str, steps: int, now: Optional[float] = None) -> Submissio
     live = [v for v in inv.processes if v.up]
     if not live:
         return Submission(False, 409, {"error": "no live training process in this spool to profile"})
+    able = [v for v in live if v.snapshot["sources"].get("profiler", True)]
+    if not able:
+        return Submission(
+            False,
+            409,
+            {
+                "error": 'no live process can be profiled (oomsight_source_up{source="profiler"} is 0): '
+                "the step hook is off, or TEARDOWN_CUPTI=1 is set (docs/benchmarks.md, profiling)"
+            },
+        )
     busy = _busy(state, live, now)
     if busy:
         return Submission(False, 409, {"error": f"a profile is already pending or running ({busy}); try again later"})
@@ -41,7 +51,7 @@ def submit(spool_dir: str, steps: int, now: Optional[float] = None) -> Submissio
     rid = f"{int(now)}-{secrets.token_hex(3)}"
     start = plan_start_step(counts, step_seconds)
     write_request(spool_dir, rid, steps, start)
-    return Submission(True, 202, {"id": rid, "steps": steps, "start_step": start, "processes": len(live)})
+    return Submission(True, 202, {"id": rid, "steps": steps, "start_step": start, "processes": len(able)})
 
 
 def _busy(state: SpoolState, live: list[ProcessView], now: float) -> Optional[str]:

@@ -10,7 +10,11 @@ top-K operators by self CUDA memory and by CUDA time (the rest summed as ``other
 the profiler's own table and the Chrome trace as artifacts.
 
 No CUPTI counters are used (they conflict with DCGM on the same node): only the
-default activity tracing of ``torch.profiler``.
+default activity tracing of ``torch.profiler``. After a window CUPTI stays attached to
+the process (Kineto's default) and later steps are slower: +10 % GPU-bound, +26 %
+launch-bound on an H200 (``docs/benchmarks.md``). Detaching it (``TEARDOWN_CUPTI=1``)
+removes that but hung such a job on torch 2.11, so a process with that setting is not
+profiled (``unavailable_reason``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ KIND_PROFILE_REQUEST = "profile_request"
 TOP_K = 10
 MAX_STEPS = 100
 TABLE_ROWS = 40
+TEARDOWN_CUPTI = "TEARDOWN_CUPTI"
+"""Kineto's switch, read when a trace stops: "1" calls cuptiFinalize, which detaches CUPTI."""
 
 
 class ProfileRequest:
@@ -129,6 +135,8 @@ class Profiler:
         self._began_step = 0
         self._began_at = 0.0
         self.last: Optional[Profile] = None
+        self.unavailable = unavailable_reason()
+        """Why no window may open in this process (None: they may); fixed at start."""
 
     @property
     def active_id(self) -> Optional[str]:
@@ -141,7 +149,12 @@ class Profiler:
             return
         for req in pending_requests(spool_dir, self.process["started_at"], self.handled):
             self.handled.add(req.id)
+            if self.unavailable is not None:
+                self.on_error(RuntimeError(f"profile request {req.id} refused: {self.unavailable}"))
+                continue
             self.plan = req
+            return
+        if self.unavailable is not None:
             return
         now = time.time()
         if self.every_seconds and now - self._last_scheduled >= self.every_seconds:
@@ -206,6 +219,23 @@ class Profiler:
             shutil.copyfileobj(src, dst)
         os.unlink(trace)
         return os.path.basename(table), os.path.basename(trace + ".gz")
+
+
+def unavailable_reason(environ: Any = os.environ) -> Optional[str]:
+    """Why this process must not open a profiling window, or None when it may.
+
+    With Kineto's ``TEARDOWN_CUPTI=1`` CUPTI is detached after every trace. On torch
+    2.11 (CUDA 13.0, H200) a job that had an oomsight window under it then hung: in its
+    next profiler session (blocked in ``prepare_trace``) or at exit
+    (``benchmarks/results/cupti-teardown-h200.log``). Hanging the job is worse than the
+    slower steps that an attached CUPTI costs, so oomsight stays out of such a process.
+    """
+    if environ.get(TEARDOWN_CUPTI) == "1":
+        return (
+            f"{TEARDOWN_CUPTI}=1 is set: a job profiled with it hung at its next profiler "
+            "session or at exit on torch 2.11; oomsight does not profile this process (docs/benchmarks.md)"
+        )
+    return None
 
 
 def _attr(avg: Any, *names: str) -> float:
