@@ -4,18 +4,23 @@
 # The job is tests/test_gpu_advice.py's PROFILED one under `oomsight run`: it trains until one
 # on-demand 5-step window (asked by `oomsight profile`) is written, then runs its own
 # torch.profiler session. Cases:
-#   teardown  TEARDOWN_CUPTI=1 set by the job once the hook runs (set at start, oomsight refuses)
+#   teardown  TEARDOWN_CUPTI=1, with oomsight's refusal switched off by the job (it patches
+#             oomsight.profiling.unavailable_reason): what oomsight did before it refused
 #   off       TEARDOWN_CUPTI=0 (Kineto's default: CUPTI stays attached)
 #   late      as teardown, the job's own session 3 s after the window instead of at once
 # A job still alive 3 s after the CLI returned is aborted with its Python stacks (faulthandler).
-# Result recorded in benchmarks/results/cupti-teardown-h200.log (where `teardown` was named `unset`:
-# that version of oomsight set TEARDOWN_CUPTI=1 itself at the window's start).
+# Result recorded in benchmarks/results/cupti-teardown-h200.log, where `teardown` is named `unset`:
+# that version of oomsight set TEARDOWN_CUPTI=1 itself at the window's start (no patch needed).
 export PYTHONPATH=exporter:sidecar PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 D=$OUT/d; mkdir -p "$D"
 python3 - <<'PY'
 import sys; sys.path.insert(0, "tests")
 import test_gpu_advice as t
-teardown = 'import os\nos.environ["TEARDOWN_CUPTI"] = "1"  # read by Kineto when a trace stops\n'
+teardown = (
+    'import os, oomsight.profiling\n'
+    'oomsight.profiling.unavailable_reason = lambda environ=None: None  # the guard off, for this test only\n'
+    'os.environ["TEARDOWN_CUPTI"] = "1"  # read by Kineto when a trace stops\n'
+)
 open("/tmp/job.py", "w").write(t.PROFILED)
 open("/tmp/job_teardown.py", "w").write(teardown + t.PROFILED)
 late = t.PROFILED.replace('ours = SpoolReader(spool).read().profiles[0]',
@@ -32,6 +37,8 @@ one() { local name=$1 job=$2; shift 2
   wait $pid; echo "$name job rc=$?" | tee -a "$D/summary"
   ls -la "/tmp/sp-$name/profiles" >> "$D/summary" 2>&1
 }
-one teardown /tmp/job_teardown.py OOMSIGHT_X=1
-one off /tmp/job.py TEARDOWN_CUPTI=0
-one late /tmp/job_late.py OOMSIGHT_X=1
+for c in ${CASES:-teardown off late}; do case $c in
+  teardown) one teardown /tmp/job_teardown.py OOMSIGHT_X=1;;
+  off) one off /tmp/job.py TEARDOWN_CUPTI=0;;
+  late) one late /tmp/job_late.py OOMSIGHT_X=1;;
+esac; done

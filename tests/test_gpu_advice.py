@@ -262,6 +262,34 @@ def test_profile_metrics_reach_prometheus_format(tmp_path):
     assert 1 <= len(ops) <= 11
 
 
+def test_a_job_with_cupti_teardown_is_not_profiled_and_ends_normally(tmp_path):
+    # TEARDOWN_CUPTI=1 hung a profiled job on torch 2.11 (benchmarks/results/cupti-teardown-h200.log)
+    body = PROFILED.replace("end = time.time() + 60", "end = time.time() + 8")
+    body = body.replace(
+        "ours = SpoolReader(spool).read().profiles[0]",
+        "print('PROFILES', len(SpoolReader(spool).read().profiles)); sys.exit(0)",
+    )
+    job, spool = run_job(tmp_path, body, env={"TEARDOWN_CUPTI": "1"}, wait=False)
+    try:
+        wait_for(
+            lambda: os.path.isdir(os.path.join(spool, "snapshots")) and os.listdir(os.path.join(spool, "snapshots")),
+            timeout=60,
+        )
+        time.sleep(1.5)
+        asked = subprocess.run(
+            [PY, "-m", "oomsight", "profile", "--spool", spool, "--steps", "5", "--wait", "10"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        out = job.communicate(timeout=60)[0]
+    assert asked.returncode == 1 and "TEARDOWN_CUPTI=1" in asked.stdout, asked.stdout + asked.stderr
+    assert job.returncode == 0 and "PROFILES 0" in out, out
+    (snap,) = SpoolReader(spool).read().snapshots
+    assert snap["sources"]["profiler"] is False and snap["sources"]["step_hook"] is True
+
+
 REMEDIES = (
     MLP
     + """

@@ -167,6 +167,16 @@ def test_a_process_with_cupti_teardown_refuses_windows_and_says_so(spool, monkey
         hook.stop()
 
 
+def test_cupti_teardown_set_after_start_still_refuses_the_next_request(hooked, spool, monkeypatch):
+    hook, step = hooked
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    write_request(spool, "late", steps=2, start_step=0)
+    hook.sampler.publish()
+    step()
+    assert hook.profiler.plan is None and hook.profiler.running is None
+    assert hook.errors.counts["profiler"] == 1
+
+
 @pytest.mark.parametrize("value", [None, "0"])
 def test_without_cupti_teardown_the_profiler_is_available(spool, monkeypatch, value):
     if value is None:

@@ -75,7 +75,7 @@ class Hook:
             "oom_observer": False,
             "step_hook": False,
             "history": False,
-            "profiler": False,  # windows can open: the step hook runs and nothing forbids them
+            "profiler": False,  # windows can open: the step hook runs and nothing forbade them at start
         }
         self.uncaught: Optional[BaseException] = None
         self.leak: Optional[LeakFinding] = None
@@ -96,7 +96,7 @@ class Hook:
                 self.steps.on_step = self._on_step
             except Exception as exc:
                 self.errors.record("step_hook", exc)
-        p = self.profiler
+        p = self.profiler  # a TEARDOWN_CUPTI set later is still refused, in Profiler.poll
         self.sources["profiler"] = self.sources["step_hook"] and p is not None and p.unavailable is None
         if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
             # No lazy-init hook in this torch: the sampler thread polls for initialisation.

@@ -135,8 +135,11 @@ class Profiler:
         self._began_step = 0
         self._began_at = 0.0
         self.last: Optional[Profile] = None
-        self.unavailable = unavailable_reason()
-        """Why no window may open in this process (None: they may); fixed at start."""
+
+    @property
+    def unavailable(self) -> Optional[str]:
+        """Why no window may open in this process now (None: they may)."""
+        return unavailable_reason()
 
     @property
     def active_id(self) -> Optional[str]:
@@ -147,14 +150,15 @@ class Profiler:
         """Sampler thread: pick up one new request (no-op while one is planned or running)."""
         if self.plan is not None or self.running is not None or self.finishing is not None:
             return
+        refused = self.unavailable
         for req in pending_requests(spool_dir, self.process["started_at"], self.handled):
             self.handled.add(req.id)
-            if self.unavailable is not None:
-                self.on_error(RuntimeError(f"profile request {req.id} refused: {self.unavailable}"))
+            if refused is not None:
+                self.on_error(RuntimeError(f"profile request {req.id} refused: {refused}"))
                 continue
             self.plan = req
             return
-        if self.unavailable is not None:
+        if refused is not None:
             return
         now = time.time()
         if self.every_seconds and now - self._last_scheduled >= self.every_seconds:
