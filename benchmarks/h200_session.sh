@@ -21,7 +21,7 @@ for s in $STAGES; do case $s in
   oom-latency) stage oom-latency 120 python3 benchmarks/bench_oom_latency.py --out "$R/bench";;
   sidecar) stage sidecar 120 python3 benchmarks/bench_sidecar.py --out "$R/bench";;
   lightning) stage lightning 200 python3 benchmarks/bench_lightning.py --out "$R/bench";;
-  gpu-advice) stage gpu-advice 300 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_advice.py;;
+  gpu-advice) stage gpu-advice 420 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_advice.py;;
   batch-probe) stage batch-probe 150 python3 benchmarks/bench_batch_probe.py --out "$R/bench";;
   profile) stage profile 300 python3 benchmarks/bench_profile.py --out "$R/bench";;
   overhead-launch) stage overhead-launch 240 python3 benchmarks/bench_overhead.py --models launch_bound --variants baseline,oomsight_defaults --rounds 150 --steps 100 --name overhead-launch-bound.json --out "$R/bench";;
