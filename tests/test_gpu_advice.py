@@ -290,68 +290,61 @@ def test_a_job_with_cupti_teardown_is_not_profiled_and_ends_normally(tmp_path):
     assert snap["sources"]["profiler"] is False and snap["sources"]["step_hook"] is True
 
 
-REMEDIES = (
+REMEDY_JOB = (
     MLP
     + """
 import oomsight
-from oomsight.remedy import with_autocast
-from torch.utils.checkpoint import checkpoint
 model = mlp(2048, 16)
 opt = torch.optim.AdamW(model.parameters())
 x = torch.randn(4096, 2048, device="cuda")
 def base():
     model(x).square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
-def ckpt():
-    h = x
-    for i in range(0, len(model), 4):
-        h = checkpoint(model[i:i + 4], h, use_reentrant=False)
-    h.square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
-out = oomsight.measure_remedies({{"baseline": base, "autocast": with_autocast(base), "checkpointing": ckpt}})
+{variants}
+out = oomsight.measure_remedies({{"baseline": base, {names}}})
 table = {{m.name: [m.peak_allocated_bytes, m.seconds_per_step, m.error] for m in out}}
 print("REMEDIES", json.dumps(table), flush=True)
 """
 )
 
 
-def test_measured_remedies_show_autocast_and_checkpointing_lowering_the_peak(tmp_path):
-    result, _ = run_job(tmp_path, REMEDIES.format(fraction=cap_fraction(40)))
+def measured_remedies(tmp_path, variants: str, names: dict[str, str]) -> dict[str, list]:
+    """Run ``oomsight.measure_remedies`` in a job: {name: [peak allocated bytes, s/step, error]}."""
+    listed = ", ".join(f'"{name}": {expr}' for name, expr in names.items())
+    body = REMEDY_JOB.format(fraction=cap_fraction(40), variants=textwrap.dedent(variants), names=listed)
+    result, _ = run_job(tmp_path, body)
     assert result.returncode == 0, result.stderr
     r = json.loads(next(x for x in result.stdout.splitlines() if x.startswith("REMEDIES "))[len("REMEDIES ") :])
     print("REMEDIES [peak allocated bytes, seconds per step, error]", json.dumps(r))  # shown with -rP
     assert all(v[2] is None for v in r.values()), r
+    return r
+
+
+def test_measured_remedies_show_autocast_and_checkpointing_lowering_the_peak(tmp_path):
+    variants = """
+    from oomsight.remedy import with_autocast
+    from torch.utils.checkpoint import checkpoint
+    def ckpt():
+        h = x
+        for i in range(0, len(model), 4):
+            h = checkpoint(model[i:i + 4], h, use_reentrant=False)
+        h.square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    """
+    r = measured_remedies(tmp_path, variants, {"autocast": "with_autocast(base)", "checkpointing": "ckpt"})
     assert r["autocast"][0] < r["baseline"][0] and r["checkpointing"][0] < r["baseline"][0], r
     assert r["checkpointing"][1] > r["baseline"][1]  # recomputation costs time
 
 
-COMPILED = (
-    MLP
-    + """
-import oomsight
-model = mlp(2048, 16)
-opt = torch.optim.AdamW(model.parameters())
-x = torch.randn(4096, 2048, device="cuda")
-compiled = torch.compile(model)
-def base():
-    model(x).square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
-def accumulate():  # the same 4096 samples as two micro-batches of 2048
-    for part in x.chunk(2):
-        (model(part).square().mean() / 2).backward()
-    opt.step(); opt.zero_grad(set_to_none=True)
-def compile_():
-    compiled(x).square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
-out = oomsight.measure_remedies({{"baseline": base, "accumulation": accumulate, "compile": compile_}})
-table = {{m.name: [m.peak_allocated_bytes, m.seconds_per_step, m.error] for m in out}}
-print("REMEDIES", json.dumps(table), flush=True)
-"""
-)
-
-
 def test_measured_remedies_report_accumulation_and_compile_as_measured(tmp_path):
     # torch.compile may raise or lower the peak (pytorch/pytorch#122512): only measured, never assumed
-    result, _ = run_job(tmp_path, COMPILED.format(fraction=cap_fraction(40)))
-    assert result.returncode == 0, result.stderr
-    r = json.loads(next(x for x in result.stdout.splitlines() if x.startswith("REMEDIES "))[len("REMEDIES ") :])
-    print("REMEDIES [peak allocated bytes, seconds per step, error]", json.dumps(r))  # shown with -rP
-    assert all(v[2] is None for v in r.values()), r
+    variants = """
+    compiled = torch.compile(model)
+    def accumulate():  # the same 4096 samples as two micro-batches of 2048
+        for part in x.chunk(2):
+            (model(part).square().mean() / 2).backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
+    def compile_():
+        compiled(x).square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    """
+    r = measured_remedies(tmp_path, variants, {"accumulation": "accumulate", "compile": "compile_"})
     assert r["accumulation"][0] < r["baseline"][0], r  # half the activations alive at once
     assert r["compile"][0] > 0 and r["compile"][1] > 0, r
