@@ -205,20 +205,25 @@ print("COMPARE", json.dumps({"ours": mine, "profiler": theirs}), flush=True)
 """
 
 
+def ask_profile(spool: str, steps: int, wait: int = 60) -> subprocess.CompletedProcess:
+    """Once the job has published, ``oomsight profile`` for ``steps`` steps (waits ``wait`` s)."""
+    wait_for(
+        lambda: os.path.isdir(os.path.join(spool, "snapshots")) and os.listdir(os.path.join(spool, "snapshots")),
+        timeout=60,
+    )
+    time.sleep(1.5)
+    return subprocess.run(
+        [PY, "-m", "oomsight", "profile", "--spool", spool, "--steps", str(steps), "--wait", str(wait)],
+        capture_output=True,
+        text=True,
+        timeout=wait + 60,
+    )
+
+
 def test_an_on_demand_profile_of_five_steps_matches_the_profilers_own_table(tmp_path):
     job, spool = run_job(tmp_path, PROFILED, wait=False)
     try:
-        wait_for(
-            lambda: os.path.isdir(os.path.join(spool, "snapshots")) and os.listdir(os.path.join(spool, "snapshots")),
-            timeout=60,
-        )
-        time.sleep(1.5)
-        asked = subprocess.run(
-            [PY, "-m", "oomsight", "profile", "--spool", spool, "--steps", "5", "--wait", "60"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        asked = ask_profile(spool, 5)
         assert asked.returncode == 0, asked.stdout + asked.stderr
     finally:
         out = job.communicate(timeout=120)[0]
@@ -237,17 +242,7 @@ def test_profile_metrics_reach_prometheus_format(tmp_path):
     port = free_port()
     job, spool = run_job(tmp_path, PROFILED, port=port, wait=False)
     try:
-        wait_for(
-            lambda: os.path.isdir(os.path.join(spool, "snapshots")) and os.listdir(os.path.join(spool, "snapshots")),
-            timeout=60,
-        )
-        time.sleep(1.5)
-        subprocess.run(
-            [PY, "-m", "oomsight", "profile", "--spool", spool, "--steps", "3", "--wait", "60"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        ask_profile(spool, 3)
         body = wait_for(
             lambda: (
                 (t := http_get(f"http://127.0.0.1:{port}/metrics")[1])
@@ -271,17 +266,7 @@ def test_a_job_with_cupti_teardown_is_not_profiled_and_ends_normally(tmp_path):
     )
     job, spool = run_job(tmp_path, body, env={"TEARDOWN_CUPTI": "1"}, wait=False)
     try:
-        wait_for(
-            lambda: os.path.isdir(os.path.join(spool, "snapshots")) and os.listdir(os.path.join(spool, "snapshots")),
-            timeout=60,
-        )
-        time.sleep(1.5)
-        asked = subprocess.run(
-            [PY, "-m", "oomsight", "profile", "--spool", spool, "--steps", "5", "--wait", "10"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        asked = ask_profile(spool, 5, wait=10)
     finally:
         out = job.communicate(timeout=60)[0]
     assert asked.returncode == 1 and "TEARDOWN_CUPTI=1" in asked.stdout, asked.stdout + asked.stderr
