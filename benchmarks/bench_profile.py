@@ -14,6 +14,12 @@ processes cancel. The variants, interleaved over repetitions in a shuffled order
 - ``teardown_on``: a profile with ``TEARDOWN_CUPTI=1`` set once oomsight has started (with
   it set at start oomsight refuses to profile: ``profiling.unavailable_reason``), so that
   Kineto detaches CUPTI when the window stops. It measures what detaching would buy.
+- ``memory_only``: a memory-only window (``oomsight profile --memory-only``: the autograd
+  profiler without Kineto, ``profiling.open_profiler``), ``TEARDOWN_CUPTI`` unset.
+  ``results/profile_overhead_kineto_cpu_only.json`` was recorded when a memory-only window
+  was a Kineto profile of CPU activity alone; its ``memory_only`` variant is that.
+
+``--variants`` picks some; ``--name`` the result file.
 
 ``results/profile_overhead.json`` was recorded by the previous version of this script, in
 which oomsight itself set ``TEARDOWN_CUPTI=1`` at the window's start: its ``oomsight``
@@ -36,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import MODELS, build, summary, write
 
-VARIANTS = {"control": None, "teardown_off": "0", "teardown_on": None}
+VARIANTS = {"control": None, "teardown_off": "0", "teardown_on": None, "memory_only": None}
+"""Each variant's TEARDOWN_CUPTI in the child's environment (None: unset)."""
 PHASES = ["before", "window", "finishing", "after", "stopped"]
 
 
@@ -74,7 +81,8 @@ def child(model: str, variant: str, window: int, before: int, after: int) -> dic
         for _ in range(window):
             timed("window")
     else:
-        write_request(spool, "bench", steps=window, start_step=running.steps.count + 1)
+        cuda_time = variant != "memory_only"
+        write_request(spool, "bench", steps=window, start_step=running.steps.count + 1, cuda_time=cuda_time)
         running.sampler.publish()
         while prof.plan is not None or prof.running is not None:
             timed("window" if prof.running is not None else "before")
@@ -88,6 +96,13 @@ def child(model: str, variant: str, window: int, before: int, after: int) -> dic
     base = statistics.median(times["before"])
     return {
         "teardown_cupti": os.environ.get("TEARDOWN_CUPTI"),
+        "window_profiler": (
+            None
+            if variant == "control"
+            else "kineto"
+            if variant != "memory_only" or not hasattr(torch.autograd, "profiler_legacy")
+            else "legacy"
+        ),
         "profiles_written": len(os.listdir(os.path.join(spool, "profiles"))) if variant != "control" else 0,
         "before_seconds": base,
         "steps": {ph: len(ts) for ph, ts in times.items()},
@@ -116,17 +131,23 @@ def main() -> None:
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--before", type=int, default=300)
     p.add_argument("--after", type=int, default=1500)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--name", default="profile_overhead.json")
     p.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.models, args.child, args.window, args.before, args.after)), flush=True)
         return
     rng = random.Random(0)
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants: {', '.join(sorted(unknown))}")
     runs: dict[str, dict[str, list[dict[str, object]]]] = {}
     for model in args.models.split(","):
-        runs[model] = {v: [] for v in VARIANTS}
+        runs[model] = {v: [] for v in variants}
         for _ in range(args.reps):
-            order = list(VARIANTS)
+            order = list(variants)
             rng.shuffle(order)
             for variant in order:
                 got = run_child(args, model, variant)
@@ -144,7 +165,7 @@ def main() -> None:
         }
         for model, per in runs.items()
     }
-    write(args.out, "profile_overhead.json", result)
+    write(args.out, args.name, result)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ for s in $STAGES; do case $s in
   gpu-advice) stage gpu-advice 420 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_advice.py;;
   batch-probe) stage batch-probe 150 python3 benchmarks/bench_batch_probe.py --out "$R/bench";;
   profile) stage profile 300 python3 benchmarks/bench_profile.py --out "$R/bench";;
+  profile-memory) stage profile-memory 330 python3 benchmarks/bench_profile.py --variants control,teardown_off,memory_only --reps 3 --name profile_overhead_memory_only.json --out "$R/bench";;
   overhead-launch) stage overhead-launch 240 python3 benchmarks/bench_overhead.py --models launch_bound --variants baseline,oomsight_defaults --rounds 150 --steps 100 --name overhead-launch-bound.json --out "$R/bench";;
   overhead-dose) stage overhead-dose 200 python3 benchmarks/bench_overhead.py --models launch_bound --variants baseline,oomsight_defaults,oomsight_sample_1khz --rounds 60 --steps 100 --name overhead-launch-bound-dose.json --out "$R/bench";;
   accounting) stage accounting 120 python3 benchmarks/bench_cost_accounting.py --out "$R/bench";;

@@ -112,6 +112,36 @@ def test_the_profile_command_writes_an_aligned_request(spool, monkeypatch):
     assert again.returncode == 1 and "already pending" in again.stdout
 
 
+def _request_doc(spool):
+    (name,) = os.listdir(os.path.join(spool, "requests"))
+    with open(os.path.join(spool, "requests", name)) as fh:
+        return json.load(fh)
+
+
+@pytest.mark.parametrize(("query", "cuda_time"), [("steps=3", True), ("steps=3&memory_only=1", False)])
+def test_the_admin_endpoint_asks_for_a_memory_only_window_when_told(spool, monkeypatch, query, cuda_time):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    status, body = call(AdminApp(spool, None), "POST", "/admin/profile", query)
+    assert status == 202 and json.loads(body)["cuda_time"] is cuda_time
+    assert _request_doc(spool)["cuda_time"] is cuda_time
+
+
+def test_a_wrong_memory_only_value_is_a_clear_error(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    status, body = call(AdminApp(spool, None), "POST", "/admin/profile", "steps=3&memory_only=maybe")
+    assert status == 400 and "memory_only" in json.loads(body)["error"]
+    assert not os.path.isdir(os.path.join(spool, "requests")) or not os.listdir(os.path.join(spool, "requests"))
+
+
+def test_the_profile_command_asks_for_a_memory_only_window(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    cmd = [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "2", "--memory-only"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[0])["cuda_time"] is False
+    assert _request_doc(spool)["cuda_time"] is False
+
+
 def test_old_unanswered_requests_stop_blocking(spool, monkeypatch):
     hooked_process(spool, monkeypatch=monkeypatch)
     path = write_request(spool, "stale", 3, 0)

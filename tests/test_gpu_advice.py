@@ -205,30 +205,30 @@ print("COMPARE", json.dumps({"ours": mine, "profiler": theirs}), flush=True)
 """
 
 
-def ask_profile(spool: str, steps: int, wait: int = 60) -> subprocess.CompletedProcess:
+def ask_profile(spool: str, steps: int, wait: int = 60, memory_only: bool = False) -> subprocess.CompletedProcess:
     """Once the job has published, ``oomsight profile`` for ``steps`` steps (waits ``wait`` s)."""
     wait_for(
         lambda: os.path.isdir(os.path.join(spool, "snapshots")) and os.listdir(os.path.join(spool, "snapshots")),
         timeout=60,
     )
     time.sleep(1.5)
+    cmd = [PY, "-m", "oomsight", "profile", "--spool", spool, "--steps", str(steps), "--wait", str(wait)]
     return subprocess.run(
-        [PY, "-m", "oomsight", "profile", "--spool", spool, "--steps", str(steps), "--wait", str(wait)],
-        capture_output=True,
-        text=True,
-        timeout=wait + 60,
+        cmd + (["--memory-only"] if memory_only else []), capture_output=True, text=True, timeout=wait + 60
     )
 
 
-def test_an_on_demand_profile_of_five_steps_matches_the_profilers_own_table(tmp_path):
-    job, spool = run_job(tmp_path, PROFILED, wait=False)
+def profile_against_the_profilers_own(tmp_path, body: str, memory_only: bool = False) -> dict:
+    """A 5-step window asked of the job; its top-5 memory table must match the profiler's own."""
+    job, spool = run_job(tmp_path, body, wait=False)
     try:
-        asked = ask_profile(spool, 5)
+        asked = ask_profile(spool, 5, memory_only=memory_only)
         assert asked.returncode == 0, asked.stdout + asked.stderr
     finally:
         out = job.communicate(timeout=120)[0]
     assert job.returncode == 0, out
     cmp = json.loads(next(x for x in out.splitlines() if x.startswith("COMPARE "))[len("COMPARE ") :])
+    print("COMPARE [op, self CUDA memory bytes]", json.dumps(cmp))  # shown with -rP
     ours, theirs = dict(map(tuple, cmp["ours"])), dict(map(tuple, cmp["profiler"]))
     assert set(ours) == set(theirs), cmp
     for op, value in theirs.items():
@@ -236,6 +236,27 @@ def test_an_on_demand_profile_of_five_steps_matches_the_profilers_own_table(tmp_
     (profile,) = SpoolReader(spool).read().profiles
     assert profile["steps"] == 5 and profile["table_artifact"] and profile["trace_artifact"]
     assert profile["peak_allocated_bytes"] > 0
+    with open(os.path.join(spool, "artifacts", profile["table_artifact"])) as fh:
+        header = fh.read().splitlines()[1]
+    print("TABLE HEADER", header)
+    assert "Self CUDA Mem" in header
+    return profile
+
+
+def test_an_on_demand_profile_of_five_steps_matches_the_profilers_own_table(tmp_path):
+    profile = profile_against_the_profilers_own(tmp_path, PROFILED)
+    assert profile.get("cuda_time", True) and profile["top_by_time"][0]["self_cuda_time_us"] > 0
+
+
+def test_a_memory_only_profile_matches_the_profilers_own_cpu_only_table(tmp_path):
+    # the autograd profiler without Kineto (no CUPTI): the allocator's events still give every
+    # operator's self CUDA memory, as a Kineto profile of CPU activity does
+    cuda = "activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]"
+    assert cuda in PROFILED
+    body = PROFILED.replace(cuda, "activities=[torch.profiler.ProfilerActivity.CPU]")
+    profile = profile_against_the_profilers_own(tmp_path, body, memory_only=True)
+    assert profile["cuda_time"] is False and profile["top_by_time"] == []
+    assert profile["top_by_memory"][0]["self_cuda_memory_bytes"] > 1 << 20
 
 
 def test_profile_metrics_reach_prometheus_format(tmp_path):
@@ -288,6 +309,8 @@ def base():
 out = oomsight.measure_remedies({{"baseline": base, {names}}})
 table = {{m.name: [m.peak_allocated_bytes, m.seconds_per_step, m.error] for m in out}}
 print("REMEDIES", json.dumps(table), flush=True)
+from torch._dynamo.utils import counters
+print("DYNAMO", json.dumps({{k: dict(v) for k, v in counters.items() if k in ("stats", "graph_break")}}), flush=True)
 """
 )
 
@@ -298,9 +321,12 @@ def measured_remedies(tmp_path, variants: str, names: dict[str, str]) -> dict[st
     body = REMEDY_JOB.format(fraction=cap_fraction(40), variants=textwrap.dedent(variants), names=listed)
     result, _ = run_job(tmp_path, body)
     assert result.returncode == 0, result.stderr
-    r = json.loads(next(x for x in result.stdout.splitlines() if x.startswith("REMEDIES "))[len("REMEDIES ") :])
+    lines = result.stdout.splitlines()
+    r = json.loads(next(x for x in lines if x.startswith("REMEDIES "))[len("REMEDIES ") :])
     print("REMEDIES [peak allocated bytes, seconds per step, error]", json.dumps(r))  # shown with -rP
-    assert all(v[2] is None for v in r.values()), r
+    r["dynamo"] = json.loads(next(x for x in lines if x.startswith("DYNAMO "))[len("DYNAMO ") :])
+    print("DYNAMO counters", json.dumps(r["dynamo"]))
+    assert all(v[2] is None for k, v in r.items() if k != "dynamo"), r
     return r
 
 
@@ -333,3 +359,4 @@ def test_measured_remedies_report_accumulation_and_compile_as_measured(tmp_path)
     r = measured_remedies(tmp_path, variants, {"accumulation": "accumulate", "compile": "compile_"})
     assert r["accumulation"][0] < r["baseline"][0], r  # half the activations alive at once
     assert r["compile"][0] > 0 and r["compile"][1] > 0, r
+    assert r["dynamo"]["stats"].get("unique_graphs", 0) >= 1, r  # the variant really ran compiled

@@ -1,18 +1,28 @@
 """On-demand profiling with the real torch.profiler on the CPU (CUDA columns are 0 here;
 the GPU test checks them against the profiler's own table)."""
 
+import contextlib
 import gzip
 import json
 import os
 import time
+import types
 
 import pytest
 
 from oomsight.config import Settings
 from oomsight.hook import Hook
-from oomsight.profiling import ProfileRequest, plan_start_step, top_k, unavailable_reason, write_request
+from oomsight.profiling import (
+    Profiler,
+    ProfileRequest,
+    parse_request,
+    plan_start_step,
+    top_k,
+    unavailable_reason,
+    write_request,
+)
 from oomsight.schema import ProfileOp, validate
-from oomsight.spool import SpoolReader
+from oomsight.spool import SpoolReader, SpoolWriter
 
 from fakes import FakeCuda
 
@@ -142,12 +152,83 @@ def test_the_start_step_is_ahead_of_the_fastest_rank():
     assert plan_start_step([], []) == 0
 
 
-def test_scheduled_profiles_start_by_themselves(spool):
+@pytest.mark.parametrize("cuda_time", [False, True])
+def test_scheduled_profiles_start_by_themselves_memory_only_unless_asked(spool, cuda_time):
     cuda = FakeCuda()
-    hook = Hook(Settings(spool_dir=spool, termination_message_path="", profile_every_seconds=0.001), cuda, None, torch)
+    settings = Settings(spool_dir=spool, termination_message_path="", profile_every_seconds=0.001)
+    if cuda_time:
+        settings = Settings.from_env({"OOMSIGHT_DIR": spool, "OOMSIGHT_PROFILE_SCHEDULED_CUDA_TIME": "1"})
+        settings = settings.replace(termination_message_path="", profile_every_seconds=0.001)
+    hook = Hook(settings, cuda, None, torch)
     hook.profiler._last_scheduled = 0
     hook.profiler.poll(spool)
     assert isinstance(hook.profiler.plan, ProfileRequest) and hook.profiler.plan.id.startswith("scheduled-")
+    assert hook.profiler.plan.cuda_time is cuda_time
+
+
+class Recording:
+    """Stands in for torch.profiler and torch.autograd.profiler_legacy: records what a window opened."""
+
+    ProfilerActivity = types.SimpleNamespace(CPU="cpu", CUDA="cuda")
+
+    def __init__(self, seen, name):
+        self.seen, self.name = seen, name
+
+    def profile(self, activities=None, **kw):
+        self.seen.append((self.name, activities))
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize(
+    ("cuda_time", "legacy", "opened"),
+    [
+        (True, True, ("kineto", ["cpu", "cuda"])),
+        (False, True, ("legacy", None)),  # no Kineto at all, hence no CUPTI
+        (False, False, ("kineto", ["cpu"])),  # a torch without the legacy profiler
+    ],
+)
+def test_only_a_window_with_cuda_time_uses_kineto_with_cuda_activity(spool, cuda_time, legacy, opened):
+    seen = []
+    fake = types.SimpleNamespace(
+        profiler=Recording(seen, "kineto"), cuda=types.SimpleNamespace(is_available=lambda: True)
+    )
+    if legacy:
+        fake.autograd = types.SimpleNamespace(profiler_legacy=Recording(seen, "legacy"))
+    process = {"id": "p", "started_at": 0.0}
+    prof = Profiler(fake, SpoolWriter(spool, "p"), process, lambda exc: None)
+    prof.plan = ProfileRequest("w", 2, 0, time.time(), cuda_time)
+    prof.on_step(1)
+    assert prof.running is not None and seen == [opened]
+
+
+def test_a_memory_only_window_reports_memory_and_no_cuda_time(hooked, spool):
+    hook, step = hooked
+    write_request(spool, "m1", steps=3, start_step=0, cuda_time=False)
+    hook.sampler.publish()
+    assert hook.profiler.plan is not None and hook.profiler.plan.cuda_time is False
+    for _ in range(6):
+        step()
+    (doc,) = wait_profiles(spool)
+    assert validate(doc) == "profile"
+    assert doc["cuda_time"] is False and doc["top_by_time"] == [] and doc["top_by_memory"]
+    assert {r["op"] for r in doc["top_by_memory"]} & {"aten::addmm", "other"}
+    assert any(r["cpu_time_us"] > 0 for r in doc["top_by_memory"])
+    art = os.path.join(spool, "artifacts")
+    with open(os.path.join(art, doc["table_artifact"])) as fh:
+        assert "Self CPU Mem" in fh.read()
+    with gzip.open(os.path.join(art, doc["trace_artifact"])) as fh:
+        events = json.load(fh)  # the Chrome trace's JSON-array form (Perfetto and chrome://tracing open it)
+    assert any(e["name"] == "aten::addmm" and e["ph"] == "X" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("extra", "parsed"),
+    [({}, True), ({"cuda_time": False}, False), ({"cuda_time": "no"}, None), ({"cuda_time": 0}, None)],
+)
+def test_a_request_without_cuda_time_means_a_full_window_and_a_wrong_one_is_ignored(extra, parsed):
+    doc = {"kind": "profile_request", "id": "r-1", "steps": 3, "start_step": 0, "created_at": 1.0, **extra}
+    req = parse_request(doc)
+    assert (req.cuda_time if req else None) is parsed
 
 
 def test_a_process_with_cupti_teardown_refuses_windows_and_says_so(spool, monkeypatch):

@@ -77,6 +77,10 @@ def _spool(spool: str) -> None:
     _rewrite(path[0], {"batch_advice": advice, "process": {**snaps[0]["process"], "argv0": EVIL_ARGV0}})
     profile = _profile(snaps[1]["process"], 1_800_000_020.0)
     write_atomic(os.path.join(spool, "profiles", "req-7.json"), json.dumps(profile).encode(), durable=False)
+    memory_only = _profile(snaps[1]["process"], 1_800_000_030.0) | {"request_id": "mem-1", "cuda_time": False}
+    memory_only["top_by_time"] = []
+    assert schema.validate(memory_only) == "profile"
+    write_atomic(os.path.join(spool, "profiles", "mem-1.json"), json.dumps(memory_only).encode(), durable=False)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +181,16 @@ def test_the_top_operator_tables_list_the_profile_by_memory_and_by_time(page):
     assert "<td>aten::addmm</td><td class=num>240</td><td class=num>0 B</td><td class=num>9.000 ms</td>" in text
     assert "<td>other</td><td class=num>40</td><td class=num>-256.00 MiB</td>" in text
     assert "<code>req-7.trace.json.gz</code>" in text
+
+
+def test_a_memory_only_profile_says_cuda_time_was_not_traced(page):
+    text = _without_svg(page)
+    mem = text[text.index("request mem-1") :]
+    mem = mem[: mem.find("<h3", 1) if "<h3" in mem[1:] else len(mem)]
+    assert "By self CUDA memory" in mem and "A memory-only window: CUDA time was not traced." in mem
+    assert "By self CUDA time" not in mem
+    req7 = text[text.index("request req-7") :]
+    assert "By self CUDA time" in req7[: req7.find("<h3", 1)]
 
 
 def test_the_remedy_estimates_are_shown_with_their_assumptions_and_compile_is_measured(page):

@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("--spool", required=True, help="the spool of the running job (oomsight run prints it)")
     prof.add_argument("--steps", type=int, default=5)
     prof.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the results and print them")
+    prof.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="trace no CUDA time: CUPTI is never attached, so the job is not slower after the window",
+    )
 
     sub.add_parser("demo", help="the main job: live on a GPU, a labelled replay of an H200 run otherwise")
 
@@ -154,7 +159,7 @@ def _profile(args: argparse.Namespace) -> int:
     from oomsight.profile_request import submit
     from oomsight.spool import SpoolReader
 
-    result = submit(args.spool, args.steps)
+    result = submit(args.spool, args.steps, cuda_time=not args.memory_only)
     print(json.dumps(result.body))
     if not result.accepted:
         return 1

@@ -28,6 +28,7 @@ ENV_HISTORY_MAX_ENTRIES = "OOMSIGHT_HISTORY_MAX_ENTRIES"
 ENV_HISTORY_MODE = "OOMSIGHT_HISTORY_MODE"
 ENV_PROFILE_EVERY = "OOMSIGHT_PROFILE_EVERY_SECONDS"
 ENV_PROFILE_STEPS = "OOMSIGHT_PROFILE_STEPS"
+ENV_PROFILE_CUDA_TIME = "OOMSIGHT_PROFILE_SCHEDULED_CUDA_TIME"
 ENV_ARTIFACTS_MAX_BYTES = "OOMSIGHT_ARTIFACTS_MAX_BYTES"
 ENV_MAX_OOM_EVENTS = "OOMSIGHT_MAX_OOM_EVENTS"
 ENV_TERMINATION_MESSAGE_PATH = "OOMSIGHT_TERMINATION_MESSAGE_PATH"
@@ -48,6 +49,7 @@ ALL_ENV_VARS = (
     ENV_HISTORY_MODE,
     ENV_PROFILE_EVERY,
     ENV_PROFILE_STEPS,
+    ENV_PROFILE_CUDA_TIME,
     ENV_ARTIFACTS_MAX_BYTES,
     ENV_MAX_OOM_EVENTS,
     ENV_TERMINATION_MESSAGE_PATH,
@@ -125,6 +127,11 @@ class Settings:
     profile_steps: int = 5
     """Optimizer steps in a scheduled profiling window."""
 
+    profile_scheduled_cuda_time: bool = False
+    """Scheduled windows trace CUDA time too. Off: they are memory-only (CPU activity and
+    the allocator's events), which never attaches CUPTI; a window that traces CUDA leaves
+    CUPTI attached and the job slower until it ends (``docs/benchmarks.md``, profiling)."""
+
     artifacts_max_bytes: int = 256 * 1024 * 1024
     """Size bound of the spool's artifacts folder; the oldest artifacts are evicted first."""
 
@@ -155,6 +162,7 @@ class Settings:
             history_mode=_read(env, ENV_HISTORY_MODE, _choice(HISTORY_MODES), d.history_mode),
             profile_every_seconds=_read(env, ENV_PROFILE_EVERY, _seconds_or_off, d.profile_every_seconds),
             profile_steps=_read(env, ENV_PROFILE_STEPS, _count, d.profile_steps),
+            profile_scheduled_cuda_time=_read(env, ENV_PROFILE_CUDA_TIME, _bool, d.profile_scheduled_cuda_time),
             artifacts_max_bytes=_read(env, ENV_ARTIFACTS_MAX_BYTES, _count, d.artifacts_max_bytes),
             max_oom_events=_read(env, ENV_MAX_OOM_EVENTS, _count, d.max_oom_events),
             termination_message_path=env.get(ENV_TERMINATION_MESSAGE_PATH, d.termination_message_path),

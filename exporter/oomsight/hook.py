@@ -67,6 +67,7 @@ class Hook:
                 lambda exc: self.errors.record("profiler", exc),
                 settings.profile_every_seconds,
                 settings.profile_steps,
+                settings.profile_scheduled_cuda_time,
             )
             self.profiler.mark_peak, self.profiler.read_peak = self.sampler.mark_peak, self.sampler.read_peak
         self.sampler.before_publish = self._before_publish

@@ -24,7 +24,8 @@ class Submission:
     body: dict[str, Any]
 
 
-def submit(spool_dir: str, steps: int, now: Optional[float] = None) -> Submission:
+def submit(spool_dir: str, steps: int, now: Optional[float] = None, cuda_time: bool = True) -> Submission:
+    """Ask every live process for a window of ``steps`` steps; ``cuda_time=False``: memory-only."""
     now = time.time() if now is None else now
     if not 1 <= steps <= MAX_STEPS:
         return Submission(False, 400, {"error": f"steps must be between 1 and {MAX_STEPS}"})
@@ -50,8 +51,9 @@ def submit(spool_dir: str, steps: int, now: Optional[float] = None) -> Submissio
     step_seconds = [v.snapshot["steps"].get("last_duration_seconds") or 0.0 for v in live]
     rid = f"{int(now)}-{secrets.token_hex(3)}"
     start = plan_start_step(counts, step_seconds)
-    write_request(spool_dir, rid, steps, start)
-    return Submission(True, 202, {"id": rid, "steps": steps, "start_step": start, "processes": len(able)})
+    write_request(spool_dir, rid, steps, start, cuda_time)
+    body = {"id": rid, "steps": steps, "start_step": start, "processes": len(able), "cuda_time": cuda_time}
+    return Submission(True, 202, body)
 
 
 def _busy(state: SpoolState, live: list[ProcessView], now: float) -> Optional[str]:

@@ -42,11 +42,13 @@ TEARDOWN_CUPTI = "TEARDOWN_CUPTI"
 
 
 class ProfileRequest:
-    def __init__(self, rid: str, steps: int, start_step: int, created_at: float) -> None:
+    def __init__(self, rid: str, steps: int, start_step: int, created_at: float, cuda_time: bool = True) -> None:
         self.id = rid
         self.steps = steps
         self.start_step = start_step
         self.created_at = created_at
+        self.cuda_time = cuda_time
+        """False: a memory-only window (no CUDA activity tracing, so CUPTI is never attached)."""
 
 
 def parse_request(doc: Any) -> Optional[ProfileRequest]:
@@ -54,6 +56,7 @@ def parse_request(doc: Any) -> Optional[ProfileRequest]:
     if not isinstance(doc, dict) or doc.get("kind") != KIND_PROFILE_REQUEST:
         return None
     rid, steps, start, created = doc.get("id"), doc.get("steps"), doc.get("start_step", 0), doc.get("created_at")
+    cuda_time = doc.get("cuda_time", True)  # absent: written before memory-only windows existed
     valid = (
         isinstance(rid, str)
         and rid.replace("-", "").isalnum()
@@ -61,11 +64,12 @@ def parse_request(doc: Any) -> Optional[ProfileRequest]:
         and 1 <= steps <= MAX_STEPS
         and isinstance(start, int)
         and isinstance(created, (int, float))
+        and isinstance(cuda_time, bool)
     )
-    return ProfileRequest(rid, steps, start, float(created)) if valid else None  # type: ignore[arg-type]
+    return ProfileRequest(rid, steps, start, float(created), cuda_time) if valid else None  # type: ignore[arg-type]
 
 
-def write_request(spool_dir: str, rid: str, steps: int, start_step: int) -> str:
+def write_request(spool_dir: str, rid: str, steps: int, start_step: int, cuda_time: bool = True) -> str:
     """Write a profile request into the spool (used by the admin endpoint and the CLI)."""
     doc = {
         "schema_version": SCHEMA_VERSION,
@@ -74,6 +78,7 @@ def write_request(spool_dir: str, rid: str, steps: int, start_step: int) -> str:
         "steps": steps,
         "start_step": start_step,
         "created_at": time.time(),
+        "cuda_time": cuda_time,
     }
     folder = os.path.join(spool_dir, REQUESTS)
     os.makedirs(folder, exist_ok=True)
@@ -114,6 +119,7 @@ class Profiler:
         on_error: Callable[[BaseException], None],
         every_seconds: float = 0.0,
         scheduled_steps: int = 5,
+        scheduled_cuda_time: bool = False,
     ) -> None:
         self.torch = torch
         self.writer = writer
@@ -121,6 +127,7 @@ class Profiler:
         self.on_error = on_error
         self.every_seconds = every_seconds
         self.scheduled_steps = scheduled_steps
+        self.scheduled_cuda_time = scheduled_cuda_time
         self._last_scheduled = time.time()
         self.mark_peak: Callable[[], None] = lambda: None
         self.read_peak: Callable[[], tuple[int, int]] = lambda: (-1, 0)
@@ -163,7 +170,7 @@ class Profiler:
         now = time.time()
         if self.every_seconds and now - self._last_scheduled >= self.every_seconds:
             self._last_scheduled = now
-            self.plan = ProfileRequest(f"scheduled-{int(now)}", self.scheduled_steps, 0, now)
+            self.plan = ProfileRequest(f"scheduled-{int(now)}", self.scheduled_steps, 0, now, self.scheduled_cuda_time)
 
     def on_step(self, step: int) -> None:
         """Step hook, after optimizer step number ``step`` completed."""
@@ -175,11 +182,8 @@ class Profiler:
             self._start(step)
 
     def _start(self, step: int) -> None:
-        prof = self.torch.profiler
-        activities = [prof.ProfilerActivity.CPU]
-        if self.torch.cuda.is_available():
-            activities.append(prof.ProfilerActivity.CUDA)
-        self._prof = prof.profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
+        assert self.running is not None
+        self._prof = open_profiler(self.torch, self.running.cuda_time)
         self._prof.__enter__()
         self._began_step, self._began_at = step, time.time()
         self.mark_peak()  # the sampler tracks the window's peak: torch's own peak is never reset
@@ -215,14 +219,38 @@ class Profiler:
         stem = f"{self.process['id']}.profile-{req.id}"
         folder = os.path.dirname(self.writer.artifact_path(0, "x"))
         table = os.path.join(folder, stem + ".txt")
+        avgs = prof.key_averages()
+        if not req.cuda_time and self.torch.cuda.is_available():
+            for avg in avgs:  # the table shows device memory columns only for events of a device
+                avg.use_device = "cuda"
         with open(table, "w", encoding="utf-8") as fh:
-            fh.write(prof.key_averages().table(sort_by=_sort_key(prof, "memory"), row_limit=TABLE_ROWS))
+            fh.write(avgs.table(sort_by=_sort_key(avgs, "memory"), row_limit=TABLE_ROWS))
         trace = os.path.join(folder, stem + ".trace.json")
         prof.export_chrome_trace(trace)
         with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.unlink(trace)
         return os.path.basename(table), os.path.basename(trace + ".gz")
+
+
+def open_profiler(torch: Any, cuda_time: bool) -> Any:
+    """The profiler of one window (not yet entered).
+
+    With CUDA time: ``torch.profiler`` (Kineto) tracing CPU and CUDA activity. Kineto
+    attaches CUPTI, which stays attached after the window. Memory-only: the autograd
+    profiler without Kineto (``torch.autograd.profiler_legacy``), which records the same
+    allocator events per operator and never initialises Kineto, hence never CUPTI; a
+    Kineto profile of CPU activity alone would still attach CUPTI on a CUDA build.
+    """
+    if not cuda_time:
+        legacy = getattr(getattr(torch, "autograd", None), "profiler_legacy", None)
+        if legacy is not None:
+            return legacy.profile(profile_memory=True, record_shapes=True, with_stack=True)
+    prof = torch.profiler
+    activities = [prof.ProfilerActivity.CPU]
+    if cuda_time and torch.cuda.is_available():
+        activities.append(prof.ProfilerActivity.CUDA)
+    return prof.profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
 
 
 def unavailable_reason(environ: Any = os.environ) -> Optional[str]:
@@ -303,15 +331,15 @@ def build_profile(
         device=device,
         peak_allocated_bytes=peak,
         top_by_memory=top_k(rows, "self_cuda_memory_bytes"),
-        top_by_time=top_k(rows, "self_cuda_time_us"),
+        top_by_time=top_k(rows, "self_cuda_time_us") if req.cuda_time else [],  # not measured: not reported
+        cuda_time=req.cuda_time,
         table_artifact=None,
         trace_artifact=None,
     )
 
 
-def _sort_key(prof: Any, what: str) -> str:
+def _sort_key(avgs: Any, what: str) -> str:
     """The profiler's own sort key names (``self_device_memory_usage`` from torch 2.4)."""
-    avgs = prof.key_averages()
     modern = bool(avgs) and hasattr(avgs[0], "self_device_memory_usage")
     if what == "memory":
         return "self_device_memory_usage" if modern else "self_cuda_memory_usage"

@@ -362,9 +362,11 @@ def _profile(prof: Profile) -> list[str]:
         f"{fb(prof['peak_allocated_bytes'])}</p>",
         "<p>By self CUDA memory</p>",
         _ops_table(prof["top_by_memory"]),
-        "<p>By self CUDA time</p>",
-        _ops_table(prof["top_by_time"]),
     ]
+    if prof.get("cuda_time", True):
+        out += ["<p>By self CUDA time</p>", _ops_table(prof["top_by_time"])]
+    else:
+        out.append("<p>A memory-only window: CUDA time was not traced.</p>")
     artifacts = [x for x in (prof.get("table_artifact"), prof.get("trace_artifact")) if x]
     if artifacts:
         out.append("<p>in the spool's artifacts/: " + ", ".join(f"<code>{_e(a)}</code>" for a in artifacts) + "</p>")

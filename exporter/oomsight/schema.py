@@ -166,7 +166,8 @@ class Profile(TypedDict):
     device: int
     peak_allocated_bytes: int
     top_by_memory: list[ProfileOp]  # K ops by self CUDA memory, then "other"
-    top_by_time: list[ProfileOp]  # K ops by self CUDA time, then "other"
+    top_by_time: list[ProfileOp]  # K ops by self CUDA time, then "other"; empty when cuda_time is False
+    cuda_time: bool  # False: a memory-only window (CPU activity only; readers treat a missing key as True)
     table_artifact: Optional[str]  # the profiler's own key_averages() table, in artifacts/
     trace_artifact: Optional[str]  # Chrome trace (json.gz), in artifacts/
 
@@ -314,6 +315,7 @@ _PROFILE: Spec = {
     "peak_allocated_bytes": (_INT, True, None),
     "top_by_memory": ((list,), True, _PROFILE_OP),
     "top_by_time": ((list,), True, _PROFILE_OP),
+    "cuda_time": ((bool,), False, None),
     "table_artifact": ((str, NONE), False, None),
     "trace_artifact": ((str, NONE), False, None),
 }

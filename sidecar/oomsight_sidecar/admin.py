@@ -92,7 +92,10 @@ class AdminApp:
                 steps = int(query.get("steps", ["5"])[0])
             except ValueError:
                 return _json(start_response, 400, {"error": "steps must be a whole number"})
-            result = submit(self.spool_dir, steps)
+            memory_only = query.get("memory_only", ["0"])[0].lower()
+            if memory_only not in ("0", "1", "false", "true"):
+                return _json(start_response, 400, {"error": "memory_only must be 0/1 or false/true"})
+            result = submit(self.spool_dir, steps, cuda_time=memory_only in ("0", "false"))
             return _json(start_response, result.status, result.body)
         if path == "/admin/profiles" and method == "GET":
             profiles = SpoolReader(self.spool_dir).read().profiles
