@@ -2,19 +2,21 @@
 
 A request is a small JSON file in ``<spool>/requests/`` (written by the sidecar's admin
 endpoint or ``oomsight profile``): ``{"kind": "profile_request", "id", "steps",
-"start_step", "created_at"}``. Every process of the pod sees it; each one starts the
-profiler right after optimizer step ``start_step`` (or at once if it is already past it)
-and stops it N steps later. Costs exist only inside the window: outside it the step hook
-reads one attribute. Results (``schema.Profile``) are built in a background thread:
-top-K operators by self CUDA memory and by CUDA time (the rest summed as ``other``),
-the profiler's own table and the Chrome trace as artifacts.
+"start_step", "created_at", "cuda_time"}``. Every process of the pod sees it; each one
+starts the profiler right after optimizer step ``start_step`` (or at once if it is
+already past it) and stops it N steps later. Outside a window the step hook reads one
+attribute. Results (``schema.Profile``) are built in a background thread: top-K
+operators by self CUDA memory and by CUDA time (the rest summed as ``other``), the
+profiler's own table and the Chrome trace as artifacts.
 
 No CUPTI counters are used (they conflict with DCGM on the same node): only the
-default activity tracing of ``torch.profiler``. After a window CUPTI stays attached to
-the process (Kineto's default) and later steps are slower: +10 % GPU-bound, +26 %
-launch-bound on an H200 (``docs/benchmarks.md``). Detaching it (``TEARDOWN_CUPTI=1``)
-removes that but hung such a job on torch 2.11, so a process with that setting is not
-profiled (``unavailable_reason``).
+default activity tracing of ``torch.profiler``. After a window that traces CUDA time
+CUPTI stays attached to the process (Kineto's default) and later steps are slower: +10 %
+GPU-bound, +26 % launch-bound on an H200 (``docs/benchmarks.md``). Detaching it
+(``TEARDOWN_CUPTI=1``) removes that but hung such a job on torch 2.11, so a process with
+that setting is not profiled (``unavailable_reason``). A memory-only window
+(``cuda_time`` false; scheduled windows by default) never starts Kineto and leaves
+nothing behind (``open_profiler``).
 """
 
 from __future__ import annotations
