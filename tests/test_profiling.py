@@ -147,9 +147,13 @@ def test_top_k_keeps_k_rows_and_sums_the_rest_as_other():
 
 
 def test_the_start_step_is_ahead_of_the_fastest_rank():
-    assert plan_start_step([100, 98], [0.01, 0.01]) == 100 + 201
-    assert plan_start_step([7], []) == 10
+    assert plan_start_step([100, 98], [0.01, 0.01]) == 100 + 200  # 2 s of steps ahead
+    assert plan_start_step([7], []) == 10  # no step time known yet: 3 steps
     assert plan_start_step([], []) == 0
+    # the lead is counted in the fastest rank's steps, whichever rank is furthest
+    assert plan_start_step([100, 100], [0.01, 0.04]) == 100 + 200
+    # a snapshot 1 s old of a rank at 0.01 s a step: it is 100 steps further by now
+    assert plan_start_step([100, 100], [0.01, 0.04], ages=[1.0, 0.0]) == 200 + 200
 
 
 @pytest.mark.parametrize("cuda_time", [False, True])

@@ -50,7 +50,8 @@ def submit(spool_dir: str, steps: int, now: Optional[float] = None, cuda_time: b
     counts = [v.snapshot["steps"]["count"] for v in live]
     step_seconds = [v.snapshot["steps"].get("last_duration_seconds") or 0.0 for v in live]
     rid = f"{int(now)}-{secrets.token_hex(3)}"
-    start = plan_start_step(counts, step_seconds)
+    ages = [max(0.0, now - v.snapshot["time"]) for v in live]
+    start = plan_start_step(counts, step_seconds, ages)
     write_request(spool_dir, rid, steps, start, cuda_time)
     body = {"id": rid, "steps": steps, "start_step": start, "processes": len(able), "cuda_time": cuda_time}
     return Submission(True, 202, body)

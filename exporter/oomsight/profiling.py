@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -348,11 +349,23 @@ def _sort_key(avgs: Any, what: str) -> str:
     return "self_device_time_total" if modern else "self_cuda_time_total"
 
 
-def plan_start_step(step_counts: list[int], step_seconds: list[float], lead_seconds: float = 2.0) -> int:
-    """The step after which every rank starts profiling: a little ahead of the fastest rank,
-    so that the request reaches every process (they poll once per publish) in time."""
+def plan_start_step(
+    step_counts: list[int], step_seconds: list[float], ages: Optional[list[float]] = None, lead_seconds: float = 2.0
+) -> int:
+    """The step after which every rank starts profiling.
+
+    Each rank's count is read from its last snapshot, ``ages`` seconds old (up to a publish
+    interval): it is projected to now at that rank's step time. The start is then
+    ``lead_seconds`` of the *fastest* rank's steps ahead of the furthest projected count,
+    so that the request reaches every process (they poll once per publish) before the
+    fastest one gets there; slower ranks just take longer to reach the same step.
+    """
     if not step_counts:
         return 0
-    mean = max((s for s in step_seconds if s > 0), default=0.0)
-    lead = max(3, int(lead_seconds / mean) + 1) if mean else 3
-    return max(step_counts) + lead
+    n = len(step_counts)
+    seconds = [*step_seconds, *[0.0] * (n - len(step_seconds))]
+    old = [*(ages or []), *[0.0] * (n - len(ages or []))]
+    projected = [c + (a / s if s > 0 else 0.0) for c, s, a in zip(step_counts, seconds, old)]
+    fastest = min((s for s in seconds if s > 0), default=0.0)
+    lead = max(3, math.ceil(lead_seconds / fastest)) if fastest else 3
+    return int(max(projected)) + lead
