@@ -1,6 +1,7 @@
 """Workload / pod detail: per rank and GPU the memory timeline (allocated, reserved, NVML used,
 capacity, a forecast), step peaks, memory by category, fragmentation, cudaMalloc retries,
-memory outside PyTorch, the processes, and OOMs as annotations with their diagnosis."""
+memory outside PyTorch, the processes, the top operators of the last profiling window, and OOMs
+as annotations with their diagnosis."""
 
 from dashboards import config as c
 from dashboards import panels as p
@@ -126,6 +127,38 @@ outside = [
     ),
 ]
 
+
+def profile_table(what: str, unit: str, description: str, queries: list[q.Query]) -> p.Panel:
+    """The top operators of each rank's last profiling window by ``what``, largest first."""
+    columns = {"pod": "pod", "rank": "rank", "op": "Operator", "Value": what}
+    return p.table(f"Top operators by {what[0].lower()}{what[1:]}", description, queries, columns, [p.column(what, unit)])
+
+
+profiles = [
+    (
+        profile_table(
+            "Self CUDA memory",
+            "bytes",
+            "From the last profiling window of each running rank (oomsight profile, the admin endpoint or a "
+            "schedule; docs/profiling.md): the 10 operators that allocated the most CUDA memory themselves, the "
+            "rest summed as other. Memory-only windows fill this table too.",
+            q.PROFILE_MEMORY,
+        ),
+        12,
+    ),
+    (
+        profile_table(
+            "Self CUDA time",
+            "s",
+            "From the last profiling window of each running rank that traced CUDA time: the 10 operators with the "
+            "most CUDA time of their own, the rest summed as other. After such a window the job runs slower until "
+            "it ends (CUPTI stays attached); memory-only windows leave nothing here and cost nothing afterwards.",
+            q.PROFILE_TIME,
+        ),
+        12,
+    ),
+]
+
 oom_table = p.oom_table(
     "CUDA OOMs of these pods",
     "The last OOM of each rank and GPU in the time range: requested and free bytes, the diagnosed cause and the "
@@ -155,6 +188,8 @@ dashboard = p.dashboard(
         (8, health),
         "Outside PyTorch, and the processes",
         (8, outside),
+        "Profiles: the last window of each rank",
+        (8, profiles),
         "CUDA out-of-memory errors",
         (6, [(oom_table, 24)]),
     ],

@@ -171,6 +171,10 @@ PROCESSES = [
     row(f"oomsight_process_exit_info{PROC}", "exit"),
 ]
 
+# ------------------------------------------------------------------ profiles
+PROFILE_MEMORY = [row(f"oomsight_profile_op_self_cuda_memory_bytes{PROC}", "self CUDA memory")]
+PROFILE_TIME = [row(f"oomsight_profile_op_self_cuda_time_seconds{PROC}", "self CUDA time")]
+
 # ------------------------------------------------------------------ OOM forensics
 BEFORE_MEMORY = [
     Query(before_oom(f"oomsight_torch_allocated_bytes{POD}"), f"allocated {ID}"),

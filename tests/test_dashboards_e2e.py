@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from dashboards import config, rules
-from oomsight import tape
+from oomsight import schema, tape
 from oomsight_sidecar.config import SidecarSettings
 from oomsight_sidecar.main import build_app
 from oomsight_sidecar.server import serve
@@ -89,9 +89,53 @@ def _run(recording: str, spool: str, work: str, sidecar: str, owner: str) -> Ite
         wait_for(lambda: len(promql_at(url, "up == 1", time.time())) == 3, timeout=30)
         start = time.time()
         _, records = tape.read(recording)
+        _add_profile(spool, records)
         tape.replay(recording, spool, speed=max(1.0, float(records[-1]["t"]) / REPLAY_SECONDS))
         time.sleep(3.0)  # a last scrape of the final state, and the rules evaluated on it
         yield Live(url, start, time.time(), recording)
+
+
+def _add_profile(spool: str, records: list[dict[str, Any]]) -> None:
+    """The recording has no profiling window: add one for rank 1, a document as the hook writes
+    it (schema-checked), its memory column the top 5 of the H200 profile test
+    (benchmarks/results/gpu-profile-memory-only-h200.log), its CUDA times made up."""
+    process = next(
+        r["doc"]["process"] for r in records if r["path"].startswith("snapshots/") and r["doc"]["process"]["rank"] == 1
+    )
+    measured = [("aten::mm", 744488960), ("aten::empty_strided", 671418880), ("aten::addmm", 83886080)]
+    ops = [
+        {
+            "op": op,
+            "calls": 40,
+            "self_cuda_memory_bytes": mem,
+            "self_cuda_time_us": 900.0 - 100 * i,
+            "cuda_time_us": 1e3,
+            "cpu_time_us": 50.0,
+        }
+        for i, (op, mem) in enumerate(measured)
+    ]
+    now = time.time()
+    doc = {
+        "schema_version": 1,
+        "kind": "profile",
+        "process": process,
+        "request_id": "e2e",
+        "start_step": 10,
+        "steps": 5,
+        "started_at": now,
+        "ended_at": now + 1,
+        "device": 0,
+        "peak_allocated_bytes": 2 << 30,
+        "top_by_memory": ops,
+        "top_by_time": ops,
+        "cuda_time": True,
+        "table_artifact": None,
+        "trace_artifact": None,
+    }
+    assert schema.validate(doc) == "profile"
+    os.makedirs(os.path.join(spool, "profiles"), exist_ok=True)
+    with open(os.path.join(spool, "profiles", f"{process['id']}.profile-e2e.json"), "w") as fh:
+        json.dump(doc, fh)
 
 
 def _finite(series: list[dict[str, Any]]) -> bool:
@@ -155,3 +199,22 @@ def test_the_oom_table_names_requested_and_free_bytes_cause_and_remedy(live: Liv
     stamp = next(s for s in time_ if s["metric"]["rank"] == rank)
     assert live.start <= float(stamp["value"][1]) / 1000 <= live.end
     assert row["metric"]["remedy"] == config.CAUSE_REMEDY[event["diagnosis"]["cause"]]
+
+
+def test_the_profile_tables_list_rank_1s_operators_largest_first(live: Live) -> None:
+    from dashboards import queries
+
+    expr = substitute(queries.PROFILE_MEMORY[0].expr, live.grafana_values())
+    rows = {
+        (s["metric"]["pod"], s["metric"]["rank"], s["metric"]["op"]): float(s["value"][1])
+        for s in promql_at(live.url, expr, live.end)
+    }
+    assert rows[(POD, "1", "aten::mm")] == 744488960 and rows[(POD, "1", "aten::addmm")] == 83886080
+    assert {rank for _, rank, _ in rows} == {"1"}  # rank 0 had no window
+    expr = substitute(queries.PROFILE_TIME[0].expr, live.grafana_values())
+    times = {
+        s["metric"]["op"]: float(s["value"][1])
+        for s in promql_at(live.url, expr, live.end)
+        if s["metric"]["pod"] == POD
+    }
+    assert times["aten::mm"] == pytest.approx(900e-6)  # microseconds in the spool, seconds in Prometheus
