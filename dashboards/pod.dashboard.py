@@ -127,11 +127,49 @@ outside = [
     ),
 ]
 
+advice = [
+    (
+        p.stat(
+            "Leak suspected",
+            "1 where the memory that survives between steps rose in most windows of the recent stretch while steps "
+            "ran (the same signal as the CudaMemoryLeak alert, without its 'for' delay). A suspected leak starts a "
+            "scan for tensors kept alive with their autograd graph.",
+            q.LEAK_SUSPECTED,
+            "none",
+            p.steps((p.GREEN, None), (p.RED, 1)),
+        ),
+        6,
+    ),
+    (
+        p.timeseries(
+            "Tensors alive with their autograd graph",
+            "Bytes of CUDA tensors found alive past an optimizer step still holding a grad_fn (the classic "
+            "outputs.append(model(x)) leak), from the last scan; the graph behind them holds far more. "
+            "oomsight report names where they were created when allocation history is recorded.",
+            q.LEAK_GRAPH,
+        ),
+        12,
+    ),
+    (
+        p.stat(
+            "Largest safe batch (probe)",
+            "The answer of oomsight.probe_batch_size(): the largest batch that keeps the margin free, measured "
+            "without provoking an OOM.",
+            q.MAX_BATCH,
+            "none",
+            p.steps((p.GREEN, None)),
+        ),
+        6,
+    ),
+]
+
 
 def profile_table(what: str, unit: str, description: str, queries: list[q.Query]) -> p.Panel:
     """The top operators of each rank's last profiling window by ``what``, largest first."""
     columns = {"pod": "pod", "rank": "rank", "op": "Operator", "Value": what}
-    return p.table(f"Top operators by {what[0].lower()}{what[1:]}", description, queries, columns, [p.column(what, unit)])
+    return p.table(
+        f"Top operators by {what[0].lower()}{what[1:]}", description, queries, columns, [p.column(what, unit)]
+    )
 
 
 profiles = [
@@ -188,6 +226,8 @@ dashboard = p.dashboard(
         (8, health),
         "Outside PyTorch, and the processes",
         (8, outside),
+        "Measured advice: leaks and batch size",
+        (6, advice),
         "Profiles: the last window of each rank",
         (8, profiles),
         "CUDA out-of-memory errors",

@@ -171,6 +171,13 @@ PROCESSES = [
     row(f"oomsight_process_exit_info{PROC}", "exit"),
 ]
 
+# ------------------------------------------------------------------ measured advice
+LEAK_SUSPECTED = [
+    Query(f"max by ({c.PROCESS}) (oomsight_leak_suspected{DEV})", "{{namespace}}/{{pod}} rank {{rank}}", instant=True)
+]
+LEAK_GRAPH = [Query(f"oomsight_leak_graph_bytes{PROC}", "{{namespace}}/{{pod}} rank {{rank}}")]
+MAX_BATCH = [Query(f"oomsight_advice_max_batch_size{PROC}", "{{namespace}}/{{pod}} rank {{rank}}", instant=True)]
+
 # ------------------------------------------------------------------ profiles
 PROFILE_MEMORY = [row(f"oomsight_profile_op_self_cuda_memory_bytes{PROC}", "self CUDA memory")]
 PROFILE_TIME = [row(f"oomsight_profile_op_self_cuda_time_seconds{PROC}", "self CUDA time")]
