@@ -235,10 +235,14 @@ def test_a_request_without_cuda_time_means_a_full_window_and_a_wrong_one_is_igno
     assert (req.cuda_time if req else None) is parsed
 
 
-def test_a_process_with_cupti_teardown_refuses_windows_and_says_so(spool, monkeypatch):
+def test_a_process_with_cupti_teardown_refuses_windows_and_says_so(spool, monkeypatch, caplog):
     monkeypatch.setenv("TEARDOWN_CUPTI", "1")
     hook = Hook(Settings(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
-    hook.start()
+    with caplog.at_level("WARNING", logger="oomsight.hook"):
+        hook.start()
+    assert [r.getMessage() for r in caplog.records if "no profiling windows" in r.getMessage()] == [
+        f"oomsight: no profiling windows in this process: {unavailable_reason()}"
+    ]
     try:
         hook.sampler.stop_thread()
         assert hook.sources["step_hook"] is True and hook.sources["profiler"] is False

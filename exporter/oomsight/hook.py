@@ -98,7 +98,10 @@ class Hook:
             except Exception as exc:
                 self.errors.record("step_hook", exc)
         p = self.profiler  # a TEARDOWN_CUPTI set later is still refused, in Profiler.poll
-        self.sources["profiler"] = self.sources["step_hook"] and p is not None and p.unavailable is None
+        refused = p.unavailable if p is not None else None
+        self.sources["profiler"] = self.sources["step_hook"] and p is not None and refused is None
+        if refused is not None:
+            logger.warning("oomsight: no profiling windows in this process: %s", refused)
         if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
             # No lazy-init hook in this torch: the sampler thread polls for initialisation.
             self.sampler.start_thread()
