@@ -217,6 +217,44 @@ def test_events_can_be_switched_off_per_pod():
     assert env_of(by_name(patched["spec"]["initContainers"], SIDECAR_NAME))["OOMSIGHT_EVENTS"] == "0"
 
 
+def test_scheduled_profiling_is_set_per_pod_in_the_gpu_containers_only():
+    pod = fixture("job-pod.yaml")
+    pod["metadata"].setdefault("annotations", {}).update(
+        {"oomsight.io/profile-every-seconds": "1800", "oomsight.io/profile-steps": "10"}
+    )
+    patched, m = inject(pod)
+    validate(patched)
+    train, shipper = patched["spec"]["containers"]
+    env = env_of(train)
+    assert (env["OOMSIGHT_PROFILE_EVERY_SECONDS"], env["OOMSIGHT_PROFILE_STEPS"]) == ("1800", "10")
+    assert "env" not in shipper  # not a GPU container: no spool, no schedule
+    assert not [w for w in m.warnings if "profile" in w]
+
+
+def test_a_containers_own_profiling_setting_wins_over_the_annotation():
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/profile-every-seconds": "600"}
+    pod["spec"]["containers"][0]["env"] = [{"name": "OOMSIGHT_PROFILE_EVERY_SECONDS", "value": "3600"}]
+    patched, _ = inject(pod)
+    names = [e["name"] for e in patched["spec"]["containers"][0]["env"]]
+    assert names.count("OOMSIGHT_PROFILE_EVERY_SECONDS") == 1
+    assert env_of(patched["spec"]["containers"][0])["OOMSIGHT_PROFILE_EVERY_SECONDS"] == "3600"
+
+
+@pytest.mark.parametrize(
+    ("every", "steps", "ignored"), [("soon", "5", 1), ("0", "0", 2), ("-5", "500", 2), ("1.5", "x", 2)]
+)
+def test_bad_profiling_annotations_are_ignored_with_a_warning(every, steps, ignored):
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/profile-every-seconds": every, "oomsight.io/profile-steps": steps}
+    patched, m = inject(pod)
+    validate(patched)
+    env = env_of(patched["spec"]["containers"][0])
+    assert "OOMSIGHT_PROFILE_EVERY_SECONDS" not in env
+    assert ("OOMSIGHT_PROFILE_STEPS" in env) is (ignored == 1)
+    assert len([w for w in m.warnings if w.startswith("oomsight: ignored oomsight.io/profile-")]) == ignored
+
+
 @pytest.mark.parametrize(
     "odd",
     [

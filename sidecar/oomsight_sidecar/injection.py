@@ -41,6 +41,10 @@ ANN_NATIVE = PREFIX + "native-sidecar"
 ANN_METRICS_PORT = PREFIX + "metrics-port"
 ANN_SPOOL_SIZE = PREFIX + "spool-size-limit"
 ANN_EVENTS = PREFIX + "events"
+ANN_PROFILE_EVERY = PREFIX + "profile-every-seconds"
+ANN_PROFILE_STEPS = PREFIX + "profile-steps"
+"""Scheduled profiling windows (memory-only by default): set as OOMSIGHT_PROFILE_* in the target containers."""
+PROFILE_STEPS_MAX = 100
 ANN_RESOURCES = {
     "cpu_request": PREFIX + "sidecar-cpu-request",
     "memory_request": PREFIX + "sidecar-memory-request",
@@ -178,6 +182,8 @@ class PodOptions:
     resources: Resources
     inject_python: bool
     events: bool
+    profile_every_seconds: Optional[int] = None
+    profile_steps: Optional[int] = None
 
 
 def pod_options(settings: InjectionSettings, annotations: Mapping[str, str]) -> tuple[PodOptions, list[str]]:
@@ -202,6 +208,8 @@ def pod_options(settings: InjectionSettings, annotations: Mapping[str, str]) -> 
         resources=resources,
         inject_python=inject_python,
         events=ann.get(ANN_EVENTS, settings.events, _bool_or_none, "true or false"),
+        profile_every_seconds=ann.get(ANN_PROFILE_EVERY, None, _positive_or_none, "a whole number of seconds"),
+        profile_steps=ann.get(ANN_PROFILE_STEPS, None, _steps_or_none, f"1 to {PROFILE_STEPS_MAX} steps"),
     )
     return opts, ann.warnings
 
@@ -239,6 +247,14 @@ def _bool_or_none(raw: str) -> Optional[bool]:
 
 def _quantity_or_none(raw: str) -> Optional[str]:
     return raw if _QUANTITY.match(raw) else None
+
+
+def _positive_or_none(raw: str) -> Optional[int]:
+    return int(raw) if raw.isdigit() and int(raw) >= 1 else None
+
+
+def _steps_or_none(raw: str) -> Optional[int]:
+    return int(raw) if raw.isdigit() and 1 <= int(raw) <= PROFILE_STEPS_MAX else None
 
 
 def _port_or_none(raw: str) -> Optional[int]:

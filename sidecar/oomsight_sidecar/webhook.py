@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from oomsight.config import ENV_DIR, ENV_TERMINATION_MESSAGE_PATH
+from oomsight.config import ENV_DIR, ENV_PROFILE_EVERY, ENV_PROFILE_STEPS, ENV_TERMINATION_MESSAGE_PATH
 from oomsight_sidecar.injection import ANN_STATUS, InjectionSettings, PodOptions, pod_options
 from oomsight_sidecar.owner import controller_owner
 from oomsight_sidecar.patch import PatchBuilder, pointer
@@ -61,7 +61,7 @@ def mutate(pod: Any, settings: InjectionSettings) -> Mutation:
         warnings += _ensure_zero_code(b, spec, settings, targets)
     warnings += _ensure_sidecar(b, pod, spec, settings, opts)
     for i in targets:
-        _ensure_spool_access(b, i, containers[i])
+        _ensure_spool_access(b, i, containers[i], opts)
     warnings += _ensure_annotations(b, annotations, settings, opts)
     if b.ops:
         b.put(pointer("metadata", "annotations"), annotations, ANN_STATUS, "injected")
@@ -126,7 +126,7 @@ def _ensure_sidecar(
     return []
 
 
-def _ensure_spool_access(b: PatchBuilder, index: int, container: Mapping[str, Any]) -> None:
+def _ensure_spool_access(b: PatchBuilder, index: int, container: Mapping[str, Any], opts: PodOptions) -> None:
     base = path_of(index)
     mounts = _list(container.get("volumeMounts"))
     taken = {m.get("name") for m in mounts or [] if isinstance(m, Mapping)} | {
@@ -136,8 +136,14 @@ def _ensure_spool_access(b: PatchBuilder, index: int, container: Mapping[str, An
         b.append(pointer(*base, "volumeMounts"), mounts, {"name": SPOOL_VOLUME, "mountPath": SPOOL_PATH})
     env = _list(container.get("env"))
     present = {e.get("name") for e in env or [] if isinstance(e, Mapping)}
-    if ENV_DIR not in present:
-        b.append(pointer(*base, "env"), env, {"name": ENV_DIR, "value": SPOOL_PATH})
+    wanted = {ENV_DIR: SPOOL_PATH}
+    if opts.profile_every_seconds is not None:  # oomsight.io/profile-every-seconds
+        wanted[ENV_PROFILE_EVERY] = str(opts.profile_every_seconds)
+    if opts.profile_steps is not None:
+        wanted[ENV_PROFILE_STEPS] = str(opts.profile_steps)
+    for name, value in wanted.items():
+        if name not in present:  # the container's own setting wins
+            b.append(pointer(*base, "env"), env, {"name": name, "value": value})
     message_path = container.get("terminationMessagePath")
     custom = isinstance(message_path, str) and message_path != DEFAULT_TERMINATION_MESSAGE_PATH
     if custom and ENV_TERMINATION_MESSAGE_PATH not in present:  # the hook writes a fatal OOM's diagnosis there
