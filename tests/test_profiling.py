@@ -170,6 +170,17 @@ def test_scheduled_profiles_start_by_themselves_memory_only_unless_asked(spool, 
     assert hook.profiler.plan.cuda_time is cuda_time
 
 
+@pytest.mark.parametrize("cuda_time", [False, True])
+def test_scheduled_windows_with_cuda_time_warn_of_the_slowdown_at_start(spool, caplog, cuda_time):
+    settings = Settings(spool_dir=spool, termination_message_path="", profile_every_seconds=600.0)
+    hook = Hook(settings.replace(profile_scheduled_cuda_time=cuda_time), FakeCuda(), None, torch)
+    with caplog.at_level("WARNING", logger="oomsight.hook"):
+        hook.start()
+    hook.stop()
+    warned = [r.getMessage() for r in caplog.records if "trace CUDA time" in r.getMessage()]
+    assert len(warned) == int(cuda_time) and all("+10 % to +26 %" in w for w in warned)
+
+
 class Recording:
     """Stands in for torch.profiler and torch.autograd.profiler_legacy: records what a window opened."""
 

@@ -102,6 +102,11 @@ class Hook:
         self.sources["profiler"] = self.sources["step_hook"] and p is not None and refused is None
         if refused is not None:
             logger.warning("oomsight: no profiling windows in this process: %s", refused)
+        elif self.settings.profile_every_seconds and self.settings.profile_scheduled_cuda_time:
+            logger.warning(
+                "oomsight: scheduled profiling windows trace CUDA time: after the first one the job stays "
+                "slower until it ends (Kineto keeps CUPTI attached; +10 % to +26 % on an H200, docs/profiling.md)"
+            )
         if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
             # No lazy-init hook in this torch: the sampler thread polls for initialisation.
             self.sampler.start_thread()
