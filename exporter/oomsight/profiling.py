@@ -51,7 +51,7 @@ class ProfileRequest:
         self.start_step = start_step
         self.created_at = created_at
         self.cuda_time = cuda_time
-        """False: a memory-only window (no CUDA activity tracing, so CUPTI is never attached)."""
+        """False: a memory-only window: no CUDA time, and no Kineto where torch has the legacy profiler."""
 
 
 def parse_request(doc: Any) -> Optional[ProfileRequest]:
