@@ -96,18 +96,20 @@ def child(model: str, variant: str, window: int, before: int, after: int) -> dic
     base = statistics.median(times["before"])
     return {
         "teardown_cupti": os.environ.get("TEARDOWN_CUPTI"),
-        "window_profiler": (
-            None
-            if variant == "control"
-            else "kineto"
-            if variant != "memory_only" or not hasattr(torch.autograd, "profiler_legacy")
-            else "legacy"
-        ),
+        "window_profiler": window_profiler(torch, variant),
         "profiles_written": len(os.listdir(os.path.join(spool, "profiles"))) if variant != "control" else 0,
         "before_seconds": base,
         "steps": {ph: len(ts) for ph, ts in times.items()},
         "over_before": {ph: statistics.median(ts) / base - 1 for ph, ts in times.items() if ts and ph != "before"},
     }
+
+
+def window_profiler(torch: object, variant: str) -> object:
+    """Which profiler the variant's window ran (``profiling.open_profiler``'s choice)."""
+    if variant == "control":
+        return None
+    legacy = hasattr(getattr(torch, "autograd", None), "profiler_legacy")
+    return "legacy" if variant == "memory_only" and legacy else "kineto"
 
 
 def run_child(args: argparse.Namespace, model: str, variant: str) -> dict[str, object]:

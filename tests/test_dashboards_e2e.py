@@ -24,6 +24,7 @@ import pytest
 
 from dashboards import config, rules
 from oomsight import schema, tape
+from oomsight.spool import write_atomic
 from oomsight_sidecar.config import SidecarSettings
 from oomsight_sidecar.main import build_app
 from oomsight_sidecar.server import serve
@@ -135,8 +136,7 @@ def _add_profile(spool: str, records: list[dict[str, Any]]) -> None:
     }
     assert schema.validate(doc) == "profile"
     os.makedirs(os.path.join(spool, "profiles"), exist_ok=True)
-    with open(os.path.join(spool, "profiles", f"{process['id']}.profile-e2e.json"), "w") as fh:
-        json.dump(doc, fh)
+    write_atomic(os.path.join(spool, "profiles", f"{process['id']}.profile-e2e.json"), json.dumps(doc).encode(), False)
 
 
 def _add_findings(spool: str) -> None:
@@ -156,9 +156,7 @@ def _add_findings(spool: str) -> None:
             advice |= {"capacity_bytes": 7 << 30, "fixed_bytes": 1 << 30, "bytes_per_sample": 60 << 20}
             doc["batch_advice"] = {**advice, "points": [[8, 1.5 * (1 << 30)], [32, 2.9 * (1 << 30)]]}
         assert schema.validate(doc) == "snapshot"
-        with open(path + ".tmp", "w") as fh:
-            json.dump(doc, fh)
-        os.replace(path + ".tmp", path)
+        write_atomic(path, json.dumps(doc).encode(), durable=False)
 
 
 def _finite(series: list[dict[str, Any]]) -> bool:

@@ -208,8 +208,9 @@ class Profiler:
     def _finish(self, prof: Any, window: tuple[ProfileRequest, int, float, float, int, int]) -> None:
         req, began_step, began_at, ended_at, peak, device = window
         try:
-            doc = build_profile(prof, self.process, req, began_step, began_at, ended_at, peak, device)
-            doc["table_artifact"], doc["trace_artifact"] = self._artifacts(prof, req)
+            avgs = prof.key_averages()  # the slow part: once for the document and the table
+            doc = build_profile(avgs, self.process, req, began_step, began_at, ended_at, peak, device)
+            doc["table_artifact"], doc["trace_artifact"] = self._artifacts(prof, avgs, req)
             path = os.path.join(self.writer.root, PROFILES, f"{self.process['id']}.profile-{req.id}.json")
             write_atomic(path, json.dumps(doc).encode(), durable=False)
             self.last = doc
@@ -218,16 +219,15 @@ class Profiler:
         finally:
             self.finishing = None
 
-    def _artifacts(self, prof: Any, req: ProfileRequest) -> tuple[Optional[str], Optional[str]]:
+    def _artifacts(self, prof: Any, avgs: Any, req: ProfileRequest) -> tuple[Optional[str], Optional[str]]:
         stem = f"{self.process['id']}.profile-{req.id}"
         folder = os.path.dirname(self.writer.artifact_path(0, "x"))
         table = os.path.join(folder, stem + ".txt")
-        avgs = prof.key_averages()
         if not req.cuda_time and self.torch.cuda.is_available():
             for avg in avgs:  # the table shows device memory columns only for events of a device
                 avg.use_device = "cuda"
         with open(table, "w", encoding="utf-8") as fh:
-            fh.write(avgs.table(sort_by=_sort_key(avgs, "memory"), row_limit=TABLE_ROWS))
+            fh.write(avgs.table(sort_by=_memory_sort_key(avgs), row_limit=TABLE_ROWS))
         trace = os.path.join(folder, stem + ".trace.json")
         prof.export_chrome_trace(trace)
         with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
@@ -312,7 +312,7 @@ def top_k(rows: list[ProfileOp], key: str, k: int = TOP_K) -> list[ProfileOp]:
 
 
 def build_profile(
-    prof: Any,
+    avgs: Any,
     process: ProcessInfo,
     req: ProfileRequest,
     began_step: int,
@@ -321,7 +321,7 @@ def build_profile(
     peak: int,
     device: int,
 ) -> Profile:
-    rows = [op_row(avg) for avg in prof.key_averages()]
+    rows = [op_row(avg) for avg in avgs]
     return Profile(
         schema_version=SCHEMA_VERSION,
         kind=KIND_PROFILE,
@@ -341,12 +341,10 @@ def build_profile(
     )
 
 
-def _sort_key(avgs: Any, what: str) -> str:
-    """The profiler's own sort key names (``self_device_memory_usage`` from torch 2.4)."""
+def _memory_sort_key(avgs: Any) -> str:
+    """The profiler's own sort key for self device memory (``self_device_memory_usage`` from torch 2.4)."""
     modern = bool(avgs) and hasattr(avgs[0], "self_device_memory_usage")
-    if what == "memory":
-        return "self_device_memory_usage" if modern else "self_cuda_memory_usage"
-    return "self_device_time_total" if modern else "self_cuda_time_total"
+    return "self_device_memory_usage" if modern else "self_cuda_memory_usage"
 
 
 def plan_start_step(
