@@ -14,6 +14,7 @@ WORKDIR /src
 COPY pyproject.toml ./
 COPY exporter/ exporter/
 COPY sidecar/ sidecar/
+COPY webhook/ webhook/
 RUN python -m venv "${VENV}" \
     && "${VENV}/bin/pip" install --no-cache-dir ".[sidecar]" \
     && "${VENV}/bin/pip" uninstall --yes pip

@@ -24,8 +24,8 @@ tools:
 	bash scripts/install-tools.sh
 
 lint:
-	$(VENV)/bin/ruff check $(wildcard exporter sidecar tests benchmarks dashboards)
-	$(VENV)/bin/lint-imports --config .importlinter
+	$(VENV)/bin/ruff check $(wildcard exporter sidecar webhook tests benchmarks dashboards)
+	$(VENV)/bin/lint-imports .importlinter
 
 typecheck:
 	$(VENV)/bin/mypy
@@ -41,9 +41,9 @@ unit:
 	$(PY) -m pytest -q
 
 # On the GPU machine (no network; run from the tree):
-#   PYTHONPATH=exporter:sidecar python3 -m pytest -m gpu -p no:cacheprovider tests
+#   PYTHONPATH=exporter:sidecar:webhook python3 -m pytest -m gpu -p no:cacheprovider tests
 gpu-test:
-	PYTHONPATH=exporter:sidecar $(PYTHON) -m pytest -m gpu tests
+	PYTHONPATH=exporter:sidecar:webhook $(PYTHON) -m pytest -m gpu tests
 
 clean:
 	rm -rf $(VENV) .tools

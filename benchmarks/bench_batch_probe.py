@@ -1,6 +1,6 @@
 """The batch-size probe against the classic loops, on the same model, same process.
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_batch_probe.py --out benchmarks/results
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_batch_probe.py --out benchmarks/results
 
 Model: 8x(Linear 2048 + GELU), AdamW, under a 4 GiB per-process cap (a small GPU). Compared:
 - oomsight.probe_batch_size (3 measured batches + one check, margin 3 %),
@@ -29,7 +29,7 @@ def main() -> None:
     import torch
     from torch import nn
 
-    from oomsight.probe import Memory, _try, probe_batch_size
+    from oomsight.tools.probe import Memory, _try, probe_batch_size
 
     torch.cuda.set_per_process_memory_fraction(4 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
     layers: list[nn.Module] = []

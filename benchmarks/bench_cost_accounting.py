@@ -1,6 +1,6 @@
 """What oomsight costs the launch-bound loop, accounted piece by piece in the same run.
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_cost_accounting.py --out benchmarks/results
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_cost_accounting.py --out benchmarks/results
 
 An A/B of wall time per step cannot resolve 0.5 % on a VM whose rounds differ by ±5 %
 (``overhead-launch-bound.json``). This measures each thing oomsight adds, against the
@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--hook-calls", type=int, default=50000)
     args = p.parse_args()
     import oomsight
-    from oomsight import hook
+    from oomsight.hook import runtime as hook
 
     os.environ["OOMSIGHT_DIR"] = tempfile.mkdtemp(prefix="oomsight-accounting-")
     spec = MODELS[args.model]

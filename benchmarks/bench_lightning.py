@@ -1,6 +1,6 @@
 """oomsight against Lightning's DeviceStatsMonitor on the same model, in the same run.
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_lightning.py --out benchmarks/results
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_lightning.py --out benchmarks/results
 
 Each round fits the GPU-bound reference model (8xLinear 2048, AdamW, batch 256) for the
 same number of steps three ways, in a shuffled order: a plain Trainer, the Trainer with

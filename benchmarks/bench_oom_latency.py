@@ -1,6 +1,6 @@
 """How long after a real CUDA OOM ``/metrics`` shows it (goal: at most 1 s).
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_oom_latency.py --out benchmarks/results
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_oom_latency.py --out benchmarks/results
 
 Each trial runs a job under ``oomsight run``; the job writes the wall time just before
 the failing allocation, catches the OOM and idles. The benchmark polls ``/metrics``

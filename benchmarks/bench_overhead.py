@@ -1,6 +1,6 @@
 """Step overhead of oomsight against a baseline in the same process, interleaved rounds.
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_overhead.py --out benchmarks/results
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_overhead.py --out benchmarks/results
 
 For each model (GPU-bound and launch-bound) and round, every variant runs the same
 number of steps in a shuffled order; the overhead of a variant is its time per step

@@ -1,6 +1,6 @@
 """Overhead of on-demand profiling: inside the window, and after it, against a control.
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_profile.py --out benchmarks/results
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_profile.py --out benchmarks/results
 
 Each run is a fresh process (what a profile leaves behind lives in the process) that trains
 the model with oomsight started: ``before`` steps, a 20-step window, the steps while the
@@ -51,8 +51,8 @@ def child(model: str, variant: str, window: int, before: int, after: int) -> dic
     import torch
 
     import oomsight
-    from oomsight import hook
-    from oomsight.profiling import write_request
+    from oomsight.hook import runtime as hook
+    from oomsight.wire.requests import write_request
 
     spool = tempfile.mkdtemp(prefix="oomsight-profile-bench-")
     os.environ["OOMSIGHT_DIR"] = spool

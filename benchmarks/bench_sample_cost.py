@@ -1,6 +1,6 @@
 """Cost of one allocator sample and of the other calls the hook makes, per call.
 
-PYTHONPATH=exporter:sidecar python3 benchmarks/bench_sample_cost.py --out benchmarks/results
+PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_sample_cost.py --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    from oomsight.allocator import TorchCuda
     from oomsight.config import Settings
-    from oomsight.hook import Hook
-    from oomsight.nvml import Nvml
+    from oomsight.hook.cuda import TorchCuda
+    from oomsight.hook.nvml import Nvml
+    from oomsight.hook.runtime import Hook
 
     _, step = build(2048, 256)
     for _ in range(10):

@@ -33,8 +33,8 @@ def charged_ms_per_second(native_id: int, seconds: float) -> float:
 def fake_hook(spool_root: str) -> Any:
     """A started hook over fake CUDA and NVML, its spool under ``spool_root``."""
     from oomsight.config import Settings
-    from oomsight.hook import Hook
-    from oomsight.nvml import Nvml
+    from oomsight.hook.nvml import Nvml
+    from oomsight.hook.runtime import Hook
 
     from fakes import FakeCuda, FakeNvmlModule
 

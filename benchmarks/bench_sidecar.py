@@ -1,6 +1,6 @@
 """Sidecar scrape latency (median, p99) and memory with N processes writing the spool.
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_sidecar.py --out benchmarks/results [--cpu-fake]
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_sidecar.py --out benchmarks/results [--cpu-fake]
 
 By default N real CUDA processes (``import oomsight.auto``) train a small model and
 write the spool while a real ``oomsight sidecar`` serves it. ``--cpu-fake`` writes the

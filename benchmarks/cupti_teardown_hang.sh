@@ -5,7 +5,7 @@
 # on-demand 5-step window (asked by `oomsight profile`) is written, then runs its own
 # torch.profiler session. Cases:
 #   teardown  TEARDOWN_CUPTI=1, with oomsight's refusal switched off by the job (it patches
-#             oomsight.profiling.unavailable_reason): what oomsight did before it refused
+#             oomsight.hook.profiler.unavailable_reason): what oomsight did before it refused
 #   off       TEARDOWN_CUPTI=0 (Kineto's default: CUPTI stays attached)
 #   late      as teardown, the job's own session 3 s after the window instead of at once
 #   nowindow  TEARDOWN_CUPTI=1 and the guard on: no oomsight window (the CLI is refused), the
@@ -18,14 +18,14 @@
 # that version of oomsight set TEARDOWN_CUPTI=1 itself at the window's start (no patch needed).
 # nowindow and memonly: benchmarks/results/cupti-teardown-memonly-h200.log (3 s before the abort is
 # short on a cold machine: set ABORT_AFTER=20 to tell a slow job from a hung one).
-export PYTHONPATH=exporter:sidecar PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+export PYTHONPATH=exporter:sidecar:webhook PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 D=$OUT/d; mkdir -p "$D"
 python3 - <<'PY'
 import sys; sys.path.insert(0, "tests")
 import test_gpu_advice as t
 teardown = (
-    'import os, oomsight.profiling\n'
-    'oomsight.profiling.unavailable_reason = lambda environ=None: None  # the guard off, for this test only\n'
+    'import os, oomsight.hook.profiler\n'
+    'oomsight.hook.profiler.unavailable_reason = lambda environ=None: None  # the guard off, for this test only\n'
     'os.environ["TEARDOWN_CUPTI"] = "1"  # read by Kineto when a trace stops\n'
 )
 open("/tmp/job.py", "w").write(t.PROFILED)

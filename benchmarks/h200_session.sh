@@ -3,7 +3,7 @@
 # tests and every benchmark. Results land in $OUT/results.tgz (re-packed after each stage,
 # so a stage that overruns loses only itself).
 set -u
-export PYTHONPATH=exporter:sidecar PYTHONUNBUFFERED=1
+export PYTHONPATH=exporter:sidecar:webhook PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 R=$OUT/r
 mkdir -p "$R/bench" "$R/fixtures"
@@ -14,7 +14,7 @@ STAGES="${STAGES:-env fixtures demo gpu-tests overhead sample-cost oom-latency s
 for s in $STAGES; do case $s in
   env) stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, sys; print(sys.version, torch.__version__, torch.version.cuda)"; python3 -m pip list 2>/dev/null | grep -iE "torch|lightning|prometheus|nvidia-ml|pytest|hypothesis"';;
   fixtures) stage fixtures 90 python3 tests/fixtures/record_h200.py "$R/fixtures";;
-  demo) stage demo 150 python3 -m oomsight run --port 0 --spool /tmp/demo-spool --tape "$R/h200-demo.tape.jsonl.gz" -- python3 -m oomsight.demo_train;;
+  demo) stage demo 150 python3 -m oomsight run --port 0 --spool /tmp/demo-spool --tape "$R/h200-demo.tape.jsonl.gz" -- python3 -m oomsight.tools.demo_train;;
   gpu-tests) stage gpu-tests 300 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py;;
   overhead) stage overhead 240 python3 benchmarks/bench_overhead.py --out "$R/bench";;
   sample-cost) stage sample-cost 90 python3 benchmarks/bench_sample_cost.py --out "$R/bench";;

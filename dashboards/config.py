@@ -95,7 +95,7 @@ SCHEMA_VERSION = 39
 DEFAULT_TIME = "now-3h"
 REFRESH = "30s"
 
-# Short remedy per diagnosed cause (oomsight.diagnosis.CAUSES), shown in annotations, the OOM
+# Short remedy per diagnosed cause (oomsight.analysis.diagnosis.CAUSES), shown in annotations, the OOM
 # table and alert descriptions. docs/diagnosis.md and the runbooks hold the full text.
 CAUSE_REMEDY = {
     "oversized_request": "one tensor is too large: chunk the loss/logits, or lower the batch size",

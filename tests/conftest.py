@@ -9,8 +9,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from oomsight.config import Settings
-from oomsight.hook import Hook
-from oomsight.nvml import Nvml
+from oomsight.hook.nvml import Nvml
+from oomsight.hook.runtime import Hook
 
 from fakes import FakeCuda, FakeNvmlModule
 

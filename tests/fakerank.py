@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from oomsight.config import Settings
-from oomsight.hook import Hook
-from oomsight.nvml import Nvml
+from oomsight.hook.nvml import Nvml
+from oomsight.hook.runtime import Hook
 
 from fakes import GIB, FakeCuda, FakeNvmlModule, FakeOptimizer
 

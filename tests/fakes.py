@@ -1,7 +1,7 @@
 """Stand-ins for torch.cuda and pynvml, fed with numbers shaped like the H200's.
 
-``FakeCuda`` implements ``oomsight.allocator.CudaApi``; ``FakeNvmlModule`` the part of
-``pynvml`` that ``oomsight.nvml.Nvml`` uses. Tests set ``.allocated`` and friends and
+``FakeCuda`` implements ``oomsight.hook.cuda.CudaApi``; ``FakeNvmlModule`` the part of
+``pynvml`` that ``oomsight.hook.nvml.Nvml`` uses. Tests set ``.allocated`` and friends and
 call the hook's real code paths.
 """
 
@@ -12,7 +12,7 @@ import os
 import types
 from typing import Any, Callable, Optional
 
-from oomsight.allocator import Reading, reading_from_nested
+from oomsight.hook.cuda import Reading, reading_from_nested
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -151,7 +151,7 @@ class FakeCuda:
 
 
 class FakeNvmlModule(types.SimpleNamespace):
-    """Enough of ``pynvml`` for oomsight.nvml: one device, a process list."""
+    """Enough of ``pynvml`` for oomsight.hook.nvml: one device, a process list."""
 
     nvmlMemory_v2 = 0x02000028
 

@@ -222,13 +222,13 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     import datetime
     import tempfile
 
-    from oomsight_sidecar.admission import Admitter
-    from oomsight_sidecar.certs import make_ca, make_serving
-    from oomsight_sidecar.injection import InjectionSettings
     from oomsight_sidecar.kubemetrics import KubernetesCollector
     from oomsight_sidecar.owner import Owner
-    from oomsight_sidecar.tls import FileCertificates, ServerContext
-    from oomsight_sidecar.webhook_main import Reconciler, WebhookCollector
+    from oomsight_webhook.admission import Admitter
+    from oomsight_webhook.certs import make_ca, make_serving
+    from oomsight_webhook.injection import InjectionSettings
+    from oomsight_webhook.main import Reconciler, WebhookCollector
+    from oomsight_webhook.tls import FileCertificates, ServerContext
 
     now = datetime.datetime.now(datetime.timezone.utc)
     context = ServerContext(tempfile.mkdtemp())

@@ -7,8 +7,8 @@ import time
 from typing import Any, Optional
 
 from oomsight.config import Settings
-from oomsight.hook import Hook
-from oomsight.nvml import Nvml
+from oomsight.hook.nvml import Nvml
+from oomsight.hook.runtime import Hook
 
 from fakes import GIB, FakeCuda, FakeNvmlModule, FakeOptimizer
 

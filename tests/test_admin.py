@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from oomsight.config import ConfigError
-from oomsight.profiling import write_request
+from oomsight.wire.requests import write_request
 from oomsight_sidecar.admin import AdminApp, AdminSettings
 
 from spoolmaker import hooked_process

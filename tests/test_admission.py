@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomsight_sidecar.admission import Admitter, BadRequest, parse_review
-from oomsight_sidecar.injection import InjectionSettings
+from oomsight_webhook.admission import Admitter, BadRequest, parse_review
+from oomsight_webhook.injection import InjectionSettings
 
 from kubetools import apply, fixture, validate
 
@@ -121,7 +121,7 @@ def test_a_content_type_with_a_charset_is_accepted():
 
 
 def test_a_bug_in_the_mutation_admits_the_pod_unchanged_and_is_counted(monkeypatch):
-    import oomsight_sidecar.admission as admission
+    import oomsight_webhook.admission as admission
 
     monkeypatch.setattr(admission, "mutate", lambda pod, s: 1 / 0)
     a = admitter()

@@ -6,11 +6,12 @@ import copy
 
 import pytest
 
-from oomsight import advice, report, tape
-from oomsight.advice import Assumptions, Footprint
-from oomsight.demo import TAPE
-from oomsight.inventory import take_inventory
-from oomsight.spool import SpoolReader
+from oomsight.analysis import advice
+from oomsight.analysis.advice import Assumptions, Footprint
+from oomsight.analysis.inventory import take_inventory
+from oomsight.tools import report, tape
+from oomsight.tools.demo import TAPE
+from oomsight.wire.spool import SpoolReader
 
 from fakes import GIB
 

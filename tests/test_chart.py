@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from oomsight.config import ConfigError
-from oomsight_sidecar.config import WebhookSettings
-from oomsight_sidecar.injection import ENV_KUBE_VERSION_HINT, InjectionSettings
-from oomsight_sidecar.tls import SelfManagedCertificates
-from oomsight_sidecar.webhook_main import resolve_native_sidecar
+from oomsight_webhook.injection import ENV_KUBE_VERSION_HINT, InjectionSettings
+from oomsight_webhook.main import resolve_native_sidecar
+from oomsight_webhook.settings import WebhookSettings
+from oomsight_webhook.tls import SelfManagedCertificates
 
 from fakes import ROOT
 from kubetools import kube_stub, rbac_allows, rbac_request, validate
@@ -350,8 +350,8 @@ def granted(rules):
 
 
 def sidecar_event_request(spool, monkeypatch, namespace):
-    from oomsight_sidecar.config import KubernetesSettings
     from oomsight_sidecar.events import EventPoster
+    from oomsight_sidecar.settings import KubernetesSettings
 
     from fakes import GIB
     from spoolmaker import hooked_process

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from oomsight.collector import SpoolCollector
+from oomsight.metrics.collector import SpoolCollector
 
 from fakes import GIB, ROOT
 from kubetools import sidecar_and_webhook_collectors

@@ -2,8 +2,8 @@
 the generated rules, against a real Prometheus that scraped a real ``oomsight sidecar``
 serving the replay of a recorded run with a CUDA OOM in it.
 
-The recording is the one made on an NVIDIA H200 (``exporter/oomsight/data/h200-demo.tape.jsonl.gz``,
-``python -m oomsight.demo_train``): two ranks on one GPU under a 5 % memory cap; rank 1 leaks
+The recording is the one made on an NVIDIA H200 (``exporter/oomsight/tools/data/h200-demo.tape.jsonl.gz``,
+``python -m oomsight.tools.demo_train``): two ranks on one GPU under a 5 % memory cap; rank 1 leaks
 evaluation outputs with their graph and dies of a CUDA OOM after rank 0 has finished.
 The pod's owner comes from a second, static exposition as the sidecar will publish it;
 the same sidecar is also scraped as a second pod without owner information, so both the
@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 
 from dashboards import config, rules
-from oomsight import schema, tape
-from oomsight.spool import write_atomic
-from oomsight_sidecar.config import SidecarSettings
+from oomsight.tools import tape
+from oomsight.wire import schema
+from oomsight.wire.spool import write_atomic
 from oomsight_sidecar.main import build_app
 from oomsight_sidecar.server import serve
+from oomsight_sidecar.settings import SidecarSettings
 
 from fakes import ROOT
 from panelquery import Probe, all_probes, substitute
@@ -35,7 +36,7 @@ from procs import exposition_server, http_get, owner_exposition, prometheus, pro
 
 pytestmark = pytest.mark.e2e
 
-H200_TAPE = os.path.join(ROOT, "exporter", "oomsight", "data", "h200-demo.tape.jsonl.gz")
+H200_TAPE = os.path.join(ROOT, "exporter", "oomsight", "tools", "data", "h200-demo.tape.jsonl.gz")
 RULES = os.path.join(ROOT, "helm", "oomsight", "rules", "oomsight.rules.yaml")
 REPLAY_SECONDS = 12.0
 """A longer recording is replayed faster, to last about this long."""

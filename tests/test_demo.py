@@ -6,7 +6,7 @@ import sys
 
 def test_the_demo_replays_the_h200_run_labelled_and_prints_the_report():
     result = subprocess.run(
-        [sys.executable, "-c", "from oomsight import demo; demo.main(speed=50)"],
+        [sys.executable, "-c", "from oomsight.tools import demo; demo.main(speed=50)"],
         capture_output=True,
         text=True,
         timeout=120,

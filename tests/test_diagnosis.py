@@ -1,6 +1,6 @@
 import pytest
 
-from oomsight.diagnosis import CAUSES, OomFacts, diagnose, leak_growth
+from oomsight.analysis.diagnosis import CAUSES, OomFacts, diagnose, leak_growth
 
 GIB = 1 << 30
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from oomsight.spool import SpoolReader
+from oomsight.wire.spool import SpoolReader
 
 from procs import free_port, http_get, wait_for
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from oomsight.spool import SpoolReader
+from oomsight.wire.spool import SpoolReader
 
 from procs import free_port, http_get, wait_for
 
@@ -136,7 +136,7 @@ PROBE = (
     MLP
     + """
 import oomsight
-from oomsight.probe import Memory, _try
+from oomsight.tools.probe import Memory, _try
 model = mlp(2048, 8)
 opt = torch.optim.AdamW(model.parameters())
 def step(batch):
@@ -178,7 +178,7 @@ def test_the_batch_probe_answer_runs_and_is_within_ten_percent_of_the_true_maxim
 PROFILED = """
 import json, os, sys, time, torch
 from torch import nn
-from oomsight.spool import SpoolReader
+from oomsight.wire.spool import SpoolReader
 torch.manual_seed(0)
 layers = []
 for _ in range(8):
@@ -332,7 +332,7 @@ def measured_remedies(tmp_path, variants: str, names: dict[str, str]) -> dict[st
 
 def test_measured_remedies_show_autocast_and_checkpointing_lowering_the_peak(tmp_path):
     variants = """
-    from oomsight.remedy import with_autocast
+    from oomsight.tools.remedy import with_autocast
     from torch.utils.checkpoint import checkpoint
     def ckpt():
         h = x

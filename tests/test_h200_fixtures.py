@@ -7,13 +7,13 @@ import types
 
 import pytest
 
-from oomsight import tape
-from oomsight.allocator import nested_from_flat, reading_from_nested
-from oomsight.collector import SpoolCollector
-from oomsight.demo import TAPE
-from oomsight.inventory import take_inventory
-from oomsight.nvml import Nvml
-from oomsight.spool import SpoolReader
+from oomsight.analysis.inventory import take_inventory
+from oomsight.hook.cuda import nested_from_flat, reading_from_nested
+from oomsight.hook.nvml import Nvml
+from oomsight.metrics.collector import SpoolCollector
+from oomsight.tools import tape
+from oomsight.tools.demo import TAPE
+from oomsight.wire.spool import SpoolReader
 
 from fakes import FIXTURES, FakeNvmlModule
 

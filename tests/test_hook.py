@@ -4,8 +4,8 @@ import errno
 import json
 import os
 
-from oomsight.schema import validate
-from oomsight.spool import SpoolReader
+from oomsight.wire.schema import validate
+from oomsight.wire.spool import SpoolReader
 
 from fakes import GIB, MIB, FakeCuda, FakeNvmlModule, FakeOptimizer
 
@@ -262,7 +262,7 @@ def test_a_forked_child_does_not_write_as_its_parent(make_hook, spool, monkeypat
 
 
 def test_a_memory_fraction_cap_limits_free_bytes_and_headroom(make_hook, spool):
-    from oomsight.family import headroom_bytes
+    from oomsight.metrics.family import headroom_bytes
 
     cuda = FakeCuda()
     cuda.limit = 7 * GIB  # torch.cuda.set_per_process_memory_fraction(0.05)

@@ -5,8 +5,8 @@ import types
 
 import pytest
 
-from oomsight.leakscan import scan
-from oomsight.probe import fit, probe_batch_size
+from oomsight.hook.leakscan import scan
+from oomsight.tools.probe import fit, probe_batch_size
 
 MIB = 1 << 20
 

@@ -10,19 +10,13 @@ import types
 
 import pytest
 
+from oomsight.analysis.profile_plan import plan_start_step
 from oomsight.config import Settings
-from oomsight.hook import Hook
-from oomsight.profiling import (
-    Profiler,
-    ProfileRequest,
-    parse_request,
-    plan_start_step,
-    top_k,
-    unavailable_reason,
-    write_request,
-)
-from oomsight.schema import ProfileOp, validate
-from oomsight.spool import SpoolReader, SpoolWriter
+from oomsight.hook.profiler import Profiler, top_k, unavailable_reason
+from oomsight.hook.runtime import Hook
+from oomsight.wire.requests import ProfileRequest, parse_request, write_request
+from oomsight.wire.schema import ProfileOp, validate
+from oomsight.wire.spool import SpoolReader, SpoolWriter
 
 from fakes import FakeCuda
 
@@ -174,7 +168,7 @@ def test_scheduled_profiles_start_by_themselves_memory_only_unless_asked(spool, 
 def test_scheduled_windows_with_cuda_time_warn_of_the_slowdown_at_start(spool, caplog, cuda_time):
     settings = Settings(spool_dir=spool, termination_message_path="", profile_every_seconds=600.0)
     hook = Hook(settings.replace(profile_scheduled_cuda_time=cuda_time), FakeCuda(), None, torch)
-    with caplog.at_level("WARNING", logger="oomsight.hook"):
+    with caplog.at_level("WARNING", logger="oomsight.hook.runtime"):
         hook.start()
     hook.stop()
     warned = [r.getMessage() for r in caplog.records if "trace CUDA time" in r.getMessage()]
@@ -249,7 +243,7 @@ def test_a_request_without_cuda_time_means_a_full_window_and_a_wrong_one_is_igno
 def test_a_process_with_cupti_teardown_refuses_windows_and_says_so(spool, monkeypatch, caplog):
     monkeypatch.setenv("TEARDOWN_CUPTI", "1")
     hook = Hook(Settings(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
-    with caplog.at_level("WARNING", logger="oomsight.hook"):
+    with caplog.at_level("WARNING", logger="oomsight.hook.runtime"):
         hook.start()
     assert [r.getMessage() for r in caplog.records if "no profiling windows" in r.getMessage()] == [
         f"oomsight: no profiling windows in this process: {unavailable_reason()}"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from oomsight.remedy import measure_remedies
+from oomsight.tools.remedy import measure_remedies
 
 MIB = 1 << 20
 

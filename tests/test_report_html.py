@@ -13,9 +13,11 @@ from xml.etree import ElementTree
 
 import pytest
 
-from oomsight import chart, cli, report_html, schema, tape, timeline
-from oomsight.demo import TAPE
-from oomsight.spool import SpoolReader, SpoolState, write_atomic
+from oomsight.analysis import timeline
+from oomsight.tools import chart, cli, report_html, tape
+from oomsight.tools.demo import TAPE
+from oomsight.wire import schema
+from oomsight.wire.spool import SpoolReader, SpoolState, write_atomic
 
 from fakes import GIB, ROOT
 
@@ -260,7 +262,11 @@ def test_without_matplotlib_the_html_report_fails_with_one_line_and_the_text_rep
     spool = str(tmp_path / "spool")
     tape.replay(TAPE, spool, speed=1e6, sleep=lambda s: None)
     out = str(tmp_path / "r.html")
-    code = "import sys; sys.modules['matplotlib'] = None\nfrom oomsight.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from oomsight.tools.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "exporter")}
     argv = [sys.executable, "-c", code, "report", "--html", out, spool]
     html_run = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -275,9 +281,10 @@ def test_without_matplotlib_the_html_report_fails_with_one_line_and_the_text_rep
 def test_only_the_html_report_imports_matplotlib():
     code = (
         "import sys\n"
-        "import oomsight.cli, oomsight.report, oomsight.advice, oomsight.timeline, oomsight.hook, oomsight.collector\n"
+        "import oomsight.tools.cli, oomsight.tools.report, oomsight.analysis.advice\n"
+        "import oomsight.analysis.timeline, oomsight.hook.runtime, oomsight.metrics.collector\n"
         "assert 'matplotlib' not in sys.modules, 'imported early'\n"
-        "import oomsight.report_html\n"
+        "import oomsight.tools.report_html\n"
         "assert 'matplotlib' in sys.modules\n"
     )
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "exporter")}

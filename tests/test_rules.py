@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from dashboards import alerts, config
-from oomsight.diagnosis import CAUSES
+from oomsight.analysis.diagnosis import CAUSES
 
 from fakes import ROOT
 

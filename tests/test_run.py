@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from oomsight import startup
+from oomsight.hook import startup
 
 PY = sys.executable
 
@@ -53,7 +53,7 @@ def test_the_hook_loads_without_a_code_change_when_torch_is_imported(tmp_path):
         import sys
         assert "oomsight" not in sys.modules, "loaded before torch"
         import torch
-        assert "oomsight.hook" in sys.modules, "not loaded by import torch"
+        assert "oomsight.hook.runtime" in sys.modules, "not loaded by import torch"
         print("hook-loaded")
         """,
     )

@@ -7,7 +7,7 @@ import re
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from oomsight.collector import SpoolCollector
+from oomsight.metrics.collector import SpoolCollector
 
 from fakes import GIB, ROOT
 from spoolmaker import hooked_process

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomsight import spool as spool_mod
-from oomsight.schema import SCHEMA_VERSION
-from oomsight.spool import SpoolReader, SpoolWriter
+from oomsight.wire import spool as spool_mod
+from oomsight.wire.schema import SCHEMA_VERSION
+from oomsight.wire.spool import SpoolReader, SpoolWriter
 
 
 def snapshot_doc(pid=1, rank=0, t=1000.0, **extra):

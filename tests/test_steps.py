@@ -5,8 +5,8 @@ import types
 import pytest
 
 from oomsight.config import Settings
-from oomsight.sampler import ErrorBook
-from oomsight.steps import StepTracker
+from oomsight.hook.sampler import ErrorBook
+from oomsight.hook.steps import StepTracker
 
 from fakes import FakeCuda, FakeOptimizer
 

@@ -10,11 +10,11 @@ import threading
 import pytest
 from cryptography import x509
 
-from oomsight_sidecar.certs import make_ca, make_serving, needs_renewal, service_dns_names, signed_by
-from oomsight_sidecar.config import WebhookSettings
 from oomsight_sidecar.kube import KubeError
-from oomsight_sidecar.tls import SelfManagedCertificates, ServerContext
-from oomsight_sidecar.webhook_main import resolve_native_sidecar
+from oomsight_webhook.certs import make_ca, make_serving, needs_renewal, service_dns_names, signed_by
+from oomsight_webhook.main import resolve_native_sidecar
+from oomsight_webhook.settings import WebhookSettings
+from oomsight_webhook.tls import SelfManagedCertificates, ServerContext
 
 from kubetools import FakeKube, kube_stub
 
@@ -187,7 +187,7 @@ def test_native_sidecars_follow_the_mode_then_the_server_version_then_the_charts
 
 
 def test_a_failing_certificate_source_is_counted_logged_once_and_the_old_certificate_kept(tmp_path, caplog):
-    from oomsight_sidecar.webhook_main import Reconciler
+    from oomsight_webhook.main import Reconciler
 
     kube = cluster()
     context = ServerContext(str(tmp_path / "certs"))

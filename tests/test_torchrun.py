@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from oomsight.collector import SpoolCollector
-from oomsight.spool import SpoolReader
+from oomsight.metrics.collector import SpoolCollector
+from oomsight.wire.spool import SpoolReader
 
 from fakes import ROOT
 
@@ -23,7 +23,7 @@ sys.path.insert(0, {tests!r})
 import torch, torch.distributed as dist
 from fakes import GIB, FakeCuda
 from oomsight.config import Settings
-from oomsight.hook import Hook
+from oomsight.hook.runtime import Hook
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -84,8 +84,8 @@ sys.path.insert(0, {tests!r})
 import torch, torch.distributed as dist
 from fakes import GIB, FakeCuda
 from oomsight.config import Settings
-from oomsight.hook import Hook
-from oomsight.spool import SpoolReader
+from oomsight.hook.runtime import Hook
+from oomsight.wire.spool import SpoolReader
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

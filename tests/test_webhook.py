@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomsight_sidecar.injection import InjectionSettings
-from oomsight_sidecar.podspec import SIDECAR_NAME, SPOOL_PATH, STARTUP_NAME, STARTUP_PATH
-from oomsight_sidecar.webhook import mutate
+from oomsight_webhook.injection import InjectionSettings
+from oomsight_webhook.mutation import mutate
+from oomsight_webhook.podspec import SIDECAR_NAME, SPOOL_PATH, STARTUP_NAME, STARTUP_PATH
 
 from kubetools import apply, fixture, validate
 

@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from oomsight_sidecar.certs import make_ca, make_serving
-from oomsight_sidecar.config import WebhookSettings
-from oomsight_sidecar.injection import InjectionSettings
-from oomsight_sidecar.tls import FileCertificates
-from oomsight_sidecar.webhook_main import run
+from oomsight_webhook.certs import make_ca, make_serving
+from oomsight_webhook.injection import InjectionSettings
+from oomsight_webhook.main import run
+from oomsight_webhook.settings import WebhookSettings
+from oomsight_webhook.tls import FileCertificates
 
 from kubetools import apply, fixture, validate
 from procs import free_port, http_get, wait_for

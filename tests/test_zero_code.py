@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from oomsight_sidecar.injection import InjectionSettings
-from oomsight_sidecar.podspec import STARTUP_NAME, STARTUP_PATH
-from oomsight_sidecar.webhook import mutate
+from oomsight_webhook.injection import InjectionSettings
+from oomsight_webhook.mutation import mutate
+from oomsight_webhook.podspec import STARTUP_NAME, STARTUP_PATH
 
 from kubetools import apply, fixture
 
@@ -24,7 +24,7 @@ print("oomsight-before-torch", "oomsight" in sys.modules)
 if IMPORT_TORCH:
     import torch
     import oomsight
-    print("hook-loaded", "oomsight.hook" in sys.modules)
+    print("hook-loaded", "oomsight.hook.runtime" in sys.modules)
     print("hook-from-startup-folder", oomsight.__file__.startswith(STARTUP))
 """
 

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from oomsight._version import __version__
+
 __all__ = ["__version__", "measure_remedies", "probe_batch_size", "start", "stop"]
 
 
 def start(**settings: Any) -> bool:
     """Start the hook (idempotent, never raises); True when it runs."""
-    from oomsight import hook
+    from oomsight.hook import runtime as hook
 
     return hook.start(**settings)
 
 
 def probe_batch_size(step_fn: Any, **kwargs: Any) -> Any:
     """The largest batch that keeps a safety margin, measured without provoking OOMs
-    (``oomsight.probe``); the answer also shows in the running hook's metrics."""
-    from oomsight import probe
+    (``oomsight.tools.probe``); the answer also shows in the running hook's metrics."""
+    from oomsight.tools import probe
 
     advice = probe.probe_batch_size(step_fn, **kwargs)
     probe.publish(advice)
@@ -32,14 +33,14 @@ def probe_batch_size(step_fn: Any, **kwargs: Any) -> Any:
 
 
 def measure_remedies(variants: Any, **kwargs: Any) -> Any:
-    """Peak memory and step time of each variant against the first (``oomsight.remedy``)."""
-    from oomsight import remedy
+    """Peak memory and step time of each variant against the first (``oomsight.tools.remedy``)."""
+    from oomsight.tools import remedy
 
     return remedy.measure_remedies(variants, **kwargs)
 
 
 def stop() -> None:
     """Stop the hook and write the final snapshot; safe when not started."""
-    from oomsight import hook
+    from oomsight.hook import runtime as hook
 
     hook.stop()

@@ -1,5 +1,5 @@
 import sys
 
-from oomsight.cli import main
+from oomsight.tools.cli import main
 
 sys.exit(main())

@@ -1,12 +1,10 @@
-"""The pod sidecar and the Kubernetes side of oomsight.
+"""The per-pod sidecar of oomsight.
 
 - ``main``, ``server``: the sidecar, serving the spool as Prometheus metrics with health endpoints;
+- ``admin``: the loopback admin endpoint (profile requests, artifacts);
 - ``events``, ``owner``, ``kubemetrics``: Kubernetes Events on OOM and the pod's owner;
-- ``webhook`` (pod -> JSONPatch), ``injection``, ``podspec``, ``patch``, ``admission``,
-  ``webhook_server``, ``webhook_main``: the sidecar-injecting admission webhook;
-- ``certs``, ``tls``: the webhook's certificates; ``kube``: every Kubernetes API call.
+- ``kube``: every Kubernetes API call; ``settings``: its settings groups.
 
-It imports only the wire format, the collector and settings from the ``oomsight`` library
-(``oomsight.spool``, ``oomsight.schema``, ``oomsight.inventory``, ``oomsight.collector``,
-``oomsight.config``, ``oomsight.units``); ``.importlinter`` checks it.
+It imports only ``oomsight.wire``, ``oomsight.metrics``, ``oomsight.analysis`` and
+``oomsight.config`` from the library, never the hook; ``.importlinter`` checks it.
 """

@@ -18,9 +18,9 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
+from oomsight.analysis.profile_plan import submit
 from oomsight.config import ConfigError
-from oomsight.profile_request import submit
-from oomsight.spool import ARTIFACTS, SpoolReader
+from oomsight.wire.spool import ARTIFACTS, SpoolReader
 
 ENV_ADMIN_HOST = "OOMSIGHT_ADMIN_HOST"
 ENV_ADMIN_PORT = "OOMSIGHT_ADMIN_PORT"

@@ -25,11 +25,11 @@ import threading
 from collections import Counter
 from typing import Callable, Optional
 
-from oomsight.schema import OomEvent
-from oomsight.spool import SpoolReader, write_atomic
-from oomsight.units import format_bytes as fb
-from oomsight_sidecar.config import KubernetesSettings
+from oomsight.analysis.units import format_bytes as fb
+from oomsight.wire.schema import OomEvent
+from oomsight.wire.spool import SpoolReader, write_atomic
 from oomsight_sidecar.kube import Json, KubeApi, KubeError
+from oomsight_sidecar.settings import KubernetesSettings
 
 logger = logging.getLogger(__name__)
 

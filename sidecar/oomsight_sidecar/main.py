@@ -9,15 +9,15 @@ from typing import Any, Callable, Optional
 
 from prometheus_client import CollectorRegistry
 
-from oomsight.collector import SpoolCollector
 from oomsight.config import ConfigError
+from oomsight.metrics.collector import SpoolCollector
 from oomsight_sidecar.admin import AdminApp, AdminSettings
-from oomsight_sidecar.config import KubernetesSettings, SidecarSettings
 from oomsight_sidecar.events import EventPoster
 from oomsight_sidecar.kube import KubeApi, KubeClient
 from oomsight_sidecar.kubemetrics import KubernetesCollector
 from oomsight_sidecar.owner import pod_owner
 from oomsight_sidecar.server import MetricsApp, serve
+from oomsight_sidecar.settings import KubernetesSettings, SidecarSettings
 
 logger = logging.getLogger(__name__)
 

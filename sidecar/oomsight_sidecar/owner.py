@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from oomsight_sidecar.config import ENV_OWNER_KIND, ENV_OWNER_NAME, KubernetesSettings
+from oomsight_sidecar.settings import ENV_OWNER_KIND, ENV_OWNER_NAME, KubernetesSettings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from oomsight.collector import SpoolCollector
+from oomsight.metrics.collector import SpoolCollector
 
 StartResponse = Callable[..., Any]
 

@@ -1,0 +1,123 @@
+"""What a read of the spool means: which processes are live, which have exited, and
+how many OOMs each (rank, local rank, device, GPU) has seen.
+
+Shared by the Prometheus collector and the text report, so both tell the same story.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from oomsight.wire.schema import OUTCOME_FATAL, OUTCOME_PENDING, OUTCOME_RECOVERED, OomEvent, Profile, Snapshot
+from oomsight.wire.spool import SpoolState
+
+DEFAULT_RETENTION_SECONDS = 300.0
+"""An exited process's series stay this long after its last snapshot, then vanish."""
+DEFAULT_STALE_AFTER_SECONDS = 30.0
+"""A running process whose snapshot is older than this is considered gone (killed)."""
+
+DeviceKey = tuple[str, str, str, str]
+"""(rank, local_rank, device, gpu_uuid) as label values."""
+
+
+@dataclasses.dataclass
+class ProcessView:
+    snapshot: Snapshot
+    up: bool
+    age_seconds: float
+    exit_reason: Optional[str]
+
+    @property
+    def rank_labels(self) -> tuple[str, str]:
+        p = self.snapshot["process"]
+        return str(p["rank"]), str(p["local_rank"])
+
+
+@dataclasses.dataclass
+class OomTally:
+    events: int = 0
+    fatal: int = 0
+    recovered: int = 0
+    last: Optional[OomEvent] = None
+
+
+@dataclasses.dataclass
+class EventView:
+    event: OomEvent
+    outcome: str
+    """The recorded outcome, except that a pending event of a process that is gone is fatal."""
+
+
+@dataclasses.dataclass
+class Inventory:
+    processes: list[ProcessView]
+    ooms: dict[DeviceKey, OomTally]
+    events: list[EventView]
+    skipped_total: dict[str, int]
+    readable: bool
+    error: Optional[str]
+    profiles: list[Profile] = dataclasses.field(default_factory=list)
+
+
+def device_key(rank: int, local_rank: int, device: int, uuid: str) -> DeviceKey:
+    return str(rank), str(local_rank), str(device), uuid
+
+
+def take_inventory(
+    state: SpoolState,
+    now: float,
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+) -> Inventory:
+    all_views = {s["process"]["id"]: _view(s, now, stale_after_seconds) for s in state.snapshots}
+    processes = _latest_per_rank([v for v in all_views.values() if v.up or v.age_seconds <= retention_seconds])
+    ooms: dict[DeviceKey, OomTally] = {}
+    for v in processes:
+        for dev in v.snapshot["devices"]:
+            ooms.setdefault(device_key(*_ranks(v.snapshot), dev["index"], dev["uuid"]), OomTally())
+    events = []
+    for ev in sorted(state.events, key=lambda e: e["time"]):
+        outcome = _effective_outcome(ev, all_views.get(ev["process"]["id"]), now, stale_after_seconds)
+        events.append(EventView(ev, outcome))
+        p = ev["process"]
+        tally = ooms.setdefault(device_key(p["rank"], p["local_rank"], ev["device"], ev["gpu_uuid"]), OomTally())
+        tally.events += 1
+        tally.fatal += outcome == OUTCOME_FATAL
+        tally.recovered += outcome == OUTCOME_RECOVERED
+        tally.last = ev
+    return Inventory(processes, ooms, events, state.skipped_total, state.readable, state.error, state.profiles)
+
+
+def _ranks(s: Snapshot) -> tuple[int, int]:
+    return s["process"]["rank"], s["process"]["local_rank"]
+
+
+def _view(s: Snapshot, now: float, stale_after: float) -> ProcessView:
+    age = max(now - s["time"], 0.0)
+    if s["state"] == "exited":
+        return ProcessView(s, False, age, s.get("exit_reason") or "exited")
+    if age > stale_after:
+        return ProcessView(s, False, age, "vanished")
+    return ProcessView(s, True, age, None)
+
+
+def _latest_per_rank(views: list[ProcessView]) -> list[ProcessView]:
+    """One process per (rank, local_rank): a live one over an exited one, then the newest."""
+    best: dict[tuple[int, int], ProcessView] = {}
+    for v in views:
+        key = _ranks(v.snapshot)
+        cur = best.get(key)
+        if cur is None or (v.up, v.snapshot["time"]) > (cur.up, cur.snapshot["time"]):
+            best[key] = v
+    return [best[k] for k in sorted(best)]
+
+
+def _effective_outcome(ev: OomEvent, owner: Optional[ProcessView], now: float, stale_after: float) -> str:
+    if ev["outcome"] != OUTCOME_PENDING:
+        return ev["outcome"]
+    if owner is not None and owner.up:
+        return OUTCOME_PENDING
+    if owner is None and now - ev["time"] <= stale_after:
+        return OUTCOME_PENDING  # its snapshot may not be written yet
+    return OUTCOME_FATAL  # the process ended without surviving it

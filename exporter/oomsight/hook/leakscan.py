@@ -1,0 +1,67 @@
+"""Finding tensors that survive an optimizer step still holding their autograd graph —
+the classic leak of ``outputs.append(model(x))`` or ``total_loss += loss``.
+
+Runs in the training thread at a step boundary (the only moment the answer means
+something), and only when the between-steps floor of allocated memory has been rising
+(``diagnosis.leak_growth``), at most once every few minutes: ``gc.get_objects()``
+costs tens of milliseconds in a large program.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import time
+from typing import Any, Callable, Optional
+
+from oomsight.analysis.units import format_bytes
+from oomsight.wire.schema import LeakFinding
+
+SITES = 5
+
+
+def scan(torch: Any, step: int, growth: Optional[int], sites_of: Callable[[list[int]], dict[int, str]]) -> LeakFinding:
+    """Count CUDA tensors alive with a ``grad_fn``; group them by where they came from.
+
+    ``sites_of`` maps storage pointers to allocation sites (Python stacks recorded by the
+    allocator history), or returns {} when history is off; then the groups are named by
+    the autograd node, dtype and shape that produced them.
+    """
+    groups: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
+    seen: set[int] = set()
+    ptrs: list[int] = []
+    total = count = 0
+    tensor = torch.Tensor
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads __class__, which some lazy proxies override
+        if not issubclass(type(obj), tensor) or obj.grad_fn is None or not obj.is_cuda:
+            continue
+        storage = obj.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        ptrs.append(ptr)
+        size = storage.nbytes()
+        count += 1
+        total += size
+        key = (type(obj.grad_fn).__name__, f"{str(obj.dtype).replace('torch.', '')} {tuple(obj.shape)}")
+        groups[key][0] += 1
+        groups[key][1] += size
+    located = sites_of(ptrs) if ptrs else {}
+    return LeakFinding(
+        checked_at=time.time(),
+        step=step,
+        graph_tensors=count,
+        graph_bytes=total,
+        growth_bytes=growth,
+        sites=_describe(groups, located),
+    )
+
+
+def _describe(groups: dict[tuple[str, str], list[int]], located: dict[int, str]) -> list[str]:
+    by_site = collections.Counter(located.values())
+    if by_site:
+        return [f"{site} ({n} tensors)" for site, n in by_site.most_common(SITES)]
+    top = sorted(groups.items(), key=lambda kv: kv[1][1], reverse=True)[:SITES]
+    return [f"{node} {what} x{n} = {format_bytes(size)}" for (node, what), (n, size) in top]

@@ -1,0 +1,304 @@
+"""The in-process hook: wires the sampler, the step tracker and the OOM recorder
+together and owns their lifecycle.
+
+``start()`` is idempotent (a second call warns once) and never raises: a missing
+torch, no CUDA, an old torch or a bad setting each give one log line and a hook
+that does nothing. Work that needs CUDA waits until the program itself
+initialises CUDA (``torch.cuda._lazy_call``): oomsight never creates a context.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from types import TracebackType
+from typing import Any, Optional
+
+from oomsight.analysis.diagnosis import leak_growth
+from oomsight.analysis.units import format_bytes
+from oomsight.config import ConfigError, Settings
+from oomsight.hook.cuda import CudaApi, TorchCuda, expandable_segments_enabled
+from oomsight.hook.identity import describe_process
+from oomsight.hook.leakscan import scan
+from oomsight.hook.nvml import Nvml
+from oomsight.hook.oom import OomRecorder
+from oomsight.hook.profiler import Profiler
+from oomsight.hook.sampler import ErrorBook, Sampler
+from oomsight.hook.steps import StepTracker
+from oomsight.wire.schema import BatchAdvice, LeakFinding
+from oomsight.wire.spool import SpoolWriter
+
+LEAK_SCAN_INTERVAL_SECONDS = 300.0
+"""At most one scan for graph-holding tensors per five minutes (gc.get_objects() is not free)."""
+
+logger = logging.getLogger(__name__)
+
+
+class Hook:
+    """One per process. Build with :func:`start`, or directly in tests with fakes."""
+
+    def __init__(self, settings: Settings, cuda: CudaApi, nvml: Optional[Nvml], torch: Any = None) -> None:
+        self.settings = settings
+        self.cuda = cuda
+        self.torch = torch
+        self.pid = os.getpid()
+        self.errors = ErrorBook()
+        torch_version, cuda_version = cuda.versions()
+        self.process = describe_process(
+            torch_version, cuda_version, _safe(cuda.backend, "native"), expandable_segments_enabled()
+        )
+        self.writer = SpoolWriter(settings.spool_dir, self.process["id"])
+        self.sampler = Sampler(settings, cuda, nvml, self.writer, self.process, self.errors)
+        self.steps: Optional[StepTracker] = None
+        if settings.step_hook:
+            self.steps = StepTracker(settings, cuda, self.errors)
+            self.steps.peak_devices = lambda: list(self.sampler.devices)
+        self.oom = OomRecorder(settings, cuda, self.writer, self.sampler, self.steps, self.errors)
+        self.profiler: Optional[Profiler] = None
+        if torch is not None and self.steps is not None:
+            self.profiler = Profiler(
+                torch,
+                self.writer,
+                self.process,
+                lambda exc: self.errors.record("profiler", exc),
+                settings.profile_every_seconds,
+                settings.profile_steps,
+                settings.profile_scheduled_cuda_time,
+            )
+            self.profiler.mark_peak, self.profiler.read_peak = self.sampler.mark_peak, self.sampler.read_peak
+        self.sampler.before_publish = self._before_publish
+        self.sampler.extra = self._extra
+        self.sources = {
+            "oom_observer": False,
+            "step_hook": False,
+            "history": False,
+            "profiler": False,  # windows can open: the step hook runs and nothing forbade them at start
+        }
+        self.uncaught: Optional[BaseException] = None
+        self.leak: Optional[LeakFinding] = None
+        self.batch_advice: Optional[BatchAdvice] = None
+        self._leak_due: Optional[int] = None  # growth that asks for a scan at the next step
+        self._last_leak_scan = -LEAK_SCAN_INTERVAL_SECONDS
+        self._cuda_ready = False
+        self._stopped = False
+
+    def start(self) -> None:
+        try:
+            self.writer.prepare()
+        except OSError as exc:
+            self.errors.record("spool_write", exc, f"check that {self.settings.spool_dir} is writable")
+        if self.steps is not None and self.torch is not None:
+            try:
+                self.sources["step_hook"] = self.steps.register(self.torch)
+                self.steps.on_step = self._on_step
+            except Exception as exc:
+                self.errors.record("step_hook", exc)
+        p = self.profiler  # a TEARDOWN_CUPTI set later is still refused, in Profiler.poll
+        refused = p.unavailable if p is not None else None
+        self.sources["profiler"] = self.sources["step_hook"] and p is not None and refused is None
+        if refused is not None:
+            logger.warning("oomsight: no profiling windows in this process: %s", refused)
+        elif self.settings.profile_every_seconds and self.settings.profile_scheduled_cuda_time:
+            logger.warning(
+                "oomsight: scheduled profiling windows trace CUDA time: after the first one the job stays "
+                "slower until it ends (Kineto keeps CUPTI attached; +10 % to +26 % on an H200, docs/profiling.md)"
+            )
+        if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
+            # No lazy-init hook in this torch: the sampler thread polls for initialisation.
+            self.sampler.start_thread()
+
+    def on_cuda_init(self) -> None:
+        """Runs inside torch's CUDA initialisation (or at once if it already happened)."""
+        try:
+            if self._cuda_ready or self._stopped:
+                return
+            self._cuda_ready = True
+            self.sampler.main_device = _safe(self.cuda.current_device, None)
+            if self.settings.oom_observer:
+                self.sources["oom_observer"] = self.cuda.attach_oom_observer(self.oom.observe)
+            if self.settings.record_history:
+                self.sources["history"] = self.oom.history = self.cuda.start_history(
+                    self.settings.history_max_entries, self.settings.history_mode
+                )
+            self.sampler.start_thread()
+        except Exception as exc:  # an exception here would surface as DeferredCudaCallError
+            self.errors.record("cuda_init", exc)
+
+    def _on_step(self) -> None:
+        """After every optimizer step (inside the step hook's error guard): cheap checks only."""
+        if self.oom.pending:
+            self.oom.on_step()
+        if self._leak_due is not None:
+            self._scan_leak()
+        p = self.profiler
+        if p is not None and (p.plan is not None or p.running is not None) and self.steps is not None:
+            p.on_step(self.steps.count)
+
+    def _check_leak(self) -> None:
+        """Sampler thread, before each publish: schedule a leak scan when the floor rises."""
+        if self.torch is None or time.time() - self._last_leak_scan < LEAK_SCAN_INTERVAL_SECONDS:
+            return
+        for dev in self.sampler.devices.values():
+            growth = leak_growth(list(dev.trend), dev.limit or dev.total or 1)
+            if growth is not None:
+                self._leak_due = growth
+                return
+
+    def _scan_leak(self) -> None:
+        growth, self._leak_due = self._leak_due, None
+        self._last_leak_scan = time.time()
+        sites = self.cuda.allocation_sites if self.oom.history else (lambda ptrs: {})
+        self.leak = scan(self.torch, self.steps.count if self.steps else 0, growth, sites)
+        logger.warning(
+            "oomsight: memory between steps grew by %s; %d CUDA tensors hold an autograd graph past the step "
+            "(%s). Likely a leak: %s",
+            format_bytes(growth),
+            self.leak["graph_tensors"],
+            format_bytes(self.leak["graph_bytes"]),
+            "; ".join(self.leak["sites"][:3]),
+        )
+
+    def _before_publish(self) -> None:
+        if self.profiler is not None:
+            self.profiler.poll(self.settings.spool_dir)
+        self._check_leak()
+
+    def _extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            "sources": dict(self.sources),
+            "oom_events_unwritten": self.oom.unwritten,
+            "profiling": self.profiler.active_id if self.profiler else None,
+            "leak": self.leak,
+            "batch_advice": self.batch_advice,
+        }
+        if self.steps is not None:
+            extra.update(steps=self.steps.info(), categories=self.steps.categories, step_peaks=self.steps.step_peaks)
+        return extra
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop sampling and write the final snapshot (state ``exited``)."""
+        if self._stopped or os.getpid() != self.pid:
+            return  # already stopped, or a forked child that inherited our atexit handler
+        self._stopped = True
+        self.oom.at_exit(self.uncaught if reason != "stopped" else None)
+        self.oom.active = False
+        if self.steps is not None:
+            _safe(self.steps.unregister, None)
+        self.sampler.stop_thread()
+        if self.oom.history:
+            _safe(self.cuda.stop_history, None)
+        self.sampler.state = "exited"
+        self.sampler.exit_reason = reason
+        if self.sampler.devices:
+            self.sampler.refresh()
+            self.sampler.publish()
+
+    def at_exit(self) -> None:
+        if self.uncaught is None:
+            self.stop("normal")
+        elif _is_oom(self.uncaught):
+            self.stop("oom")
+        else:
+            self.stop("exception")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__) or ("CUDA out of memory" in str(exc))
+
+
+def _safe(fn: Any, default: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+# ------------------------------------------------------------------ module API
+_lock = threading.Lock()
+_hook: Optional[Hook] = None
+_warned_twice = False
+
+
+def start(**overrides: Any) -> bool:
+    """Start oomsight in this process; keyword arguments override ``OOMSIGHT_*`` settings.
+
+    Returns True when the hook runs. Never raises.
+    """
+    global _hook, _warned_twice
+    with _lock:
+        if _hook is not None:
+            if not _warned_twice:
+                _warned_twice = True
+                logger.warning("oomsight: start() called again; the hook is already running")
+            return True
+        try:
+            _hook = _build(overrides)
+        except Exception as exc:
+            logger.warning("oomsight: not started: unexpected %s: %s", type(exc).__name__, exc)
+            _hook = None
+        return _hook is not None
+
+
+def _build(overrides: dict[str, Any]) -> Optional[Hook]:
+    try:
+        settings = Settings.from_env().replace(**overrides)
+    except ConfigError as exc:
+        logger.error("oomsight: not started: %s", exc)
+        return None
+    if settings.disabled:
+        logger.info("oomsight: disabled by OOMSIGHT_DISABLED")
+        return None
+    try:
+        import torch
+    except ImportError:
+        logger.warning("oomsight: idle: torch is not importable in this Python")
+        return None
+    cuda = TorchCuda(torch)
+    reason = _safe(cuda.unavailable_reason, "torch.cuda could not be queried")
+    if reason:
+        logger.warning("oomsight: idle: %s", reason)
+        return None
+    hook = Hook(settings, cuda, Nvml() if settings.nvml else None, torch)
+    hook.start()
+    atexit.register(hook.at_exit)
+    _chain_excepthook(hook)
+    return hook
+
+
+def _chain_excepthook(hook: Hook) -> None:
+    previous = sys.excepthook
+
+    def excepthook(tp: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        hook.uncaught = value
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def stop() -> None:
+    """Stop sampling and write the final snapshot. Safe to call when not started."""
+    global _hook
+    with _lock:
+        hook, _hook = _hook, None
+    if hook is not None:
+        try:
+            hook.stop()
+        except Exception as exc:
+            logger.warning("oomsight: stop failed: %s", exc)
+
+
+def current() -> Optional[Hook]:
+    """The running hook, if any (for tests and the report)."""
+    return _hook
+
+
+def _after_fork_in_child() -> None:
+    global _hook
+    _hook = None  # threads do not survive fork; a forked worker must not write as its parent
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,140 @@
+"""Training steps, seen through the global optimizer step hook.
+
+Per step (in the training thread) the hook only counts and takes a timestamp.
+Every ``categories_interval_seconds`` it also walks the tensors of the
+optimizers it has seen: parameters, gradients and optimizer state, summed per
+device, each storage counted once. With ``step_peaks`` (opt-in) it reads and
+resets the allocator peak after each step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+from oomsight.config import Settings
+from oomsight.hook.cuda import CudaApi
+from oomsight.hook.sampler import ErrorBook
+from oomsight.wire.schema import StepInfo, StepPeak
+
+PARAMS, GRADS, STATE = 0, 1, 2
+
+
+class StepTracker:
+    def __init__(
+        self,
+        settings: Settings,
+        cuda: CudaApi,
+        errors: ErrorBook,
+        clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.cuda = cuda
+        self.errors = errors
+        self.clock = clock
+        self.wall = wall
+        self.count = 0
+        self.duration_total = 0.0
+        self.last_duration: Optional[float] = None
+        self.last_step_wall: Optional[float] = None
+        self.categories: dict[int, tuple[int, int, int, float]] = {}
+        self.step_peaks: dict[int, StepPeak] = {}
+        self.peak_devices: Callable[[], list[int]] = list
+        """Set by the hook: the devices whose peaks to read when ``step_peaks`` is on."""
+        self.on_step: Optional[Callable[[], None]] = None
+        self._last: Optional[float] = None
+        self._next_walk = 0.0
+        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._handle: Any = None
+        self.active = True
+
+    def register(self, torch: Any) -> bool:
+        # torch.optim.optimizer is not always an attribute of torch.optim (2.13): import it
+        module = importlib.import_module(f"{torch.__name__}.optim.optimizer")
+        register = getattr(module, "register_optimizer_step_post_hook", None)
+        if register is None:
+            return False
+        self._handle = register(self.post_step)
+        return True
+
+    def unregister(self) -> None:
+        self.active = False
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The global post-step hook. Must never raise into the optimizer."""
+        if not self.active:
+            return
+        try:
+            now = self.clock()
+            if self._last is not None:
+                self.last_duration = now - self._last
+                self.duration_total += self.last_duration
+            self._last = now
+            self.count += 1
+            self.last_step_wall = self.wall()
+            if optimizer not in self._optimizers:
+                self._optimizers.add(optimizer)
+                self._next_walk = 0.0
+            if self.settings.step_peaks:
+                self._read_peaks()
+            if now >= self._next_walk:
+                self._next_walk = now + self.settings.categories_interval_seconds
+                self.walk()
+            if self.on_step is not None:
+                self.on_step()
+        except Exception as exc:
+            self.errors.record("step_hook", exc)
+
+    def _read_peaks(self) -> None:
+        for index in self.peak_devices():
+            r = self.cuda.read(index)
+            self.step_peaks[index] = StepPeak(
+                allocated_bytes=r.peak_allocated_bytes, reserved_bytes=r.peak_reserved_bytes
+            )
+            self.cuda.reset_peak(index)
+
+    def walk(self) -> None:
+        """Sum parameter, gradient and optimizer-state bytes per CUDA device."""
+        totals: dict[int, list[int]] = {}
+        seen: set[tuple[int, int]] = set()
+        for opt in list(self._optimizers):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    _add(p, PARAMS, totals, seen)
+                    if p.grad is not None:
+                        _add(p.grad, GRADS, totals, seen)
+            for state in opt.state.values():
+                for value in state.values():
+                    if hasattr(value, "untyped_storage"):
+                        _add(value, STATE, totals, seen)
+        stamp = self.wall()
+        self.categories = {dev: (t[0], t[1], t[2], stamp) for dev, t in totals.items()}
+
+    def info(self) -> StepInfo:
+        return StepInfo(
+            count=self.count,
+            duration_seconds_total=self.duration_total,
+            last_duration_seconds=self.last_duration,
+            last_step_time=self.last_step_wall,
+        )
+
+
+def _add(t: Any, slot: int, totals: dict[int, list[int]], seen: set[tuple[int, int]]) -> None:
+    if not getattr(t, "is_cuda", False):
+        return
+    index = t.device.index
+    try:
+        storage = t.untyped_storage()
+        key, size = (index, storage.data_ptr()), storage.nbytes()
+    except Exception:  # tensor subclasses without a plain storage (e.g. DTensor)
+        key, size = (index, id(t)), t.numel() * t.element_size()
+    if key in seen:
+        return
+    seen.add(key)
+    totals.setdefault(index, [0, 0, 0])[slot] += size

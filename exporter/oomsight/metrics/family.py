@@ -1,0 +1,194 @@
+"""The table of metric families read off a device snapshot: name, HELP, value.
+
+One row per family (``docs/metrics.md`` is the prose version); the collector turns
+rows into Prometheus families, the text report reuses the derived values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Callable, Optional
+
+from oomsight.wire.schema import DeviceSnapshot
+
+PROC = ["rank", "local_rank"]
+DEV = ["rank", "local_rank", "device", "gpu_uuid"]
+_SRC = "torch.cuda.memory_stats()"
+
+Row = tuple[str, str, Callable[[DeviceSnapshot], Optional[float]]]
+
+# name (without unit suffix handling: full name), help, value from a device snapshot
+ALLOCATOR_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_torch_allocated_bytes",
+        f"Bytes in live tensors ({_SRC} allocated_bytes.all.current).",
+        lambda d: d["allocator"]["allocated_bytes"],
+    ),
+    (
+        "oomsight_torch_reserved_bytes",
+        f"Bytes held by the caching allocator ({_SRC} reserved_bytes.all.current).",
+        lambda d: d["allocator"]["reserved_bytes"],
+    ),
+    (
+        "oomsight_torch_active_bytes",
+        f"Bytes in active blocks, incl. frees awaiting other streams ({_SRC} active_bytes.all.current).",
+        lambda d: d["allocator"]["active_bytes"],
+    ),
+    (
+        "oomsight_torch_requested_bytes",
+        f"Bytes requested by tensors before rounding ({_SRC} requested_bytes.all.current).",
+        lambda d: d["allocator"]["requested_bytes"],
+    ),
+    (
+        "oomsight_torch_inactive_split_bytes",
+        f"Free bytes inside split segments that empty_cache() cannot release: fragmentation ({_SRC} inactive_split_bytes.all.current).",
+        lambda d: d["allocator"]["inactive_split_bytes"],
+    ),
+    (
+        "oomsight_torch_peak_allocated_bytes",
+        f"Lifetime peak of allocated bytes; oomsight never resets it ({_SRC} allocated_bytes.all.peak).",
+        lambda d: d["allocator"]["peak_allocated_bytes"],
+    ),
+    (
+        "oomsight_torch_peak_reserved_bytes",
+        f"Lifetime peak of reserved bytes; oomsight never resets it ({_SRC} reserved_bytes.all.peak).",
+        lambda d: d["allocator"]["peak_reserved_bytes"],
+    ),
+    (
+        "oomsight_torch_window_peak_allocated_bytes",
+        "Maximum sampled allocated bytes within the hook's sliding window (OOMSIGHT_WINDOW_SECONDS).",
+        lambda d: d["allocator"]["window_peak_allocated_bytes"],
+    ),
+    (
+        "oomsight_torch_window_peak_reserved_bytes",
+        "Maximum sampled reserved bytes within the hook's sliding window.",
+        lambda d: d["allocator"]["window_peak_reserved_bytes"],
+    ),
+    (
+        "oomsight_torch_window_min_allocated_bytes",
+        "Minimum sampled allocated bytes within the sliding window: memory that survives between steps.",
+        lambda d: d["allocator"]["window_min_allocated_bytes"],
+    ),
+)
+ALLOCATOR_COUNTERS: Sequence[Row] = (
+    (
+        "oomsight_torch_alloc_retries",
+        f"cudaMalloc failures after which the allocator freed its cache and retried: slow steps, an OOM precursor ({_SRC} num_alloc_retries).",
+        lambda d: d["allocator"]["alloc_retries"],
+    ),
+    (
+        "oomsight_torch_ooms",
+        f"OOMs raised by this process's allocator, caught ones included ({_SRC} num_ooms); resets when the process restarts.",
+        lambda d: d["allocator"]["ooms"],
+    ),
+    (
+        "oomsight_torch_device_allocs",
+        f"cudaMalloc/cuMemMap calls ({_SRC} num_device_alloc; 0 before torch 2.4).",
+        lambda d: d["allocator"]["device_allocs"],
+    ),
+    (
+        "oomsight_torch_device_frees",
+        f"cudaFree/cuMemUnmap calls ({_SRC} num_device_free; 0 before torch 2.4).",
+        lambda d: d["allocator"]["device_frees"],
+    ),
+)
+NVML_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_gpu_memory_total_bytes",
+        "Device memory capacity (NVML nvmlDeviceGetMemoryInfo total).",
+        lambda d: _nv(d, "total_bytes"),
+    ),
+    (
+        "oomsight_gpu_memory_used_bytes",
+        "Device memory used by all processes and the driver (NVML used).",
+        lambda d: _nv(d, "used_bytes"),
+    ),
+    ("oomsight_gpu_memory_free_bytes", "Device memory free (NVML free).", lambda d: _nv(d, "free_bytes")),
+    (
+        "oomsight_gpu_memory_reserved_bytes",
+        "Device memory reserved by the driver and firmware (NVML v2 reserved).",
+        lambda d: _nv(d, "reserved_bytes"),
+    ),
+    (
+        "oomsight_gpu_utilization_ratio",
+        "Share of time a kernel ran on the device (NVML utilization.gpu / 100).",
+        lambda d: _nv(d, "utilization_ratio"),
+    ),
+    (
+        "oomsight_gpu_process_used_bytes",
+        "This process's device memory per NVML; absent where NVML cannot see the PID (containers).",
+        lambda d: _nv(d, "process_used_bytes"),
+    ),
+    (
+        "oomsight_gpu_process_visible",
+        "1 if NVML lists this process's PID on the device, else 0 (then non-torch bytes include other processes).",
+        lambda d: None if d["nvml"] is None else float(d["nvml"]["process_visible"]),
+    ),
+    (
+        "oomsight_gpu_non_torch_bytes",
+        "Device memory of this process outside PyTorch's allocator (CUDA context, NCCL, cuBLAS): NVML process used minus reserved; where the PID is not visible, device used minus reserved.",
+        lambda d: non_torch_bytes(d),
+    ),
+    (
+        "oomsight_gpu_headroom_bytes",
+        "Device memory left at this window's peak: total minus memory outside the allocator minus the window peak of reserved bytes.",
+        lambda d: headroom_bytes(d),
+    ),
+)
+LIMIT_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_torch_memory_limit_bytes",
+        "Per-process cap of the caching allocator set with torch.cuda.set_per_process_memory_fraction(); absent when unset.",
+        lambda d: d.get("limit_bytes"),
+    ),
+)
+STEP_PEAK_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_step_peak_allocated_bytes",
+        "Peak allocated bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS; resets torch's peak each step).",
+        lambda d: _step_peak(d, "allocated_bytes"),
+    ),
+    (
+        "oomsight_step_peak_reserved_bytes",
+        "Peak reserved bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS).",
+        lambda d: _step_peak(d, "reserved_bytes"),
+    ),
+)
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
+
+
+def _step_peak(d: DeviceSnapshot, key: str) -> Optional[float]:
+    peak = d.get("step_peak")
+    return None if peak is None else peak[key]  # type: ignore[literal-required]
+
+
+def _nv(d: DeviceSnapshot, key: str) -> Optional[float]:
+    nv = d["nvml"]
+    return None if nv is None else nv.get(key)  # type: ignore[return-value]
+
+
+def non_torch_bytes(d: DeviceSnapshot) -> Optional[int]:
+    nv = d["nvml"]
+    if nv is None:
+        return None
+    reserved = d["allocator"]["reserved_bytes"]
+    own = nv["process_used_bytes"] if nv["process_visible"] else None
+    base = own if own is not None else nv["used_bytes"]
+    return max(base - reserved, 0)
+
+
+def headroom_bytes(d: DeviceSnapshot, peak: Optional[int] = None) -> Optional[int]:
+    """Memory left at ``peak`` reserved bytes (default: the window peak), within the
+    device and within the process cap of ``set_per_process_memory_fraction``."""
+    nv = d["nvml"]
+    total = nv["total_bytes"] if nv is not None else d.get("total_bytes")
+    if not total:
+        return None
+    a = d["allocator"]
+    peak = a["window_peak_reserved_bytes"] if peak is None else peak
+    outside = max(nv["used_bytes"] - a["reserved_bytes"], 0) if nv is not None else 0
+    left = int(total) - outside - peak
+    limit = d.get("limit_bytes")
+    if limit:
+        left = min(left, int(limit) - peak)
+    return max(left, 0)

@@ -1,0 +1,131 @@
+"""The text memory report of ``oomsight run`` and ``oomsight report DIR``."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Optional
+
+from oomsight.analysis import advice
+from oomsight.analysis.inventory import EventView, Inventory, ProcessView
+from oomsight.analysis.units import format_bytes as fb
+from oomsight.analysis.units import format_ratio
+from oomsight.metrics.family import headroom_bytes, non_torch_bytes
+from oomsight.wire.schema import DeviceSnapshot
+
+
+def render(inv: Inventory, spool_dir: str, title: str = "oomsight memory report") -> str:
+    lines = [f"== {title} ==", f"spool: {spool_dir}"]
+    if not inv.readable:
+        lines.append(f"spool not readable: {inv.error}")
+        return "\n".join(lines) + "\n"
+    if not inv.processes and not inv.events:
+        lines.append("no process wrote data: did the program use CUDA? (oomsight waits for CUDA initialisation)")
+    for view in inv.processes:
+        lines.extend(_process(view))
+    if inv.events:
+        lines.append("")
+        lines.append(f"CUDA out-of-memory events: {len(inv.events)}")
+        for i, ev in enumerate(inv.events, 1):
+            lines.extend(_event(i, ev, spool_dir))
+    skipped = {k: v for k, v in inv.skipped_total.items() if v}
+    if skipped:
+        lines.append("skipped spool files: " + ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())))
+    return "\n".join(lines) + "\n"
+
+
+def _process(view: ProcessView) -> list[str]:
+    s = view.snapshot
+    p = s["process"]
+    state = "running" if view.up else f"exited ({view.exit_reason})"
+    steps = s["steps"]
+    mean = ""
+    if steps["count"] > 1 and steps["duration_seconds_total"] > 0:
+        mean = f", mean {1000 * steps['duration_seconds_total'] / (steps['count'] - 1):.1f} ms/step"
+    out = [
+        "",
+        f"rank {p['rank']} (local rank {p['local_rank']}, world {p.get('world_size', 1)}) "
+        f"pid {p['pid']} {p.get('argv0', '')}: {state}; {steps['count']} optimizer steps{mean}",
+        f"  torch {p.get('torch_version', '?')} CUDA {p.get('cuda_version', '?')}, allocator "
+        f"{p.get('allocator_backend', '?')}, expandable_segments "
+        f"{'on' if p.get('expandable_segments') else 'off'}",
+    ]
+    for d in s["devices"]:
+        out.extend(_device(d))
+    off = [k for k, ok in sorted(s.get("sources", {}).items()) if not ok]
+    if off:
+        out.append(f"  sources off: {', '.join(off)}")
+    if s.get("errors"):
+        out.append("  hook errors (swallowed): " + ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())))
+    return out
+
+
+def _device(d: DeviceSnapshot) -> list[str]:
+    a = d["allocator"]
+    nv = d["nvml"]
+    total: Optional[int] = nv["total_bytes"] if nv else d.get("total_bytes") or None
+    outside = non_torch_bytes(d)
+    limit = d.get("limit_bytes")
+    headroom = headroom_bytes(d, peak=a["peak_reserved_bytes"])
+    capacity = limit or total
+    share = headroom / capacity if headroom is not None and capacity else None
+    lines = [
+        f"  cuda:{d['index']} {d.get('name', '')} {d['uuid']}  capacity {fb(total)}"
+        + (f", process cap {fb(limit)} (set_per_process_memory_fraction)" if limit else ""),
+        f"    peak allocated {fb(a['peak_allocated_bytes'])}, "
+        f"peak reserved {fb(a['peak_reserved_bytes'])}, "
+        f"headroom at peak {fb(headroom)} ({format_ratio(share)})",
+        f"    now allocated {fb(a['allocated_bytes'])}, reserved {fb(a['reserved_bytes'])}; fragmentation: "
+        f"reserved but unallocated {fb(a['reserved_bytes'] - a['allocated_bytes'])}, inactive split "
+        f"{fb(a['inactive_split_bytes'])}",
+        f"    non-PyTorch memory of the process {fb(outside)}"
+        + (_outside_basis(d) if outside is not None else " (NVML unavailable)"),
+        f"    cudaMalloc retries {a['alloc_retries']}, allocator OOMs {a['ooms']}",
+    ]
+    c = d.get("categories")
+    if c:
+        lines.append(
+            f"    by category: parameters {fb(c['parameters_bytes'])}, gradients {fb(c['gradients_bytes'])}, "
+            f"optimizer state {fb(c['optimizer_state_bytes'])}, activations {fb(c['activations_bytes'])} "
+            f"(from the {c['basis'].replace('_', ' ')})"
+        )
+    return lines
+
+
+def _outside_basis(d: DeviceSnapshot) -> str:
+    nv = d["nvml"]
+    if nv and nv["process_visible"] and nv["process_used_bytes"] is not None:
+        return " (NVML process entry minus reserved)"
+    return " (device used minus reserved: includes other processes on this GPU)"
+
+
+def _event(i: int, ev: EventView, spool_dir: str) -> list[str]:
+    e = ev.event
+    d = e["diagnosis"]
+    when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [
+        f"  #{i} {when} rank {e['process']['rank']} cuda:{e['device']} step {e['step']}: "
+        f"requested {fb(e['requested_bytes'])}, free {fb(e['device_free_bytes'])} of "
+        f"{fb(e['device_total_bytes'])}, allocated {fb(e['allocated_bytes'])}, reserved "
+        f"{fb(e['reserved_bytes'])} -> {ev.outcome.upper()}",
+        f"     cause: {d['cause']}: {d['summary']}",
+    ]
+    lines.extend(f"     remedy: {r}" for r in d["remedies"])
+    if e.get("snapshot_artifact"):
+        path = os.path.join(spool_dir, "artifacts", str(e["snapshot_artifact"]))
+        lines.append(f"     memory snapshot: {path} (open in https://pytorch.org/memory_viz)")
+    fp = advice.at_oom(e)
+    if fp is not None:
+        lines.extend(_estimates(fp, d["cause"]))
+    return lines
+
+
+def _estimates(fp: advice.Footprint, cause: str) -> list[str]:
+    """The remedies estimated to fit (``oomsight.analysis.advice``); ``--html`` shows every estimate."""
+    choice = advice.choose(fp, advice.estimate_all(fp), cause=cause)
+    lines = [f"     estimate (peak {fb(fp.peak_bytes)}, target {fb(choice.target_bytes)}): {choice.message}"]
+    lines.extend(
+        f"       {e.title}: peak about {fb(e.peak_bytes)}, saves {fb(e.saving_bytes)} (assumes {e.assumption})"
+        for e in choice.fitting
+    )
+    return lines

@@ -1,0 +1,400 @@
+"""The self-contained HTML report: ``oomsight report --html FILE SPOOL_DIR``.
+
+One file that needs no network to view: the style sheet is inline, every chart is an inline
+SVG drawn by matplotlib (``oomsight.tools.chart``), and nothing refers to a script, style, font or
+image elsewhere. Every string read from the spool goes through ``html.escape``: spool
+content is untrusted (any process that can write the spool can write an op name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import itertools
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable
+
+from oomsight.analysis import advice, timeline
+from oomsight.analysis.inventory import EventView, Inventory, take_inventory
+from oomsight.analysis.units import format_bytes as fb
+from oomsight.analysis.units import format_ratio
+from oomsight.tools import chart
+from oomsight.wire.schema import OomEvent, Profile, ProfileOp, Snapshot
+from oomsight.wire.spool import SpoolReader, SpoolState, write_atomic
+
+logger = logging.getLogger(__name__)
+
+TITLE = "oomsight memory report"
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:70em;color:#222;
+padding:0 1em}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}h3{margin-bottom:.3em}
+table{border-collapse:collapse;margin:.5em 0 1em}th,td{border:1px solid #ddd;padding:.25em .6em;text-align:left;
+vertical-align:top}th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+figure{margin:.5em 0 1.5em}figcaption{color:#555;font-size:.9em}svg{max-width:100%;height:auto}
+.fatal{color:#b00;font-weight:bold}.recovered{color:#070;font-weight:bold}.pending{color:#a60;font-weight:bold}
+.note{color:#555}.estimate{background:#fffbe6;border-left:4px solid #e6c200;padding:.4em .8em}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}nav a{margin-right:1em}
+"""
+LEAK_COLUMNS = ("rank", "step", "tensors with a graph", "their bytes", "floor growth", "allocated at")
+OP_COLUMNS = ("operator", "calls", "self CUDA memory", "self CUDA time", "CUDA time (with children)", "CPU time")
+
+
+@dataclasses.dataclass
+class Report:
+    """Everything one page is made of."""
+
+    spool_dir: str
+    state: SpoolState
+    inventory: Inventory
+    timelines: dict[str, list[list[Any]]]
+    generated_at: float
+    origin: float
+    ids: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
+
+    def chart(self, draw: Callable[..., str], *args: Any) -> str:
+        """A chart as an inline ``<svg>``; a chart that cannot be drawn (numbers from the spool
+        that matplotlib refuses) becomes a note instead of failing the whole report."""
+        try:
+            return draw(*args, f"c{next(self.ids)}")
+        except (ValueError, OverflowError) as exc:
+            logger.warning("oomsight report: a chart could not be drawn (%s); the page says so", exc)
+            return f'<p class="note">chart not drawn: {_e(exc)}</p>'
+
+
+def build(spool_dir: str, now: float, retention_seconds: float) -> str:
+    """Read the spool and its timelines; return the page."""
+    state = SpoolReader(spool_dir).read()
+    inv = take_inventory(state, now, retention_seconds=retention_seconds)
+    timelines = timeline.read_all(spool_dir, state.snapshots)
+    return render(Report(spool_dir, state, inv, timelines, now, timeline.origin(state, timelines, now)))
+
+
+def write(path: str, page: str) -> None:
+    """Write the page atomically (a reader never sees half a page)."""
+    write_atomic(path, page.encode("utf-8"), durable=False)
+
+
+def render(r: Report) -> str:
+    body = [*_header(r)]
+    if r.inventory.readable:
+        for section in (_memory, _categories, _ooms, _estimates, _leaks, _batch_advice, _profiles):
+            body.extend(section(r))
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(TITLE)}</title>\n'
+        f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
+    )
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _when(t: float) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return str(t)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[int] = ()) -> str:
+    """A table; every cell escaped. ``numeric`` columns are right-aligned."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td{' class=num' if i in numeric else ''}>{_e(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
+
+
+def _header(r: Report) -> list[str]:
+    inv = r.inventory
+    out = [
+        f"<h1>{_e(TITLE)}</h1>",
+        f'<p class="note">spool {_e(r.spool_dir)}; generated {_e(_when(r.generated_at))}; '
+        f"{len(inv.processes)} processes, {len(inv.events)} OOM events, {len(r.state.profiles)} profiles</p>",
+    ]
+    if not inv.readable:
+        return [*out, f"<p>spool not readable: {_e(inv.error)}</p>"]
+    links = (
+        ("memory", "memory over time"),
+        ("categories", "by category"),
+        ("ooms", "OOM events"),
+        ("estimates", "remedy estimates"),
+        ("profiles", "profiles"),
+    )
+    out.append("<nav>" + "".join(f'<a href="#{k}">{_e(v)}</a>' for k, v in links) + "</nav>")
+    if not inv.processes and not inv.events:
+        out.append("<p>No process wrote data: did the program use CUDA? (oomsight waits for CUDA initialisation)</p>")
+    rows = [_process_row(v.snapshot, "running" if v.up else f"exited ({v.exit_reason})") for v in inv.processes]
+    out.append(_table(("rank", "local rank", "pid", "host", "program", "state", "steps", "torch", "CUDA"), rows))
+    skipped = {k: v for k, v in inv.skipped_total.items() if v}
+    if skipped:
+        out.append(f'<p class="note">skipped spool files: {_e(skipped)}</p>')
+    return out
+
+
+def _process_row(s: Snapshot, state: str) -> list[object]:
+    p = s["process"]
+    return [
+        p["rank"],
+        p["local_rank"],
+        p["pid"],
+        p.get("hostname", ""),
+        p.get("argv0", ""),
+        state,
+        s["steps"]["count"],
+        p.get("torch_version", "?"),
+        p.get("cuda_version", "?"),
+    ]
+
+
+def _memory(r: Report) -> list[str]:
+    out = ['<h2 id="memory">Memory over time</h2>']
+    panels = timeline.panels(r.state, r.inventory.events, r.timelines, r.origin)
+    if not panels:
+        return [*out, "<p>No timelines in the spool.</p>"]
+    out.append(
+        f'<p class="note">Time 0 is {_e(_when(r.origin))}. Allocated: bytes in live tensors; reserved: bytes the '
+        "caching allocator holds; window peak: the highest sampled allocated bytes of the publish window. Long "
+        f"timelines are drawn as the maximum of each of at most {chart.MAX_POINTS} intervals.</p>"
+    )
+    for panel in panels:
+        cap = f"{panel.capacity_label} {fb(panel.capacity_bytes)}" if panel.capacity_bytes else "capacity unknown"
+        out.append(_figure(r.chart(chart.memory_over_time, panel), f"{panel.title}: {cap}"))
+    return out
+
+
+def _categories(r: Report) -> list[str]:
+    bars: list[chart.CategoryBar] = []
+    for v in r.inventory.processes:
+        p = v.snapshot["process"]
+        for d in v.snapshot["devices"]:
+            c = d.get("categories")
+            if c and c["activations_bytes"] is not None:
+                bars.append(_bar(f"rank {p['rank']} cuda:{d['index']}", c))
+    for i, ev in enumerate(r.inventory.events, 1):
+        c = ev.event.get("categories")
+        if c and c["activations_bytes"] is not None:
+            bars.append(_bar(f"rank {ev.event['process']['rank']} cuda:{ev.event['device']} at OOM #{i}", c))
+    out = ['<h2 id="categories">Memory by category</h2>']
+    if not bars:
+        return [*out, "<p>No category breakdown yet (it needs an optimizer step).</p>"]
+    out.append(
+        _figure(
+            r.chart(chart.categories, bars),
+            "parameters, gradients and optimizer state are exact; activations are the peak minus those three",
+        )
+    )
+    rows = [[b.label, *(fb(x) for x in b.parts_bytes)] for b in bars]
+    out.append(_table(("", "parameters", "gradients", "optimizer state", "activations"), rows, numeric=(1, 2, 3, 4)))
+    return out
+
+
+def _bar(label: str, c: Any) -> chart.CategoryBar:
+    parts = (c["parameters_bytes"], c["gradients_bytes"], c["optimizer_state_bytes"], c["activations_bytes"] or 0)
+    return chart.CategoryBar(label, parts)
+
+
+def _ooms(r: Report) -> list[str]:
+    out = ['<h2 id="ooms">CUDA out-of-memory events</h2>']
+    if not r.inventory.events:
+        return [*out, "<p>None.</p>"]
+    for i, ev in enumerate(r.inventory.events, 1):
+        out.extend(_oom(r, i, ev))
+    return out
+
+
+def _oom(r: Report, i: int, ev: EventView) -> list[str]:
+    e = ev.event
+    d = e["diagnosis"]
+    p = e["process"]
+    outcome = ev.outcome if ev.outcome in ("fatal", "recovered", "pending") else "pending"
+    facts = [
+        ("requested", fb(e["requested_bytes"])),
+        ("allocated", fb(e["allocated_bytes"])),
+        ("reserved", fb(e["reserved_bytes"])),
+        ("reserved but unallocated", _bytes(e.get("reserved_unallocated_bytes"))),
+        ("inactive split", fb(e.get("inactive_split_bytes"))),
+        ("free for the process", fb(e["device_free_bytes"])),
+        ("total (or the process cap)", fb(e["device_total_bytes"])),
+    ]
+    out = [
+        f"<h3>OOM #{i}: rank {_e(p['rank'])} (local {_e(p['local_rank'])}) cuda:{_e(e['device'])}, "
+        f"step {_e(e.get('step', '?'))}, {_e(_when(e['time']))}: "
+        f'<span class="{outcome}">{_e(ev.outcome.upper())}</span></h3>',
+        f"<p><b>cause: {_e(d['cause'])}</b>: {_e(d['summary'])}</p>",
+        "<ol>" + "".join(f"<li>{_e(x)}</li>" for x in d["remedies"]) + "</ol>",
+        _table(("at the OOM", "bytes"), facts, numeric=(1,)),
+    ]
+    out.extend(_oom_details(e))
+    fp = advice.at_oom(e)
+    if fp is not None:
+        out.append("<h4>What a remedy would save at this OOM (estimates)</h4>")
+        out.extend(_estimate_block(r, fp, d["cause"]))
+    return out
+
+
+def _oom_details(e: OomEvent) -> list[str]:
+    """The stack, the allocator's own summary and the memory snapshot's name, when recorded."""
+    out = []
+    stack = e.get("stack")  # not checked by the schema: anything may be here
+    if isinstance(stack, list) and stack:
+        frames = "\n".join(str(x) for x in stack)
+        out.append(f"<details><summary>stack ({len(stack)} frames)</summary><pre>{_e(frames)}</pre></details>")
+    if e.get("allocator_summary"):
+        out.append(f"<details><summary>allocator summary</summary><pre>{_e(e['allocator_summary'])}</pre></details>")
+    if e.get("snapshot_artifact"):
+        out.append(
+            f"<p>memory snapshot: <code>{_e(e['snapshot_artifact'])}</code> in the spool's artifacts/ "
+            "(open it in pytorch.org/memory_viz)</p>"
+        )
+    return out
+
+
+def _estimates(r: Report) -> list[str]:
+    out = ['<h2 id="estimates">What a remedy would save (estimates)</h2>', f'<p class="note">{_e(ESTIMATE_NOTE)}</p>']
+    found = False
+    for v in r.inventory.processes:
+        p = v.snapshot["process"]
+        for d in v.snapshot["devices"]:
+            events = timeline.events_on(r.state.events, (p["rank"], p["local_rank"], d["index"]))
+            fp = advice.of_device(d, events)
+            if fp is None:
+                continue
+            found = True
+            if events:
+                out.append(f"<p>rank {_e(p['rank'])} cuda:{_e(d['index'])}: see its OOM above.</p>")
+                continue
+            cause = "leak" if v.snapshot.get("leak") else ""
+            out.append(f"<h3>rank {_e(p['rank'])} cuda:{_e(d['index'])}, latest breakdown</h3>")
+            out.extend(_estimate_block(r, fp, cause))
+    return out if found else [*out, "<p>No category breakdown to estimate from.</p>"]
+
+
+ESTIMATE_NOTE = (
+    "Estimates from a simple model, not measurements: the peak is parameters + gradients + optimizer state + "
+    "activations + other, each remedy changes one of them as its assumption says, and 'other' stays. A peak "
+    f"fits below the capacity minus a margin of {advice.Assumptions().margin_ratio:.0%}. torch.compile is "
+    "never credited with a saving: measure it."
+)
+
+
+def _estimate_block(r: Report, fp: advice.Footprint, cause: str) -> list[str]:
+    found = advice.estimate_all(fp)
+    choice = advice.choose(fp, found, cause=cause)
+    rows = [
+        [
+            e.title,
+            fb(e.peak_bytes) if e.peak_bytes is not None else "measure it",
+            fb(e.saving_bytes) if e.saving_bytes is not None else "not estimated",
+            {True: "yes", False: "no", None: "?"}[e.fits] if choice.judged else "not judged",
+            e.assumption,
+            e.cost,
+        ]
+        for e in found
+    ]
+    out = [
+        f'<p class="estimate">peak {fb(fp.peak_bytes)}, capacity {fb(fp.capacity_bytes)}, target '
+        f"{fb(choice.target_bytes)}: {_e(choice.message)}</p>",
+        _table(("remedy", "estimated peak", "saving", "fits", "assumption", "cost"), rows, numeric=(1, 2)),
+    ]
+    if choice.excess_bytes > 0:  # a chart of bars far below the target says nothing
+        out.append(r.chart(chart.estimates, fp.peak_bytes, found, choice.target_bytes, choice.judged))
+    return out
+
+
+def _leaks(r: Report) -> list[str]:
+    rows = []
+    for s in r.state.snapshots:
+        leak = s.get("leak")
+        if leak:
+            sites = "; ".join(str(x) for x in leak["sites"]) or "(record history to see them)"
+            growth = fb(leak.get("growth_bytes"))
+            p = s["process"]
+            rows.append([p["rank"], leak["step"], leak["graph_tensors"], fb(leak["graph_bytes"]), growth, sites])
+    if not rows:
+        return []
+    return [
+        "<h2 id='leak'>Leak findings</h2>",
+        "<p>Tensors that survived an optimizer step still holding their autograd graph.</p>",
+        _table(LEAK_COLUMNS, rows, numeric=(1, 2, 3, 4)),
+    ]
+
+
+def _batch_advice(r: Report) -> list[str]:
+    out: list[str] = []
+    for s in r.state.snapshots:
+        b = s.get("batch_advice")
+        if not b:
+            continue
+        out.append(f"<h3>rank {_e(s['process']['rank'])} cuda:{_e(b['device'])} ({_e(b['source'])})</h3>")
+        out.append(
+            f"<p>Largest batch that keeps {format_ratio(b['margin_ratio'])} of {fb(b['capacity_bytes'])} free: "
+            f"<b>{_e(b['max_batch_size'])}</b> (fit: {fb(b['fixed_bytes'])} + {fb(b['bytes_per_sample'])} per "
+            f"sample, {len(b['points'])} points, {_e(_when(b['measured_at']))})</p>"
+        )
+        out.append(r.chart(chart.batch_fit, b))
+    return ["<h2 id='batch'>Batch size advice</h2>", *out] if out else []
+
+
+def _profiles(r: Report) -> list[str]:
+    out = ['<h2 id="profiles">Profiles: top operators</h2>']
+    if not r.state.profiles:
+        return [*out, "<p>No profiles in the spool.</p>"]
+    for prof in sorted(r.state.profiles, key=lambda x: (x["started_at"], x["process"]["rank"])):
+        out.extend(_profile(prof))
+    return out
+
+
+def _profile(prof: Profile) -> list[str]:
+    p = prof["process"]
+    duration = prof["ended_at"] - prof["started_at"]
+    out = [
+        f"<h3>rank {_e(p['rank'])} cuda:{_e(prof['device'])}, request {_e(prof['request_id'])}: steps "
+        f"{_e(prof['start_step'] + 1)} to {_e(prof['start_step'] + prof['steps'])}</h3>",
+        f"<p>{_e(_when(prof['started_at']))}, {_e(f'{duration:.2f}')} s; peak allocated "
+        f"{fb(prof['peak_allocated_bytes'])}</p>",
+        "<p>By self CUDA memory</p>",
+        _ops_table(prof["top_by_memory"]),
+    ]
+    if prof.get("cuda_time", True):
+        out += ["<p>By self CUDA time</p>", _ops_table(prof["top_by_time"])]
+    else:
+        out.append("<p>A memory-only window: CUDA time was not traced.</p>")
+    artifacts = [x for x in (prof.get("table_artifact"), prof.get("trace_artifact")) if x]
+    if artifacts:
+        out.append("<p>in the spool's artifacts/: " + ", ".join(f"<code>{_e(a)}</code>" for a in artifacts) + "</p>")
+    return out
+
+
+def _ops_table(ops: list[ProfileOp]) -> str:
+    rows = [
+        [
+            op["op"],
+            op["calls"],
+            fb(op["self_cuda_memory_bytes"]),
+            _us(op["self_cuda_time_us"]),
+            _us(op["cuda_time_us"]),
+            _us(op["cpu_time_us"]),
+        ]
+        for op in ops
+    ]
+    return _table(OP_COLUMNS, rows, numeric=(1, 2, 3, 4, 5))
+
+
+def _bytes(value: object) -> str:
+    """Bytes of a field the schema does not check: "n/a" unless it is a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fb(value)
+    return "n/a"
+
+
+def _us(value: float) -> str:
+    return f"{value / 1000:,.3f} ms"

@@ -1,0 +1,85 @@
+"""Profile requests: small JSON documents in ``<spool>/requests/`` that ask every process of
+a pod for a profiler window (``{"kind": "profile_request", "id", "steps", "start_step",
+"created_at", "cuda_time"}``). The sidecar's admin endpoint and ``oomsight profile`` write
+them; the hook's profiler reads them (``oomsight.hook.profiler``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+from oomsight.wire.schema import SCHEMA_VERSION
+from oomsight.wire.spool import REQUESTS, write_atomic
+
+KIND_PROFILE_REQUEST = "profile_request"
+MAX_STEPS = 100
+"""The longest window a request may ask for, in optimizer steps."""
+
+
+class ProfileRequest:
+    def __init__(self, rid: str, steps: int, start_step: int, created_at: float, cuda_time: bool = True) -> None:
+        self.id = rid
+        self.steps = steps
+        self.start_step = start_step
+        self.created_at = created_at
+        self.cuda_time = cuda_time
+        """False: a memory-only window: no CUDA time, and no Kineto where torch has the legacy profiler."""
+
+
+def parse_request(doc: Any) -> Optional[ProfileRequest]:
+    """A request document, or None if it is not a valid one."""
+    if not isinstance(doc, dict) or doc.get("kind") != KIND_PROFILE_REQUEST:
+        return None
+    rid, steps, start, created = doc.get("id"), doc.get("steps"), doc.get("start_step", 0), doc.get("created_at")
+    cuda_time = doc.get("cuda_time", True)  # absent: written before memory-only windows existed
+    valid = (
+        isinstance(rid, str)
+        and rid.replace("-", "").isalnum()
+        and isinstance(steps, int)
+        and 1 <= steps <= MAX_STEPS
+        and isinstance(start, int)
+        and isinstance(created, (int, float))
+        and isinstance(cuda_time, bool)
+    )
+    return ProfileRequest(rid, steps, start, float(created), cuda_time) if valid else None  # type: ignore[arg-type]
+
+
+def write_request(spool_dir: str, rid: str, steps: int, start_step: int, cuda_time: bool = True) -> str:
+    """Write a profile request into the spool (used by the admin endpoint and the CLI)."""
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND_PROFILE_REQUEST,
+        "id": rid,
+        "steps": steps,
+        "start_step": start_step,
+        "created_at": time.time(),
+        "cuda_time": cuda_time,
+    }
+    folder = os.path.join(spool_dir, REQUESTS)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"profile-{rid}.json")
+    write_atomic(path, json.dumps(doc).encode(), durable=False)
+    return path
+
+
+def pending_requests(spool_dir: str, since: float, handled: set[str]) -> list[ProfileRequest]:
+    """Requests created after ``since`` that this process has not handled yet."""
+    folder = os.path.join(spool_dir, REQUESTS)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name), "rb") as fh:
+                req = parse_request(json.loads(fh.read(4096)))
+        except (OSError, ValueError):
+            continue
+        if req is not None and req.id not in handled and req.created_at >= since:
+            found.append(req)
+    return found

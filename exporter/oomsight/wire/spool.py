@@ -1,0 +1,336 @@
+"""The spool directory: how the hook hands its data to the sidecar.
+
+Layout (``docs/spool-format.md``)::
+
+    <spool>/snapshots/<process id>.json           rewritten atomically every publish
+    <spool>/events/<process id>.oom-<seq>.json    one per OOM, fsync'd before the error reaches user code
+    <spool>/artifacts/<process id>.oom-<seq>.pickle   memory snapshots, oldest evicted first
+
+Writers never leave a partial file under a final name (write a dot-prefixed temp
+file, then rename). Readers never crash on what they find: every file they
+cannot use is a counted skip with one log line, and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import stat as stat_mod
+import threading
+from collections.abc import Iterator
+from typing import Any, Union
+
+from oomsight.wire.schema import (
+    KIND_OOM_EVENT,
+    KIND_PROFILE,
+    KIND_SNAPSHOT,
+    SCHEMA_VERSION,
+    OomEvent,
+    Profile,
+    SchemaError,
+    Snapshot,
+    validate,
+)
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOTS = "snapshots"
+EVENTS = "events"
+ARTIFACTS = "artifacts"
+TIMELINES = "timelines"
+PROFILES = "profiles"
+REQUESTS = "requests"
+SUBDIRS = (SNAPSHOTS, EVENTS, ARTIFACTS, TIMELINES, PROFILES, REQUESTS)
+TIMELINE_MAX_BYTES = 1024 * 1024
+"""A timeline file is rotated to ``<id>.1.jsonl`` at this size: at most 2 MiB per process."""
+MAX_FILE_BYTES = 1024 * 1024
+"""Snapshots and events are a few KiB; anything over this is not ours."""
+
+SKIP_REASONS = ("corrupt", "oversized", "foreign", "future_version", "invalid", "unreadable")
+
+Document = Union[Snapshot, OomEvent, Profile]
+
+
+def event_name(process_id: str, seq: int) -> str:
+    return f"{process_id}.oom-{seq:05d}.json"
+
+
+def artifact_name(process_id: str, seq: int, suffix: str) -> str:
+    return f"{process_id}.oom-{seq:05d}.{suffix}"
+
+
+class SpoolWriter:
+    """Writes one process's files. Methods raise ``OSError``; the hook counts and swallows."""
+
+    def __init__(self, root: str, process_id: str) -> None:
+        self.root = root
+        self.process_id = process_id
+        self.snapshot_path = os.path.join(root, SNAPSHOTS, f"{process_id}.json")
+        self.timeline_path = os.path.join(root, TIMELINES, f"{process_id}.jsonl")
+
+    def prepare(self) -> None:
+        for sub in SUBDIRS:
+            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+
+    def write_snapshot(self, doc: Snapshot) -> None:
+        self._write(self.snapshot_path, _encode(doc), durable=False)
+
+    def write_event(self, doc: OomEvent) -> str:
+        """Write (or rewrite, to update its outcome) an OOM event durably; return its path."""
+        path = os.path.join(self.root, EVENTS, event_name(self.process_id, doc["seq"]))
+        self._write(path, _encode(doc), durable=True)
+        return path
+
+    def _write(self, path: str, data: bytes, durable: bool) -> None:
+        try:
+            write_atomic(path, data, durable)
+        except FileNotFoundError:  # the spool was created late or wiped: make it and retry once
+            self.prepare()
+            write_atomic(path, data, durable)
+
+    def append_timeline(self, row: list[Any]) -> None:
+        """Append one JSON line (one ``write`` with O_APPEND: readers never see half a line
+        from us); rotate the file once it exceeds ``TIMELINE_MAX_BYTES``."""
+        data = _encode(row) + b"\n"
+        try:
+            fd = os.open(self.timeline_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except FileNotFoundError:
+            self.prepare()
+            fd = os.open(self.timeline_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size > TIMELINE_MAX_BYTES:
+            os.replace(self.timeline_path, self.timeline_path[: -len(".jsonl")] + ".1.jsonl")
+
+    def artifact_path(self, seq: int, suffix: str) -> str:
+        return os.path.join(self.root, ARTIFACTS, artifact_name(self.process_id, seq, suffix))
+
+    def evict_artifacts(self, max_bytes: int) -> list[str]:
+        """Delete the oldest artifacts until the folder holds at most ``max_bytes``."""
+        folder = os.path.join(self.root, ARTIFACTS)
+        entries = []
+        for entry in os.scandir(folder):
+            if entry.is_file(follow_symlinks=False) and not entry.name.startswith("."):
+                st = entry.stat(follow_symlinks=False)
+                entries.append((st.st_mtime_ns, st.st_size, entry.path))
+        entries.sort()
+        total = sum(size for _, size, _ in entries)
+        evicted = []
+        for _, size, path in entries:
+            if total <= max_bytes:
+                break
+            os.unlink(path)
+            total -= size
+            evicted.append(path)
+        return evicted
+
+
+def _encode(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def write_atomic(path: str, data: bytes, durable: bool) -> None:
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        _unlink_quietly(tmp)
+        raise
+    if durable:
+        _fsync_dir(folder)
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the file itself is synced
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+@dataclasses.dataclass
+class SpoolState:
+    """What one read of the spool found."""
+
+    snapshots: list[Snapshot]
+    events: list[OomEvent]
+    skipped_total: dict[str, int]
+    """Cumulative count of distinct unusable files (a file counts again only if it changes)."""
+    readable: bool
+    error: str | None = None
+    profiles: list[Profile] = dataclasses.field(default_factory=list)
+    root: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seen:
+    mtime_ns: int
+    size: int
+    inode: int
+    doc: Document | None
+    reason: str | None
+
+
+class SpoolReader:
+    """Reads every process's snapshot and every OOM event, re-parsing only changed files."""
+
+    def __init__(self, root: str, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+        self.root = root
+        self.max_file_bytes = max_file_bytes
+        self._seen: dict[str, _Seen] = {}
+        self._skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self._bad_dirs: set[str] = set()
+        self._lock = threading.Lock()
+
+    def read(self) -> SpoolState:
+        with self._lock:
+            if not os.path.isdir(self.root):
+                return SpoolState([], [], dict(self._skipped), False, f"{self.root} is not a directory")
+            snapshots: list[Snapshot] = []
+            events: list[OomEvent] = []
+            profiles: list[Profile] = []
+            present: set[str] = set()
+            folders: tuple[tuple[str, str, list[Any]], ...] = (
+                (SNAPSHOTS, KIND_SNAPSHOT, snapshots),
+                (EVENTS, KIND_OOM_EVENT, events),
+                (PROFILES, KIND_PROFILE, profiles),
+            )
+            for sub, kind, out in folders:
+                for path in self._files(os.path.join(self.root, sub)):
+                    present.add(path)
+                    doc = self._load(path, kind)
+                    if doc is not None:
+                        out.append(doc)
+            for gone in set(self._seen) - present:
+                del self._seen[gone]
+            return SpoolState(snapshots, events, dict(self._skipped), True, profiles=profiles, root=self.root)
+
+    def _files(self, folder: str) -> Iterator[str]:
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if folder not in self._bad_dirs:
+                self._bad_dirs.add(folder)
+                self._skip(folder, "unreadable", str(exc))
+            return
+        self._bad_dirs.discard(folder)
+        for name in names:
+            if not name.startswith("."):  # dot files are writers' temp files in flight
+                yield os.path.join(folder, name)
+
+    def _load(self, path: str, kind: str) -> Document | None:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return None  # vanished between listdir and stat: a rename in flight
+        seen = self._seen.get(path)
+        if seen and (seen.mtime_ns, seen.size, seen.inode) == (st.st_mtime_ns, st.st_size, st.st_ino):
+            return seen.doc
+        doc, reason, detail = self._parse(path, st, kind)
+        self._seen[path] = _Seen(st.st_mtime_ns, st.st_size, st.st_ino, doc, reason)
+        if reason is not None:
+            self._skip(path, reason, detail)
+        return doc
+
+    def _parse(self, path: str, st: os.stat_result, kind: str) -> tuple[Document | None, str | None, str]:
+        if not stat_mod.S_ISREG(st.st_mode) or not path.endswith(".json"):
+            return None, "foreign", "not a regular .json file"
+        if st.st_size > self.max_file_bytes:
+            return None, "oversized", f"{st.st_size} bytes > {self.max_file_bytes}"
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read(self.max_file_bytes + 1)
+        except OSError as exc:
+            return None, "unreadable", str(exc)
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return None, "corrupt", f"not JSON ({exc})"
+        if not isinstance(doc, dict) or "schema_version" not in doc or "kind" not in doc:
+            return None, "foreign", "no schema_version/kind"
+        version = doc["schema_version"]
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+            return None, "future_version", f"schema_version {version} > {SCHEMA_VERSION}; upgrade the reader"
+        try:
+            found = validate(doc)
+        except SchemaError as exc:
+            return None, "invalid", str(exc)
+        if found != kind:
+            return None, "foreign", f"a {found} document in the {kind} folder"
+        return doc, None, ""  # type: ignore[return-value]
+
+    def _skip(self, path: str, reason: str, detail: str) -> None:
+        self._skipped[reason] += 1
+        logger.warning("oomsight: skipping spool file %s (%s: %s); it is left in place", path, reason, detail)
+
+
+def read_timeline(root: str, process_id: str) -> tuple[list[list[Any]], int]:
+    """(rows oldest first, lines skipped) of a process's timeline, rotated part included.
+
+    A row is ``[time, steps, [[device, allocated, reserved, window_peak_allocated], ...]]``.
+    """
+    rows: list[list[Any]] = []
+    skipped = 0
+    base = os.path.join(root, TIMELINES, process_id)
+    for path in (base + ".1.jsonl", base + ".jsonl"):
+        try:
+            with open(path, "rb") as fh:
+                lines = fh.read(4 * TIMELINE_MAX_BYTES).splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                skipped += 1
+                continue
+            if isinstance(row, list) and len(row) == 3 and isinstance(row[2], list):
+                rows.append(row)
+            else:
+                skipped += 1
+    return rows, skipped
+
+
+def timeline_row(doc: Snapshot) -> list[Any]:
+    """The compact line a publish appends to the process's timeline."""
+    return [
+        round(doc["time"], 3),
+        doc["steps"]["count"],
+        [
+            [
+                d["index"],
+                d["allocator"]["allocated_bytes"],
+                d["allocator"]["reserved_bytes"],
+                d["allocator"]["window_peak_allocated_bytes"],
+            ]
+            for d in doc["devices"]
+        ],
+    ]

@@ -1,0 +1,26 @@
+"""``oomsight webhook``: registered with the ``oomsight`` command line through the
+``oomsight.commands`` entry point (the library never imports this package)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    """Add the ``webhook`` subcommand to the ``oomsight`` parser's subparsers."""
+    hook = sub.add_parser(
+        "webhook",
+        help="the Kubernetes admission webhook that injects the sidecar",
+        description="Serve the sidecar-injecting admission webhook over HTTPS (settings: OOMSIGHT_WEBHOOK_*).",
+        epilog="example: oomsight webhook --tls-mode files --port 21443",
+    )
+    hook.add_argument("--port", type=int, default=None, help="HTTPS port (default 21443)")
+    hook.add_argument("--tls-mode", choices=("self", "files"), default=None, help="certificate source (default self)")
+    hook.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from oomsight_webhook.main import main
+
+    return main({"port": args.port, "tls_mode": args.tls_mode})

@@ -1,0 +1,281 @@
+"""What the webhook injects: cluster-wide settings (from ``OOMSIGHT_INJECT_*``, set by the
+chart) and their per-pod overrides (``oomsight.io/...`` annotations).
+
+A bad annotation never blocks a pod: the override is ignored and the admission response
+carries a warning that ``kubectl`` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Callable, Optional, TypeVar
+
+from oomsight.config import ConfigError
+from oomsight_sidecar.settings import DEFAULT_PORT, number_env
+
+ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
+ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"
+ENV_NATIVE = "OOMSIGHT_INJECT_NATIVE_SIDECAR"
+ENV_KUBE_VERSION_HINT = "OOMSIGHT_INJECT_KUBE_VERSION_HINT"
+ENV_CONTAINERS = "OOMSIGHT_INJECT_CONTAINERS"
+ENV_GPU_RESOURCES = "OOMSIGHT_INJECT_GPU_RESOURCES"
+ENV_SPOOL_SIZE = "OOMSIGHT_INJECT_SPOOL_SIZE_LIMIT"
+ENV_METRICS_PORT = "OOMSIGHT_INJECT_METRICS_PORT"
+ENV_CPU_REQUEST = "OOMSIGHT_INJECT_CPU_REQUEST"
+ENV_MEMORY_REQUEST = "OOMSIGHT_INJECT_MEMORY_REQUEST"
+ENV_CPU_LIMIT = "OOMSIGHT_INJECT_CPU_LIMIT"
+ENV_MEMORY_LIMIT = "OOMSIGHT_INJECT_MEMORY_LIMIT"
+ENV_RUN_AS_USER = "OOMSIGHT_INJECT_RUN_AS_USER"
+ENV_SCRAPE_ANNOTATIONS = "OOMSIGHT_INJECT_SCRAPE_ANNOTATIONS"
+ENV_EVENTS = "OOMSIGHT_INJECT_EVENTS"
+ENV_ZERO_CODE = "OOMSIGHT_INJECT_ZERO_CODE"
+ENV_DRAIN = "OOMSIGHT_INJECT_DRAIN_SECONDS"
+
+PREFIX = "oomsight.io/"
+ANN_INJECT_PYTHON = PREFIX + "inject-python"
+ANN_CONTAINERS = PREFIX + "containers"
+ANN_NATIVE = PREFIX + "native-sidecar"
+ANN_METRICS_PORT = PREFIX + "metrics-port"
+ANN_SPOOL_SIZE = PREFIX + "spool-size-limit"
+ANN_EVENTS = PREFIX + "events"
+ANN_PROFILE_EVERY = PREFIX + "profile-every-seconds"
+ANN_PROFILE_STEPS = PREFIX + "profile-steps"
+"""Scheduled profiling windows (memory-only by default): set as OOMSIGHT_PROFILE_* in the target containers."""
+PROFILE_STEPS_MAX = 100
+ANN_RESOURCES = {
+    "cpu_request": PREFIX + "sidecar-cpu-request",
+    "memory_request": PREFIX + "sidecar-memory-request",
+    "cpu_limit": PREFIX + "sidecar-cpu-limit",
+    "memory_limit": PREFIX + "sidecar-memory-limit",
+}
+ANN_STATUS = PREFIX + "status"
+"""Written by the webhook: ``injected``."""
+
+NATIVE_SIDECARS_SINCE = (1, 29)
+"""Native sidecars (init containers with ``restartPolicy: Always``) are on by default from 1.29."""
+
+_QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[mkMGTPE])?$")
+V = TypeVar("V")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """Requests and limits of the injected containers; an empty string leaves one unset."""
+
+    cpu_request: str = "10m"
+    """CPU the sidecar requests (it reads a few small files per scrape)."""
+
+    memory_request: str = "64Mi"
+    """Memory the sidecar requests (Python, prometheus_client and the kubernetes client)."""
+
+    cpu_limit: str = ""
+    """CPU limit; unset by default so scrapes are never throttled."""
+
+    memory_limit: str = "128Mi"
+    """Memory limit of the sidecar."""
+
+    def as_spec(self) -> dict[str, dict[str, str]]:
+        requests = {k: v for k, v in (("cpu", self.cpu_request), ("memory", self.memory_request)) if v}
+        limits = {k: v for k, v in (("cpu", self.cpu_limit), ("memory", self.memory_limit)) if v}
+        return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+@dataclasses.dataclass(frozen=True)
+class InjectionSettings:
+    """Cluster-wide injection settings; the chart sets every one from ``values.yaml``."""
+
+    image: str
+    """The oomsight image (sidecar and zero-code init container)."""
+
+    image_pull_policy: str = "IfNotPresent"
+    """Pull policy of the injected containers."""
+
+    native_sidecar: bool = True
+    """Inject as a native sidecar (Kubernetes >= 1.29) so Jobs complete; else a regular container."""
+
+    containers: str = "gpu"
+    """Which containers get the spool and env: ``gpu`` (those that ask for a GPU) or ``all``."""
+
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-", "amd.com/gpu")
+    """Resource names (or prefixes) that mean "this container asks for a GPU"."""
+
+    spool_size_limit: str = "256Mi"
+    """``sizeLimit`` of the memory-backed spool ``emptyDir`` (it counts as the pod's memory)."""
+
+    metrics_port: int = DEFAULT_PORT
+    """The sidecar's metrics port, named ``metrics``."""
+
+    resources: Resources = dataclasses.field(default_factory=Resources)
+    """Requests and limits of the sidecar."""
+
+    run_as_user: int = 65532
+    """The fixed non-root UID/GID of the injected containers."""
+
+    scrape_annotations: bool = True
+    """Add ``prometheus.io/scrape|port|path`` to the pod (for Prometheus without the operator)."""
+
+    events: bool = True
+    """Let the sidecar post Kubernetes Events on OOM (it still needs the RBAC grant)."""
+
+    zero_code: bool = True
+    """Honour ``oomsight.io/inject-python: "true"`` (the pod still has to opt in)."""
+
+    drain_seconds: float = 0.0
+    """The sidecar's ``OOMSIGHT_DRAIN_SECONDS``: serve this long after SIGTERM for a last scrape."""
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None, native_sidecar: bool = True) -> InjectionSettings:
+        e = os.environ if env is None else env
+        d = cls(image="")
+        image = e.get(ENV_IMAGE, "").strip()
+        if not image:
+            raise ConfigError(f"{ENV_IMAGE} is required: the image of the sidecar to inject")
+        containers = e.get(ENV_CONTAINERS, d.containers).strip()
+        if containers not in ("gpu", "all"):
+            raise ConfigError(f"{ENV_CONTAINERS}={containers!r} must be gpu or all")
+        r = d.resources
+        resources = Resources(
+            cpu_request=_quantity_env(e, ENV_CPU_REQUEST, r.cpu_request),
+            memory_request=_quantity_env(e, ENV_MEMORY_REQUEST, r.memory_request),
+            cpu_limit=_quantity_env(e, ENV_CPU_LIMIT, r.cpu_limit),
+            memory_limit=_quantity_env(e, ENV_MEMORY_LIMIT, r.memory_limit),
+        )
+        settings = cls(
+            image=image,
+            image_pull_policy=e.get(ENV_PULL_POLICY, d.image_pull_policy),
+            native_sidecar=native_sidecar,
+            containers=containers,
+            gpu_resources=tuple(x.strip() for x in e.get(ENV_GPU_RESOURCES, "").split(",") if x.strip())
+            or d.gpu_resources,
+            spool_size_limit=_quantity_env(e, ENV_SPOOL_SIZE, d.spool_size_limit) or d.spool_size_limit,
+            metrics_port=number_env(e, ENV_METRICS_PORT, d.metrics_port, int),
+            resources=resources,
+            run_as_user=number_env(e, ENV_RUN_AS_USER, d.run_as_user, int),
+            scrape_annotations=_bool_env(e, ENV_SCRAPE_ANNOTATIONS, d.scrape_annotations),
+            events=_bool_env(e, ENV_EVENTS, d.events),
+            zero_code=_bool_env(e, ENV_ZERO_CODE, d.zero_code),
+            drain_seconds=number_env(e, ENV_DRAIN, d.drain_seconds, float),
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not 1 <= self.metrics_port <= 65535 or self.run_as_user < 1:
+            raise ConfigError(f"{ENV_METRICS_PORT} must be a port and {ENV_RUN_AS_USER} a non-root UID")
+        if not 0 <= self.drain_seconds <= 3600:
+            raise ConfigError(f"{ENV_DRAIN}={self.drain_seconds} must be between 0 and 3600 seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class PodOptions:
+    """The settings for one pod after its annotations are applied."""
+
+    native_sidecar: bool
+    container_names: Optional[tuple[str, ...]]
+    metrics_port: int
+    spool_size_limit: str
+    resources: Resources
+    inject_python: bool
+    events: bool
+    profile_every_seconds: Optional[int] = None
+    profile_steps: Optional[int] = None
+
+
+def pod_options(settings: InjectionSettings, annotations: Mapping[str, str]) -> tuple[PodOptions, list[str]]:
+    """Apply ``oomsight.io/...`` annotations; a bad value is ignored with a warning."""
+    ann = _Overrides(annotations)
+    inject_python = ann.get(ANN_INJECT_PYTHON, False, _bool_or_none, "true or false")
+    if inject_python and not settings.zero_code:
+        ann.warnings.append(f"oomsight: {ANN_INJECT_PYTHON} is switched off in this cluster (zeroCode.enabled)")
+        inject_python = False
+    resources = Resources(
+        **{
+            field: ann.get(key, getattr(settings.resources, field), _quantity_or_none, "a quantity like 128Mi")
+            for field, key in ANN_RESOURCES.items()
+        }
+    )
+    names = annotations.get(ANN_CONTAINERS)
+    opts = PodOptions(
+        native_sidecar=ann.get(ANN_NATIVE, settings.native_sidecar, _bool_or_none, "true or false"),
+        container_names=tuple(n.strip() for n in names.split(",") if n.strip()) if isinstance(names, str) else None,
+        metrics_port=ann.get(ANN_METRICS_PORT, settings.metrics_port, _port_or_none, "a port number"),
+        spool_size_limit=ann.get(ANN_SPOOL_SIZE, settings.spool_size_limit, _quantity_or_none, "a quantity"),
+        resources=resources,
+        inject_python=inject_python,
+        events=ann.get(ANN_EVENTS, settings.events, _bool_or_none, "true or false"),
+        profile_every_seconds=ann.get(ANN_PROFILE_EVERY, None, _positive_or_none, "a whole number of seconds"),
+        profile_steps=ann.get(ANN_PROFILE_STEPS, None, _steps_or_none, f"1 to {PROFILE_STEPS_MAX} steps"),
+    )
+    return opts, ann.warnings
+
+
+class _Overrides:
+    """Reads annotations, collecting a warning for every value it has to ignore."""
+
+    def __init__(self, annotations: Mapping[str, str]) -> None:
+        self.annotations = annotations
+        self.warnings: list[str] = []
+
+    def get(self, key: str, default: V, parse: Callable[[str], Optional[V]], expected: str) -> V:
+        raw = self.annotations.get(key)
+        if raw is None:
+            return default
+        value = parse(str(raw).strip())
+        if value is None:
+            self.warnings.append(f"oomsight: ignored {key}={str(raw)[:40]!r}: expected {expected}")
+            return default
+        return value
+
+
+def native_sidecars_supported(git_version: str) -> Optional[bool]:
+    """``v1.29.3-gke.1`` -> True; None when the version cannot be read."""
+    m = re.match(r"^v?(\d+)\.(\d+)", git_version.strip())
+    if not m:
+        return None
+    return (int(m.group(1)), int(m.group(2))) >= NATIVE_SIDECARS_SINCE
+
+
+def _bool_or_none(raw: str) -> Optional[bool]:
+    low = raw.lower()
+    return True if low in _TRUE else False if low in _FALSE else None
+
+
+def _quantity_or_none(raw: str) -> Optional[str]:
+    return raw if _QUANTITY.match(raw) else None
+
+
+def _positive_or_none(raw: str) -> Optional[int]:
+    return int(raw) if raw.isdigit() and int(raw) >= 1 else None
+
+
+def _steps_or_none(raw: str) -> Optional[int]:
+    return int(raw) if raw.isdigit() and 1 <= int(raw) <= PROFILE_STEPS_MAX else None
+
+
+def _port_or_none(raw: str) -> Optional[int]:
+    return int(raw) if raw.isdigit() and 1 <= int(raw) <= 65535 else None
+
+
+def _bool_env(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = _bool_or_none(raw.strip())
+    if value is None:
+        raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false")
+    return value
+
+
+def _quantity_env(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    raw = raw.strip()
+    if raw and not _QUANTITY.match(raw):
+        raise ConfigError(f"{name}={raw!r} is not a Kubernetes quantity (e.g. 100m, 128Mi)")
+    return raw

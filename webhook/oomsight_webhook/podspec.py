@@ -1,0 +1,131 @@
+"""The objects the webhook adds to a pod: the sidecar, the zero-code init container, volumes.
+
+Every injected container meets Pod Security "restricted": non-root with a fixed UID,
+read-only root filesystem, no privilege escalation, all capabilities dropped, the
+runtime's default seccomp profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from oomsight.config import ENV_DIR
+from oomsight_sidecar.owner import Owner, owner_env
+from oomsight_sidecar.settings import (
+    ENV_DRAIN,
+    ENV_EVENTS,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_PORT,
+)
+from oomsight_webhook.injection import InjectionSettings, PodOptions
+
+SIDECAR_NAME = "oomsight-sidecar"
+STARTUP_NAME = "oomsight-startup"
+SPOOL_VOLUME = "oomsight-spool"
+STARTUP_VOLUME = "oomsight-startup"
+SPOOL_PATH = "/var/run/oomsight"
+STARTUP_PATH = "/var/run/oomsight-startup"
+STARTUP_SIZE_LIMIT = "32Mi"
+METRICS_PORT_NAME = "metrics"
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where Kubernetes mounts the service account token; the sidecar needs it to post Events."""
+
+Json = dict[str, Any]
+
+
+def security_context(uid: int) -> Json:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def field_env(name: str, field_path: str) -> Json:
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
+
+
+def sidecar_container(
+    settings: InjectionSettings, opts: PodOptions, owner: Optional[Owner], token_mount: Optional[Json]
+) -> Json:
+    """The metrics sidecar; a native sidecar when ``opts.native_sidecar``.
+
+    ``token_mount`` is the pod's service account token mount, copied from another container:
+    the API server's ServiceAccount admission adds it to the containers that exist before
+    mutating webhooks run, so a container added by a webhook would not get it otherwise."""
+    env = [
+        {"name": ENV_DIR, "value": SPOOL_PATH},
+        {"name": ENV_PORT, "value": str(opts.metrics_port)},
+        field_env(ENV_POD_NAME, "metadata.name"),
+        field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
+        field_env(ENV_POD_UID, "metadata.uid"),
+        *owner_env(owner),
+        {"name": ENV_EVENTS, "value": "1" if opts.events else "0"},
+    ]
+    if settings.drain_seconds:
+        env.append({"name": ENV_DRAIN, "value": f"{settings.drain_seconds:g}"})
+    container: Json = {
+        "name": SIDECAR_NAME,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["oomsight", "sidecar"],
+        "env": env,
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": opts.metrics_port, "protocol": "TCP"}],
+        "resources": opts.resources.as_spec(),
+        "securityContext": security_context(settings.run_as_user),
+        "volumeMounts": [{"name": SPOOL_VOLUME, "mountPath": SPOOL_PATH}, *([token_mount] if token_mount else [])],
+        "readinessProbe": _probe("/readyz", period_seconds=10),
+        "livenessProbe": _probe("/healthz", period_seconds=20),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if opts.native_sidecar:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+def token_mount(spec: Any) -> Optional[Json]:
+    """The service account token mount of any container of the pod (read-only), if one has it."""
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            for mount in (container.get("volumeMounts") if isinstance(container, dict) else None) or []:
+                if isinstance(mount, dict) and mount.get("mountPath") == TOKEN_PATH and mount.get("name"):
+                    return {"name": mount["name"], "mountPath": TOKEN_PATH, "readOnly": True}
+    return None
+
+
+def startup_container(settings: InjectionSettings) -> Json:
+    """The zero-code init container: copies the dependency-free hook into a shared volume."""
+    return {
+        "name": STARTUP_NAME,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["oomsight", "install-startup", STARTUP_PATH],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": security_context(settings.run_as_user),
+        "volumeMounts": [{"name": STARTUP_VOLUME, "mountPath": STARTUP_PATH}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def spool_volume(opts: PodOptions) -> Json:
+    return {"name": SPOOL_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": opts.spool_size_limit}}
+
+
+def startup_volume() -> Json:
+    return {"name": STARTUP_VOLUME, "emptyDir": {"sizeLimit": STARTUP_SIZE_LIMIT}}
+
+
+def _probe(path: str, period_seconds: int) -> Json:
+    return {
+        "httpGet": {"path": path, "port": METRICS_PORT_NAME},
+        "periodSeconds": period_seconds,
+        "timeoutSeconds": 2,
+        "failureThreshold": 3,
+    }
