@@ -75,6 +75,10 @@ class FakeCuda:
         self.read_error: Optional[Exception] = None
         self.resets: list[int] = []
         self.limit: Optional[int] = None
+        self.free_block: Optional[int] = None
+        self.backward = False
+        self.autocast = False
+        self.is_compiled = False
 
     def set(self, device: int = 0, **kw: Any) -> None:
         self.stats[device] = nested_stats(**kw)
@@ -148,6 +152,21 @@ class FakeCuda:
     def dump_snapshot(self, path: str) -> None:
         with open(path, "wb") as fh:
             fh.write(b"fake-pickle")
+
+    def largest_free_block(self, device: int) -> Optional[int]:
+        return self.free_block
+
+    def in_backward(self) -> bool:
+        return self.backward
+
+    def autocast_enabled(self) -> bool:
+        return self.autocast
+
+    def saved_tensor_hooks_active(self) -> bool:
+        return False
+
+    def compiled(self) -> bool:
+        return self.is_compiled
 
 
 class FakeNvmlModule(types.SimpleNamespace):

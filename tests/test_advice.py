@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -169,3 +170,24 @@ def test_the_text_report_names_the_remedies_estimated_to_fit_an_exhaustion_oom(h
     assert "activation checkpointing: peak about 2.13 GiB" in text
     state.events[0]["diagnosis"]["cause"] = "leak"
     assert "fix the leak first" in report.render(take_inventory(state, event["time"] + 1), spool)
+
+
+def test_a_job_already_under_autocast_gets_no_autocast_estimate():
+    fp = dataclasses.replace(FP, job={"autocast": True, "param_dtype": "float32"})
+    assert "autocast" not in [e.remedy for e in advice.estimate_all(fp)]
+    assert "autocast" in [e.remedy for e in advice.estimate_all(FP)]
+
+
+def test_a_job_with_checkpointing_and_compile_gets_neither_estimated():
+    fp = dataclasses.replace(FP, job={"checkpointing": True, "compiled": True})
+    names = [e.remedy for e in advice.estimate_all(fp)]
+    assert "checkpointing" not in names and "compile" not in names and "smaller_batch" in names
+
+
+def test_an_oom_that_happened_is_never_told_nothing_is_needed():
+    small = advice.Footprint(GIB, GIB, 2 * GIB, GIB, 5 * GIB, 80 * GIB)
+    assert "nothing needed" in advice.choose(small, advice.estimate_all(small)).message
+    oom = dataclasses.replace(small, oom=True)
+    choice = advice.choose(oom, advice.estimate_all(oom))
+    assert "nothing needed" not in choice.message and "yet this step ran out of memory" in choice.message
+    assert not choice.judged

@@ -124,7 +124,7 @@ step(16384)
     assert result.returncode == 1, result.stderr
     (event,) = SpoolReader(spool).read().events
     d = event["diagnosis"]
-    assert d["cause"] == "exhaustion", d
+    assert d["cause"] == "activations", d
     assert "checkpoint" in d["remedies"][0]
     cats = event["categories"]
     assert (

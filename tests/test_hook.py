@@ -129,8 +129,32 @@ def test_an_oom_is_written_durably_with_diagnosis_before_returning(make_hook, sp
     assert ev["outcome"] == "pending"
     assert ev["diagnosis"]["cause"] == "exhaustion"
     assert ev["allocator_summary"].startswith("|")
-    # the observer also published a snapshot, so the process is known at once
+    # the observer itself writes only the event; the sampler's next tick publishes the snapshot
+    assert not os.listdir(os.path.join(spool, "snapshots"))
+    hook.sampler.tick()
     assert read_snapshot(spool)["devices"][0]["allocator"]["ooms"] == 1
+
+
+def test_an_oom_event_that_cannot_be_written_is_counted_and_written_once_there_is_room(make_hook, spool, monkeypatch):
+    cuda = FakeCuda()
+    cuda.set(0, allocated=130 * GIB, reserved=132 * GIB, ooms=1)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.stop_thread()
+    real = hook.writer.write_event
+
+    def full(doc):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hook.writer, "write_event", full)
+    cuda.observer(0, 20 * GIB, 140 * GIB, 1 * GIB)
+    assert not os.listdir(os.path.join(spool, "events"))
+    assert hook.oom.unwritten_total == 1 and hook.errors.counts["oom_event_write"] == 1
+    monkeypatch.setattr(hook.writer, "write_event", real)
+    hook.sampler.publish()
+    assert len(os.listdir(os.path.join(spool, "events"))) == 1
+    assert hook.oom.unwritten_total == 0
+    assert read_snapshot(spool)["oom_events_unwritten"] == 0
 
 
 def test_a_step_after_an_oom_marks_it_recovered(make_hook, spool):

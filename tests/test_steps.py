@@ -5,7 +5,7 @@ import types
 import pytest
 
 from oomsight.config import Settings
-from oomsight.hook.sampler import ErrorBook
+from oomsight.hook.errors import ErrorBook
 from oomsight.hook.steps import StepTracker
 
 from fakes import FakeCuda, FakeOptimizer

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
 
+from oomsight.analysis import remedies
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.wire.schema import Categories, DeviceSnapshot, OomEvent
 
@@ -38,6 +40,10 @@ class Footprint:
     """The peak to lower: at least the sum of the categories."""
     capacity_bytes: int
     """The device total, the ``set_per_process_memory_fraction`` cap, or what was usable at an OOM."""
+    job: Optional[Mapping[str, Any]] = None
+    """What the job already does (the hook's detection): remedies in use are not estimated."""
+    oom: bool = False
+    """True for the footprint of an OOM that happened: it never "fits, nothing needed"."""
 
     @property
     def static_bytes(self) -> int:
@@ -120,15 +126,35 @@ def footprint(categories: Categories, capacity_bytes: int, peak_bytes: Optional[
 
 def at_oom(event: OomEvent) -> Optional[Footprint]:
     """The footprint of an OOM: the peak it needed (allocated plus the failing request) against
-    what the allocator could use then (reserved plus free, from the diagnosis), else its total."""
-    cat = event.get("categories")
+    what the allocator could use then (reserved plus free, from the diagnosis), else its total.
+    Before the first step completed the categories come from the model states read at the OOM."""
+    cat = event.get("categories") or _categories_from_states(event)
     if not cat:
         return None
     facts = event["diagnosis"].get("facts")
     usable = facts.get("usable_bytes") if isinstance(facts, dict) else None
     if not isinstance(usable, int) or isinstance(usable, bool) or usable <= 0:
         usable = event["device_total_bytes"]
-    return footprint(cat, usable, event["allocated_bytes"] + event["requested_bytes"])
+    fp = footprint(cat, usable, event["allocated_bytes"] + event["requested_bytes"])
+    return dataclasses.replace(fp, job=event.get("job"), oom=True) if fp is not None else None
+
+
+def _categories_from_states(event: OomEvent) -> Optional[Categories]:
+    ms = event.get("model_states")
+    if not isinstance(ms, dict):
+        return None
+    try:
+        params, grads, state = (int(ms[k]) for k in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return Categories(
+        parameters_bytes=params,
+        gradients_bytes=grads,
+        optimizer_state_bytes=state,
+        activations_bytes=max(event["allocated_bytes"] - params - grads - state, 0),
+        basis="at_oom",
+        measured_at=event["time"],
+    )
 
 
 def of_device(device: DeviceSnapshot, events: list[OomEvent]) -> Optional[Footprint]:
@@ -166,12 +192,18 @@ def autocast(fp: Footprint, a: Assumptions) -> Estimate:
     saving = round(fp.activations_bytes * (1 - a.autocast_activation_ratio)) - round(
         fp.parameters_bytes * a.autocast_weight_copy_ratio
     )
+    known = fp.job is not None and fp.job.get("autocast") is False
+    now = (
+        "activations are fp32 now (autocast not seen in this job)"
+        if known
+        else ("activations are fp32 now (whether the job uses autocast was not detected yet)")
+    )
     return _estimate(
         fp,
         a,
         "autocast",
         saving,
-        f"activations are fp32 now and become bf16 (times {a.autocast_activation_ratio:g}); autocast keeps a "
+        f"{now} and become bf16 (times {a.autocast_activation_ratio:g}); autocast keeps a "
         f"bf16 copy of the fp32 weights for backward (+ {a.autocast_weight_copy_ratio:g} of the parameter bytes)",
     )
 
@@ -192,9 +224,12 @@ def checkpointing(fp: Footprint, a: Assumptions) -> Estimate:
 def accumulation(fp: Footprint, a: Assumptions) -> Estimate:
     k = max(a.accumulation_steps, 1)
     saving = fp.activations_bytes - math.ceil(fp.activations_bytes / k)
-    return _estimate(
-        fp, a, "accumulation", saving, f"{k} micro-batches of batch/{k}: activations scale with the batch (÷ {k})"
-    )
+    now = fp.job.get("accumulation_steps") if fp.job else None
+    if isinstance(now, int) and now > 1:
+        text = f"the job accumulates {now} micro-batches now; {k} times as many, each 1/{k} of the size (÷ {k})"
+    else:
+        text = f"{k} micro-batches of batch/{k}: activations scale with the batch (÷ {k})"
+    return _estimate(fp, a, "accumulation", saving, text)
 
 
 def set_to_none(fp: Footprint, a: Assumptions) -> Estimate:
@@ -266,11 +301,27 @@ def _estimate(fp: Footprint, a: Assumptions, remedy: str, saving: int, assumptio
     return Estimate(remedy, TITLES[remedy], saving, peak, peak <= target_bytes(fp, a), assumption, COSTS[remedy])
 
 
+IN_USE_KEYS = {
+    "checkpointing": "checkpointing",
+    "autocast": "autocast",
+    "set_to_none": "set_to_none",
+    "compile": "compile",
+}
+"""Estimate -> the remedy key (``analysis.remedies``) that says whether the job already does it."""
+
+
 def estimate_all(fp: Footprint, a: Optional[Assumptions] = None) -> list[Estimate]:
-    """Every remedy's estimate, largest saving first; ``torch.compile`` (not estimated) last."""
+    """Every remedy's estimate the job does not already use, largest saving first; ``torch.compile``
+    (not estimated) last."""
     a = a or Assumptions()
-    found = [rule(fp, a) for rule in RULES]
+    found = [rule(fp, a) for rule in RULES if not _in_use(rule.__name__.rstrip("_"), fp.job)]
     return sorted(found, key=lambda e: (e.saving_bytes is None, -(e.saving_bytes or 0), ORDER.index(e.remedy)))
+
+
+def _in_use(name: str, job: Optional[Mapping[str, Any]]) -> bool:
+    key = IN_USE_KEYS.get(name)
+    check = remedies.IN_USE.get(key) if key else None
+    return bool(job and check and check(job))
 
 
 def accumulation_steps_to_fit(fp: Footprint, a: Assumptions, max_steps: int = 64) -> Optional[int]:
@@ -293,6 +344,13 @@ def choose(fp: Footprint, estimates: list[Estimate], a: Optional[Assumptions] = 
         msg = (
             "the diagnosis is a leak: the activations figure includes the leaked tensors, so fix the leak first; "
             "these estimates assume the peak is the work of one step"
+        )
+        return Choice(target, excess, [], None, msg, judged=False)
+    if excess <= 0 and fp.oom:
+        msg = (
+            f"by these categories the peak is {fb(-excess)} below the target, yet this step ran out of memory: "
+            "what the estimate cannot see decided it (memory outside the allocator, other processes, a cache "
+            "that had no block large enough, or more of the step still to come); the diagnosis above says which"
         )
         return Choice(target, excess, [], None, msg, judged=False)
     if excess <= 0:

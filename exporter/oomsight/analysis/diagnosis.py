@@ -1,185 +1,313 @@
 """Why a CUDA OOM happened, and the remedy that fits: a pure function of the facts.
 
-The causes, checked in this order (``docs/diagnosis.md`` explains each):
+The causes form a closed set (:class:`Cause`), checked in this order (``docs/diagnosis.md``):
 
-``oversized_request``   one request is more than half of all memory this process could use
 ``other_process``       other processes on the GPU hold a large share of it
 ``non_pytorch_memory``  this process holds a large share outside the caching allocator
-``leak``                the memory that survives between steps grew step after step
-``fragmentation``       the bytes exist (cached-but-unallocated plus free) but not in one block
-``exhaustion``          the job simply needs more than the device has
+``leak``                the memory that survives between steps rose step after step, the step's own did not
+``model_states``        parameters, gradients and optimizer state alone (nearly) fill the device
+``oversized_request``   one request is more than half of all this process could use, in an otherwise normal step
+``growing_demand``      the failing step needed more than any earlier step's peak: larger batch, longer sequence
+``fragmentation``       the step needed no more than before and the bytes existed, but in no block large enough
+``activations``         a steady step whose activations do not fit: the job is simply too big as configured
+``exhaustion``          out of memory with too little known to say more (no step and no optimizer seen)
+
+Each diagnosis states its evidence in numbers (``facts``) and names remedies the job
+does not already use (``remedies.pick``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional, TypedDict
 
+from oomsight.analysis import remedies, trend
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.wire.schema import Categories, Diagnosis, NvmlSample
 
-CAUSES = (
-    "oversized_request",
-    "other_process",
-    "non_pytorch_memory",
-    "leak",
-    "fragmentation",
-    "exhaustion",
-)
+
+class Cause(str, enum.Enum):
+    OTHER_PROCESS = "other_process"
+    NON_PYTORCH_MEMORY = "non_pytorch_memory"
+    LEAK = "leak"
+    MODEL_STATES = "model_states"
+    OVERSIZED_REQUEST = "oversized_request"
+    GROWING_DEMAND = "growing_demand"
+    FRAGMENTATION = "fragmentation"
+    ACTIVATIONS = "activations"
+    EXHAUSTION = "exhaustion"
+
+
+CAUSES = tuple(c.value for c in Cause)
 
 OUTSIDE_SHARE = 0.25
 """Memory outside this process's allocator above this share of the device is a cause."""
 OVERSIZED_SHARE = 0.5
 FRAGMENTATION_MIN_SHARE = 0.05
 """Cached-but-unallocated bytes below this share of the device are noise, not the cause."""
-LEAK_MIN_POINTS = 5
-LEAK_MONOTONE_SHARE = 0.8
-LEAK_MIN_GROWTH_SHARE = 0.05
+MODEL_STATES_SHARE = 0.7
+"""Parameters, gradients and (expected) optimizer state above this share of capacity leave
+activations too little room for any activation remedy to help."""
+DEMAND_MARGIN = 0.1
+"""The failing step needs more than earlier peaks when it exceeds them by this share."""
 
 
-class OomFacts(TypedDict):
+class ModelStates(TypedDict):
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    optimizer_state_expected_bytes: Optional[int]  # once every optimizer's state exists; None: unknown kind
+
+
+class OomFacts(TypedDict, total=False):
     requested_bytes: int
-    device_total_bytes: int
-    device_free_bytes: int
+    device_total_bytes: int  # capacity: the per-process cap where one is set, else the device total
+    device_free_bytes: int  # what this process could still get (cap-relative)
     physical_free_bytes: int  # free on the device, before any per-process cap
     allocated_bytes: int
     reserved_bytes: int
     inactive_split_bytes: int
     nvml: Optional[NvmlSample]
     categories: Optional[Categories]
-    trend: Sequence[Sequence[float]]
+    trend: Sequence[Sequence[float]]  # legacy window trend: [[time, window_min_allocated, steps], ...]
     expandable_segments: bool
-
-
-REMEDY = {
-    "batch": "Lower the batch size and keep the effective batch with gradient accumulation "
-    "(accumulate N micro-batches before optimizer.step()).",
-    "autocast": "Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16): "
-    "activations are stored in 2 bytes instead of 4.",
-    "checkpointing": "Use activation checkpointing (torch.utils.checkpoint.checkpoint on the "
-    "largest blocks): recompute activations in backward instead of storing them.",
-    "compile": "Try torch.compile and measure its peak: it can fuse away temporaries, but it "
-    "can also raise the peak (pytorch/pytorch#122512).",
-    "expandable": "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF "
-    "before torch 2.9) so freed blocks can be reused across segments.",
-    "split": "Expandable segments are already on: try PYTORCH_ALLOC_CONF="
-    "garbage_collection_threshold:0.8 or max_split_size_mb to limit splitting of large blocks.",
-    "shapes": "Keep tensor shapes stable between steps (pad or bucket variable-length inputs).",
-    "leak": "Do not keep tensors that carry their autograd graph across steps: log loss.item() "
-    "or loss.detach(), not loss; clear lists of outputs; check hooks and caches.",
-    "set_to_none": "Free gradients between steps with optimizer.zero_grad(set_to_none=True) "
-    "(the default since torch 2.0; check your framework does not override it).",
-    "history": "Record allocation history (OOMSIGHT_RECORD_HISTORY=1) and open the OOM snapshot "
-    "in https://pytorch.org/memory_viz to see where the surviving tensors were created.",
-    "other_process": "Another process uses this GPU: give the job a GPU of its own, or lower the "
-    "other tenant's share (MIG slice, MPS limit, time-slicing off).",
-    "non_pytorch": "Memory outside PyTorch's allocator (CUDA context, NCCL buffers, cuBLAS/cuDNN "
-    "workspaces, other libraries) is large: lower NCCL_BUFFSIZE or the number of NCCL "
-    "channels, and check other CUDA libraries (CuPy, JAX, TensorRT) in the process.",
-    "oversized": "Split the one huge tensor: chunk the loss/logits over the sequence or "
-    "vocabulary, or use a memory-efficient kernel (scaled_dot_product_attention).",
-    "shard": "Parameters, gradients and optimizer state dominate: shard them (FSDP/ZeRO), keep "
-    "parameters in bf16, or use a lighter optimizer state (e.g. 8-bit Adam).",
-}
+    steps_memory: Sequence[Sequence[float]]  # step rows (analysis.trend)
+    largest_free_block_bytes: Optional[int]
+    phase: Optional[str]  # forward, backward, optimizer, unknown
+    job: Optional[Mapping[str, Any]]
+    model_states: Optional[ModelStates]
+    world_size: int
 
 
 def diagnose(f: OomFacts) -> Diagnosis:
     """Classify one OOM from the numbers recorded at the moment it happened."""
-    total = max(f["device_total_bytes"], 1)
-    cached_free = max(f["reserved_bytes"] - f["allocated_bytes"], 0)
-    free = f["device_free_bytes"]
-    usable = f["reserved_bytes"] + free
-    facts: dict[str, Any] = {
-        "requested_bytes": f["requested_bytes"],
-        "usable_bytes": usable,
-        "reserved_unallocated_bytes": cached_free,
-    }
-    # If the device still had room, a per-process cap refused the request: memory
-    # outside this allocator did not cause it.
-    cap_bound = f["physical_free_bytes"] >= f["requested_bytes"]
-    outside, others = (None, None) if cap_bound else _outside(f)
-    facts.update(outside_bytes=outside, other_processes_bytes=others)
-    growth = leak_growth(f["trend"], total)
-    facts["leak_growth_bytes"] = growth
+    ev = _Evidence(f)
+    for rule in (_outside_rule, _leak_rule, _model_states_rule, _oversized_rule, _demand_rule, _fragmentation_rule):
+        found = rule(ev)
+        if found is not None:
+            return found
+    return _fallback(ev)
 
-    if f["requested_bytes"] > OVERSIZED_SHARE * usable:
-        return _result(
-            "oversized_request",
-            facts,
-            [REMEDY["oversized"], REMEDY["batch"]],
-            f"One request of {fb(f['requested_bytes'])} is more than half of the "
-            f"{fb(usable)} this process could use (reserved plus free).",
+
+class _Evidence:
+    """The numbers every rule reads, computed once."""
+
+    def __init__(self, f: OomFacts) -> None:
+        self.f = f
+        self.total = max(int(f.get("device_total_bytes", 0)), 1)
+        self.requested = int(f.get("requested_bytes", 0))
+        self.allocated = int(f.get("allocated_bytes", 0))
+        self.reserved = int(f.get("reserved_bytes", 0))
+        self.free = int(f.get("device_free_bytes", 0))
+        self.cached_free = max(self.reserved - self.allocated, 0)
+        self.usable = self.reserved + self.free
+        self.need = self.allocated + self.requested
+        self.job = f.get("job") or {}
+        rows = list(f.get("steps_memory") or [])
+        self.trend = trend.analyse(rows, self.total)
+        self.prior_peak = max((int(r[trend.PEAK]) for r in rows if len(r) > trend.PEAK), default=None)
+        self.states = _states(f)
+        self.facts: dict[str, Any] = {
+            "requested_bytes": self.requested,
+            "usable_bytes": self.usable,
+            "reserved_unallocated_bytes": self.cached_free,
+            "need_bytes": self.need,
+            "prior_step_peak_bytes": self.prior_peak,
+            "largest_free_block_bytes": f.get("largest_free_block_bytes"),
+            "phase": f.get("phase"),
+            "model_states_bytes": self.states,
+            "floor_growth_bytes": self.trend.floor_growth_bytes if self.trend.leak else None,
+            "in_use": remedies.in_use(self.job),
+        }
+        cap_bound = int(f.get("physical_free_bytes", self.free)) >= self.requested
+        self.outside, self.others = (None, None) if cap_bound else _outside(f, self.reserved)
+        self.facts.update(outside_bytes=self.outside, other_processes_bytes=self.others)
+        self.legacy_leak = None if rows else leak_growth(f.get("trend") or [], self.total)
+
+    def result(self, cause: Cause, keys: Sequence[str], summary: str) -> Diagnosis:
+        picked = remedies.pick(keys, self.job)
+        self.facts["remedies"] = picked
+        used = self.facts["in_use"]
+        if used:
+            summary += f" Already in use: {', '.join(used)}."
+        return Diagnosis(cause=cause.value, summary=summary, remedies=remedies.texts(picked), facts=self.facts)
+
+
+def _outside_rule(ev: _Evidence) -> Optional[Diagnosis]:
+    if ev.others is not None and ev.others >= OUTSIDE_SHARE * ev.total:
+        return ev.result(
+            Cause.OTHER_PROCESS, ["other_process"], f"Other processes hold {fb(ev.others)} of the {fb(ev.total)} GPU."
         )
-    if others is not None and others >= OUTSIDE_SHARE * total:
-        return _result(
-            "other_process",
-            facts,
-            [REMEDY["other_process"]],
-            f"Other processes hold {fb(others)} of the {fb(total)} GPU.",
+    if ev.outside is None or ev.outside < OUTSIDE_SHARE * ev.total:
+        return None
+    if ev.others is None:  # NVML cannot see our PID (containers): it may be other tenants too
+        return ev.result(
+            Cause.NON_PYTORCH_MEMORY,
+            ["non_pytorch", "other_process"],
+            f"{fb(ev.outside)} of the GPU is used outside this process's PyTorch allocator: by its CUDA "
+            "context, NCCL and libraries, or by other processes (NVML cannot see process IDs here to tell "
+            "them apart).",
         )
-    if outside is not None and outside >= OUTSIDE_SHARE * total:
-        if others is None:  # NVML cannot see our PID (containers): it may be other tenants too
-            return _result(
-                "non_pytorch_memory",
-                facts,
-                [REMEDY["non_pytorch"], REMEDY["other_process"]],
-                f"{fb(outside)} of the GPU is used outside this process's PyTorch allocator: "
-                "by its CUDA context, NCCL and libraries, or by other processes (NVML cannot "
-                "see process IDs here to tell them apart).",
-            )
-        return _result(
-            "non_pytorch_memory",
-            facts,
-            [REMEDY["non_pytorch"]],
-            f"{fb(outside)} of the GPU is used by this process outside PyTorch's allocator.",
-        )
-    if growth is not None:
-        return _result(
-            "leak",
-            facts,
-            [REMEDY["leak"], REMEDY["set_to_none"], REMEDY["history"]],
-            f"The memory that survives between steps grew by {fb(growth)} step after "
-            "step before the OOM: something keeps tensors alive.",
-        )
-    if cached_free + free >= f["requested_bytes"] and cached_free >= FRAGMENTATION_MIN_SHARE * total:
-        fix = REMEDY["split"] if f["expandable_segments"] else REMEDY["expandable"]
-        return _result(
-            "fragmentation",
-            facts,
-            [fix, REMEDY["shapes"]],
-            f"{fb(f['requested_bytes'])} were requested while {fb(cached_free)} sat "
-            f"reserved but unallocated and {fb(free)} were free: "
-            "enough bytes, no block large enough (fragmentation).",
-        )
-    return _result(
-        "exhaustion",
-        facts,
-        _exhaustion_remedies(f["categories"]),
-        f"The job needs more than the {fb(total)} device: {fb(f['allocated_bytes'])} "
-        f"allocated and {fb(f['requested_bytes'])} more requested.",
+    return ev.result(
+        Cause.NON_PYTORCH_MEMORY,
+        ["non_pytorch"],
+        f"{fb(ev.outside)} of the GPU is used by this process outside PyTorch's allocator.",
     )
 
 
-def _outside(f: OomFacts) -> tuple[Optional[int], Optional[int]]:
+def _leak_rule(ev: _Evidence) -> Optional[Diagnosis]:
+    t = ev.trend
+    if t.leak:
+        summary = (
+            f"The memory that survives between optimizer steps rose by {fb(t.floor_growth_bytes)} "
+            f"({fb(int(t.floor_slope))} a step) while each step's own working memory stayed the same: "
+            "something keeps tensors alive from every step."
+        )
+    elif ev.legacy_leak is not None:
+        summary = (
+            f"The memory that survives between steps grew by {fb(ev.legacy_leak)} step after step "
+            "before the OOM: something keeps tensors alive."
+        )
+        ev.facts["floor_growth_bytes"] = ev.legacy_leak
+    else:
+        return None
+    return ev.result(Cause.LEAK, ["leak", "history"], summary)
+
+
+def _model_states_rule(ev: _Evidence) -> Optional[Diagnosis]:
+    states = ev.states
+    if states is None or states < MODEL_STATES_SHARE * ev.total:
+        return None
+    where = " in optimizer.step()" if ev.f.get("phase") == "optimizer" else ""
+    return ev.result(
+        Cause.MODEL_STATES,
+        _model_states_order(ev),
+        f"Parameters, gradients and optimizer state need {fb(states)} of the {fb(ev.total)} capacity "
+        f"(the OOM came{where} at {fb(ev.allocated)} allocated): no batch size or activation remedy can "
+        "make room.",
+    )
+
+
+def _model_states_order(ev: _Evidence) -> list[str]:
+    """On one GPU, first the single-GPU change whose estimate fits; sharding first where there
+    are several ranks to shard over, or where no single-GPU change fits."""
+    p = _parameters(ev.f)
+    fits = MODEL_STATES_SHARE * ev.total
+    light = 3 * p if p else None  # parameters + gradients + one momentum buffer
+    half = (ev.states or 0) / 2
+    single = [key for key, est in (("light_optimizer", light), ("bf16_params", half)) if est and est < fits]
+    if int(ev.f.get("world_size") or 1) > 1 or not single:
+        return ["shard", "light_optimizer", "bf16_params"]
+    return [*single, "shard", *[k for k in ("light_optimizer", "bf16_params") if k not in single]]
+
+
+def _parameters(f: OomFacts) -> int:
+    ms = f.get("model_states") or f.get("categories")
+    return int(ms["parameters_bytes"]) if ms else 0
+
+
+def _oversized_rule(ev: _Evidence) -> Optional[Diagnosis]:
+    if ev.requested <= OVERSIZED_SHARE * ev.usable:
+        return None
+    if ev.prior_peak is not None and ev.allocated > ev.prior_peak * (1 + DEMAND_MARGIN):
+        return None  # the step had already outgrown earlier ones: growing demand
+    return ev.result(
+        Cause.OVERSIZED_REQUEST,
+        ["oversized", "bound_input"],
+        f"One request of {fb(ev.requested)} is more than half of the {fb(ev.usable)} this process could "
+        "use (reserved plus free).",
+    )
+
+
+def _demand_rule(ev: _Evidence) -> Optional[Diagnosis]:
+    grew = ev.prior_peak is not None and ev.need > ev.prior_peak * (1 + DEMAND_MARGIN)
+    if not grew and not ev.trend.growing:
+        return None
+    prior = fb(ev.prior_peak) if ev.prior_peak is not None else "unknown"
+    return ev.result(
+        Cause.GROWING_DEMAND,
+        ["bound_input", "checkpointing", "batch"],
+        f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
+        f"{fb(ev.requested)} requested), more than any earlier step's peak ({prior}): the input grew "
+        "(batch or sequence). Defragmenting cannot help; bound the input.",
+    )
+
+
+def _fragmentation_rule(ev: _Evidence) -> Optional[Diagnosis]:
+    block = ev.f.get("largest_free_block_bytes")
+    bytes_exist = ev.cached_free + ev.free >= ev.requested and ev.cached_free >= FRAGMENTATION_MIN_SHARE * ev.total
+    no_block = ev.free < ev.requested and (block is None or block < ev.requested)
+    # In a training step that never completed, what the rest of the step needs is unknown: the
+    # request may fit a defragmented cache while the step as a whole does not.
+    need_known = ev.prior_peak is not None or ev.states is None
+    if not (bytes_exist and no_block and need_known):
+        return None
+    fix = "split" if ev.f.get("expandable_segments") else "expandable"
+    return ev.result(
+        Cause.FRAGMENTATION,
+        [fix, "shapes"],
+        f"{fb(ev.requested)} were requested while {fb(ev.cached_free)} sat reserved but unallocated "
+        f"(largest free block {fb(block) if block is not None else 'unknown'}) and {fb(ev.free)} were "
+        "free, and the step needed no more than earlier steps did: enough bytes, no block large enough.",
+    )
+
+
+def _fallback(ev: _Evidence) -> Diagnosis:
+    cats = ev.f.get("categories")
+    if ev.states is None and cats is None:
+        return ev.result(
+            Cause.EXHAUSTION,
+            ["batch", "autocast", "checkpointing", "compile"],
+            f"The job needs more than the {fb(ev.total)} capacity: {fb(ev.allocated)} allocated and "
+            f"{fb(ev.requested)} more requested (no optimizer step was seen, so memory by category is unknown).",
+        )
+    states = ev.states or 0
+    return ev.result(
+        Cause.ACTIVATIONS,
+        ["checkpointing", "autocast", "batch", "compile"],
+        f"A steady step does not fit: {fb(ev.need)} needed of {fb(ev.total)}, of which parameters, "
+        f"gradients and optimizer state are {fb(states)} and activations and temporaries the rest.",
+    )
+
+
+def _states(f: OomFacts) -> Optional[int]:
+    """Parameters + gradients + optimizer state (the expected state where known), else None."""
+    ms = f.get("model_states")
+    if ms:
+        state = max(ms["optimizer_state_bytes"], ms.get("optimizer_state_expected_bytes") or 0)
+        return int(ms["parameters_bytes"] + ms["gradients_bytes"] + state)
+    cat = f.get("categories")
+    if cat:
+        expected: Any = cat.get("optimizer_state_expected_bytes")
+        return int(cat["parameters_bytes"] + cat["gradients_bytes"] + max(cat["optimizer_state_bytes"], expected or 0))
+    return None
+
+
+def _outside(f: OomFacts, reserved: int) -> tuple[Optional[int], Optional[int]]:
     """(memory outside this allocator, memory of other processes) from NVML, if known."""
-    nv = f["nvml"]
+    nv = f.get("nvml")
     if nv is None:
         return None, None
-    outside = max(nv["used_bytes"] - f["reserved_bytes"], 0)
-    own = nv["process_used_bytes"]
-    if nv["process_visible"] and own is not None:
-        return max(own - f["reserved_bytes"], 0), max(nv["used_bytes"] - own, 0)
+    outside = max(nv["used_bytes"] - reserved, 0)
+    own = nv.get("process_used_bytes")
+    if nv.get("process_visible") and own is not None:
+        return max(own - reserved, 0), max(nv["used_bytes"] - own, 0)
     return outside, None
 
 
-def leak_growth(trend: Sequence[Sequence[float]], total: int) -> Optional[int]:
-    """Growth of the between-steps trough if it rose steadily while steps ran, else None.
+LEAK_MIN_POINTS = 5
+LEAK_MONOTONE_SHARE = 0.8
+LEAK_MIN_GROWTH_SHARE = 0.05
 
-    ``trend`` rows are ``[time, window_min_allocated_bytes, steps]``, oldest first. The
-    longest recent stretch in which at least 80 % of the points rose is judged, so a
-    healthy start followed by a leak still counts.
+
+def leak_growth(rows: Sequence[Sequence[float]], total: int) -> Optional[int]:
+    """Legacy (spools without step rows): growth of the sampled between-steps trough.
+
+    ``rows`` are ``[time, window_min_allocated_bytes, steps]``, oldest first. The longest
+    recent stretch in which at least 80 % of the points rose is judged.
     """
-    points = [row for row in trend if len(row) >= 3]
+    points = [row for row in rows if len(row) >= 3]
     stretch: Optional[list[Sequence[float]]] = None
     for start in range(len(points) - LEAK_MIN_POINTS, -1, -1):
         seg = points[start:]
@@ -192,15 +320,25 @@ def leak_growth(trend: Sequence[Sequence[float]], total: int) -> Optional[int]:
     return growth if growth >= LEAK_MIN_GROWTH_SHARE * total else None
 
 
-def _exhaustion_remedies(cat: Optional[Categories]) -> list[str]:
-    if cat is None:
-        return [REMEDY["batch"], REMEDY["autocast"], REMEDY["checkpointing"], REMEDY["compile"]]
-    static = cat["parameters_bytes"] + cat["gradients_bytes"] + cat["optimizer_state_bytes"]
-    act = cat["activations_bytes"] or 0
-    if static > act:
-        return [REMEDY["shard"], REMEDY["set_to_none"], REMEDY["batch"]]
-    return [REMEDY["checkpointing"], REMEDY["batch"], REMEDY["autocast"], REMEDY["compile"]]
-
-
-def _result(cause: str, facts: dict[str, Any], remedies: list[str], summary: str) -> Diagnosis:
-    return Diagnosis(cause=cause, summary=summary, remedies=remedies, facts=facts)
+def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
+    """The facts of a recorded OOM event, so a newer diagnosis can be re-run on an old event."""
+    free = int(event.get("device_free_bytes", 0))
+    return OomFacts(
+        requested_bytes=int(event.get("requested_bytes", 0)),
+        device_total_bytes=int(event.get("device_total_bytes", 0)),
+        device_free_bytes=free,
+        physical_free_bytes=int(event.get("physical_free_bytes", free)),
+        allocated_bytes=int(event.get("allocated_bytes", 0)),
+        reserved_bytes=int(event.get("reserved_bytes", 0)),
+        inactive_split_bytes=int(event.get("inactive_split_bytes", 0)),
+        nvml=event.get("nvml"),
+        categories=event.get("categories"),
+        trend=event.get("trend") or [],
+        expandable_segments=bool(event.get("process", {}).get("expandable_segments")),
+        steps_memory=event.get("steps_memory") or [],
+        largest_free_block_bytes=event.get("largest_free_block_bytes"),
+        phase=event.get("phase"),
+        job=event.get("job"),
+        model_states=event.get("model_states"),
+        world_size=int(event.get("process", {}).get("world_size") or 1),
+    )

@@ -98,6 +98,11 @@ class CudaApi(Protocol):
     def stop_history(self) -> None: ...
     def dump_snapshot(self, path: str) -> None: ...
     def allocation_sites(self, ptrs: list[int]) -> dict[int, str]: ...
+    def largest_free_block(self, device: int) -> int | None: ...
+    def in_backward(self) -> bool: ...
+    def autocast_enabled(self) -> bool: ...
+    def saved_tensor_hooks_active(self) -> bool: ...
+    def compiled(self) -> bool: ...
 
 
 def expandable_segments_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -230,6 +235,66 @@ class TorchCuda:
             return
         with open(path, "wb") as fh:
             pickle.dump(memory._snapshot(), fh)
+
+
+    def largest_free_block(self, device: int) -> int | None:
+        """The largest cached-but-unallocated block of ``device``'s large pool, from the allocator's
+        segment snapshot (no history needed; read at an OOM only). None if unsupported."""
+        snap = getattr(self.cuda.memory, "_snapshot", None)
+        if snap is None:
+            return None
+        largest = 0
+        for seg in snap().get("segments", []):
+            if seg.get("device") != device or seg.get("segment_type", "large") != "large":
+                continue
+            for block in seg.get("blocks", []):
+                if block.get("state") == "inactive" and int(block.get("size", 0)) > largest:
+                    largest = int(block["size"])
+        return largest
+
+    def in_backward(self) -> bool:
+        """True while this thread runs an autograd backward pass (the engine's graph task)."""
+        task = getattr(self.torch._C, "_current_graph_task_id", None)
+        return task is not None and int(task()) != -1
+
+    def autocast_enabled(self) -> bool:
+        """Whether CUDA autocast is on in this thread (``is_autocast_enabled("cuda")`` from 2.4).
+
+        Inside an op that autocast wraps (a matmul casting its inputs), autocast excludes its own
+        dispatch key while the kernel runs, so ``is_autocast_enabled`` reads False exactly where an
+        OOM is most likely. The autocast context's nesting count (thread-local, raised by every
+        ``torch.autocast`` block) still says a block is open."""
+        check = self.torch.is_autocast_enabled
+        try:
+            if check("cuda"):
+                return True
+        except TypeError:
+            if check():
+                return True
+        increment = getattr(self.torch, "autocast_increment_nesting", None)
+        if increment is None:
+            return False
+        nesting = int(increment()) - 1
+        self.torch.autocast_decrement_nesting()
+        return nesting > 0
+
+    def saved_tensor_hooks_active(self) -> bool:
+        """Whether saved-tensor hooks are on in this thread (non-reentrant checkpointing or offloading)."""
+        top = getattr(self.torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        if top is None:
+            return False
+        try:
+            return top(True) is not None
+        except TypeError:
+            return top() is not None
+
+    def compiled(self) -> bool:
+        """Whether torch.compile has captured a graph in this process (dynamo's own counter)."""
+        import sys
+
+        dynamo = sys.modules.get(f"{self.torch.__name__}._dynamo.utils")
+        counters = getattr(dynamo, "counters", None)
+        return bool(counters and counters.get("stats", {}).get("unique_graphs", 0))
 
 
 def _user_frame(frames: list[dict[str, Any]]) -> str:

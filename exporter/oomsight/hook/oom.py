@@ -11,18 +11,20 @@ exists (Kubernetes mounts it at ``/dev/termination-log``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 import traceback
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from oomsight.analysis.diagnosis import OomFacts, diagnose
 from oomsight.analysis.units import format_bytes
 from oomsight.config import Settings
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
-from oomsight.hook.sampler import ErrorBook, Sampler
+from oomsight.hook.errors import ErrorBook
+from oomsight.hook.sampler import Sampler
 from oomsight.hook.steps import StepTracker
 from oomsight.wire.schema import (
     KIND_OOM_EVENT,
@@ -54,6 +56,7 @@ class OomRecorder:
         steps: Optional[StepTracker],
         errors: ErrorBook,
         clock: Callable[[], float] = time.time,
+        context: Optional[OomContext] = None,
     ) -> None:
         self.settings = settings
         self.cuda = cuda
@@ -62,12 +65,14 @@ class OomRecorder:
         self.steps = steps
         self.errors = errors
         self.clock = clock
+        self.context = context or OomContext()
         self.history = False
         """True while allocation history is recorded (snapshots are written on OOM)."""
         self.active = True
         self.events: dict[int, OomEvent] = {}
         self.pending: list[int] = []
         self.unwritten = 0
+        self.unwritten_events: set[int] = set()
         self._seq = 0
         self._last_snapshot = -SNAPSHOT_MIN_INTERVAL_SECONDS
         self._lock = threading.Lock()
@@ -78,16 +83,20 @@ class OomRecorder:
             return
         try:
             with self._lock:
-                self._record(int(device), int(requested), int(device_total), int(device_free))
+                event = self._record(int(device), int(requested), int(device_total), int(device_free))
         except Exception as exc:
             self.errors.record("oom_observer", exc)
+            return
+        if event is not None:
+            self._attach_snapshot(event)
+        self.sampler.publish_soon()  # the snapshot follows from the sampler thread, not from here
 
-    def _record(self, device: int, requested: int, total: int, free: int) -> None:
+    def _record(self, device: int, requested: int, total: int, free: int) -> Optional[OomEvent]:
         now = self.clock()
         self._seq += 1
         if self._seq > self.settings.max_oom_events:
             self.unwritten += 1
-            return
+            return None
         r = self.cuda.read(device)
         # Under set_per_process_memory_fraction the total is the cap and free is physical:
         # what this process could still get is the smaller of the two.
@@ -97,6 +106,12 @@ class OomRecorder:
         nvml = self.sampler.nvml_sample(dev) if dev is not None else None
         categories = self._categories(device, r.allocated_bytes)
         trend = list(dev.trend) if dev is not None else []
+        ctx = self.context
+        steps_memory = ctx.steps_memory(device)
+        phase = self._phase()
+        block = self._guarded("largest_free_block", lambda: self.cuda.largest_free_block(device))
+        job = self._job_at_oom(ctx.job(), phase)
+        model_states = self._guarded("model_states", lambda: ctx.model_states(device))
         facts = OomFacts(
             requested_bytes=requested,
             device_total_bytes=total,
@@ -109,6 +124,12 @@ class OomRecorder:
             categories=categories,
             trend=trend,
             expandable_segments=self.sampler.process["expandable_segments"] or expandable_segments_enabled(),
+            steps_memory=steps_memory,
+            largest_free_block_bytes=block,
+            phase=phase,
+            job=job,
+            model_states=model_states,
+            world_size=int(self.sampler.process.get("world_size") or 1),
         )
         event = OomEvent(
             schema_version=SCHEMA_VERSION,
@@ -131,14 +152,73 @@ class OomRecorder:
             allocator_summary=self._summary(device),
             stack=_user_stack(),
             diagnosis=diagnose(facts),
-            snapshot_artifact=self._snapshot(now),
+            snapshot_artifact=None,
             outcome=OUTCOME_PENDING,
             outcome_time=None,
+            physical_free_bytes=physical_free,
+            limit_bytes=dev.limit if dev is not None else None,
+            steps_memory=steps_memory,
+            phase=phase,
+            largest_free_block_bytes=block,
+            job=job,
+            model_states=model_states,
         )
-        self.writer.write_event(event)  # durable before the error is raised
         self.events[self._seq] = event
         self.pending.append(self._seq)
-        self.sampler.publish()
+        self._write(event)  # durable before the error is raised, and before any artifact
+        return event
+
+    def _write(self, event: OomEvent) -> None:
+        try:
+            self.writer.write_event(event)
+        except Exception as exc:
+            self.unwritten_events.add(event["seq"])
+            self.errors.record("oom_event_write", exc, f"check free space in {self.writer.root}")
+        else:
+            self.unwritten_events.discard(event["seq"])
+
+    def retry_unwritten(self) -> None:
+        """Write again the events whose write failed (full spool); called before each publish."""
+        with self._lock:
+            for seq in sorted(self.unwritten_events):
+                self._write(self.events[seq])
+
+    @property
+    def unwritten_total(self) -> int:
+        """Events over the per-process cap plus events whose write failed and awaits a retry."""
+        return self.unwritten + len(self.unwritten_events)
+
+    def _job_at_oom(self, job: Optional[dict[str, Any]], phase: str) -> Optional[dict[str, Any]]:
+        """The job's setup, with what the failing thread shows now (an OOM before the first
+        detection window still sees autocast and checkpointing in a forward pass)."""
+        if job is None or phase != "forward":
+            return job
+        job = dict(job)
+        if self._guarded("autocast", self.cuda.autocast_enabled):
+            job["autocast"] = True
+        if self._guarded("checkpointing", self.cuda.saved_tensor_hooks_active):
+            job["checkpointing"] = True
+        return job
+
+    def _phase(self) -> str:
+        if self.steps is not None and self.steps.in_step:
+            return "optimizer"
+        return "backward" if self._guarded("phase", self.cuda.in_backward) else "forward"
+
+    def _guarded(self, component: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            self.errors.record(component, exc)
+            return None
+
+    def _attach_snapshot(self, event: OomEvent) -> None:
+        """After the event is durable: the memory-snapshot artifact, if history is on."""
+        name = self._snapshot(event["time"])
+        if name is not None:
+            with self._lock:
+                event["snapshot_artifact"] = name
+                self._write(event)
 
     def _categories(self, device: int, allocated: int) -> Optional[Categories]:
         if self.steps is None or device not in self.steps.categories:
@@ -166,10 +246,12 @@ class OomRecorder:
         self._last_snapshot = now
         path = self.writer.artifact_path(self._seq, "pickle")
         try:
+            # room first: evict to half the cap, so the new pickle fits beside what stays
+            self.writer.evict_artifacts(self.settings.artifacts_max_bytes // 2)
             self.cuda.dump_snapshot(path)
-            self.writer.evict_artifacts(self.settings.artifacts_max_bytes)
         except Exception as exc:
             self.errors.record("memory_snapshot", exc)
+            _remove(path)  # a partial pickle (full disk) must not stay
             return None
         return os.path.basename(path) if os.path.exists(path) else None
 
@@ -186,10 +268,7 @@ class OomRecorder:
                 event = self.events[seq]
                 event["outcome"] = outcome
                 event["outcome_time"] = self.clock()
-                try:
-                    self.writer.write_event(event)
-                except Exception as exc:
-                    self.errors.record("spool_write", exc)
+                self._write(event)
 
     def at_exit(self, uncaught: Optional[BaseException]) -> None:
         """Settle pending events when the process ends; write the termination message."""
@@ -218,6 +297,25 @@ class OomRecorder:
                 fh.write(text.encode()[:TERMINATION_MESSAGE_MAX_BYTES].decode(errors="ignore"))
         except OSError as exc:
             self.errors.record("termination_message", exc)
+
+
+class OomContext:
+    """What the rest of the hook knows at an OOM: the step rows, the job's setup, the model states.
+    The runtime passes one built from its parts; the default knows nothing."""
+
+    def steps_memory(self, device: int) -> list[list[float]]:
+        return []
+
+    def job(self) -> Optional[dict[str, Any]]:
+        return None
+
+    def model_states(self, device: int) -> Optional[dict[str, Any]]:
+        return None
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _user_stack() -> list[str]:

@@ -10,6 +10,7 @@ initialises CUDA (``torch.cuda._lazy_call``): oomsight never creates a context.
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import sys
@@ -18,17 +19,21 @@ import time
 from types import TracebackType
 from typing import Any, Optional
 
+from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
 from oomsight.analysis.units import format_bytes
 from oomsight.config import ConfigError, Settings
 from oomsight.hook.cuda import CudaApi, TorchCuda, expandable_segments_enabled
+from oomsight.hook.errors import ErrorBook
 from oomsight.hook.identity import describe_process
+from oomsight.hook.jobsetup import JobProbe, dominant_dtype
 from oomsight.hook.leakscan import scan
 from oomsight.hook.nvml import Nvml
-from oomsight.hook.oom import OomRecorder
+from oomsight.hook.oom import OomContext, OomRecorder
 from oomsight.hook.profiler import Profiler
-from oomsight.hook.sampler import ErrorBook, Sampler
-from oomsight.hook.steps import StepTracker
+from oomsight.hook.sampler import Sampler
+from oomsight.hook.stepmemory import StepMemory
+from oomsight.hook.steps import StepTracker, find_optimizers, walk_optimizers
 from oomsight.wire.schema import BatchAdvice, LeakFinding
 from oomsight.wire.spool import SpoolWriter
 
@@ -57,7 +62,11 @@ class Hook:
         if settings.step_hook:
             self.steps = StepTracker(settings, cuda, self.errors)
             self.steps.peak_devices = lambda: list(self.sampler.devices)
-        self.oom = OomRecorder(settings, cuda, self.writer, self.sampler, self.steps, self.errors)
+        self.step_memory = StepMemory(cuda, self.sampler, self.errors)
+        self.job = JobProbe(cuda, self.errors, self.process["expandable_segments"])
+        self.oom = OomRecorder(
+            settings, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self)
+        )
         self.profiler: Optional[Profiler] = None
         if torch is not None and self.steps is not None:
             self.profiler = Profiler(
@@ -132,6 +141,11 @@ class Hook:
         """After every optimizer step (inside the step hook's error guard): cheap checks only."""
         if self.oom.pending:
             self.oom.on_step()
+        steps = self.steps
+        if steps is not None:
+            self.step_memory.on_step(steps.count)
+            if self.torch is not None:
+                self.job.on_step(self.torch, steps.count, steps.optimizers, dominant_dtype(steps.param_dtypes))
         if self._leak_due is not None:
             self._scan_leak()
         p = self.profiler
@@ -143,7 +157,13 @@ class Hook:
         if self.torch is None or time.time() - self._last_leak_scan < LEAK_SCAN_INTERVAL_SECONDS:
             return
         for dev in self.sampler.devices.values():
-            growth = leak_growth(list(dev.trend), dev.limit or dev.total or 1)
+            capacity = dev.limit or dev.total or 1
+            rows = self.step_memory.rows.get(dev.index)
+            if rows:
+                t = trend.analyse(rows, capacity)
+                growth = t.floor_growth_bytes if t.leak else None
+            else:
+                growth = leak_growth(list(dev.trend), capacity)
             if growth is not None:
                 self._leak_due = growth
                 return
@@ -163,6 +183,8 @@ class Hook:
         )
 
     def _before_publish(self) -> None:
+        if self.oom.unwritten_events:
+            self.oom.retry_unwritten()
         if self.profiler is not None:
             self.profiler.poll(self.settings.spool_dir)
         self._check_leak()
@@ -170,7 +192,9 @@ class Hook:
     def _extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {
             "sources": dict(self.sources),
-            "oom_events_unwritten": self.oom.unwritten,
+            "oom_events_unwritten": self.oom.unwritten_total,
+            "job": self.job.snapshot() if self.steps is not None else None,
+            "steps_memory": {index: self.step_memory.series(index) for index in self.step_memory.rows},
             "profiling": self.profiler.active_id if self.profiler else None,
             "leak": self.leak,
             "batch_advice": self.batch_advice,
@@ -204,6 +228,35 @@ class Hook:
             self.stop("oom")
         else:
             self.stop("exception")
+
+
+class _Context(OomContext):
+    """The OOM recorder's view of the rest of the hook."""
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+
+    def steps_memory(self, device: int) -> list[list[float]]:
+        return self.hook.step_memory.series(device)
+
+    def job(self) -> Optional[dict[str, Any]]:
+        return self.hook.job.snapshot() if self.hook.steps is not None else None
+
+    def model_states(self, device: int) -> Optional[dict[str, Any]]:
+        steps, torch = self.hook.steps, self.hook.torch
+        if steps is None or torch is None:
+            return None
+        optimizers = steps.optimizers or find_optimizers(gc, torch.optim.Optimizer)
+        if not optimizers:
+            return None
+        totals, _dtypes, expected = walk_optimizers(optimizers)
+        params, grads, state = totals.get(device, [0, 0, 0])
+        return {
+            "parameters_bytes": params,
+            "gradients_bytes": grads,
+            "optimizer_state_bytes": state,
+            "optimizer_state_expected_bytes": expected.get(device),
+        }
 
 
 def _is_oom(exc: BaseException) -> bool:

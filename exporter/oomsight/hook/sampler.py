@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from oomsight.config import Settings
 from oomsight.hook.cuda import CudaApi, Reading
+from oomsight.hook.errors import ErrorBook
 from oomsight.hook.nvml import Nvml
 from oomsight.wire.schema import (
     KIND_SNAPSHOT,
@@ -40,24 +41,6 @@ TREND_POINTS_PER_WINDOW = 6
 TREND_POINTS = 64
 
 
-class ErrorBook:
-    """Counts swallowed errors per component and logs the first of each once."""
-
-    def __init__(self) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def record(self, component: str, exc: BaseException, hint: str = "") -> None:
-        self.counts[component] += 1
-        if self.counts[component] == 1:
-            logger.warning(
-                "oomsight: %s failed (%s: %s); training continues, this is counted in oomsight_hook_errors_total%s",
-                component,
-                type(exc).__name__,
-                exc,
-                f". {hint}" if hint else "",
-            )
-
-
 class DeviceState:
     """What the sampler keeps about one device between publishes."""
 
@@ -71,6 +54,7 @@ class DeviceState:
         self.last: Optional[Reading] = None
         self.bucket: Optional[list[int]] = None  # [max allocated, max reserved, min allocated]
         self.marked_peak: Optional[int] = None  # max allocated since mark_peak(), for profiling windows
+        self.interval_max: Optional[int] = None  # max allocated since take_interval_max(), for step rows
         self.window: collections.deque[tuple[float, int, int, int]] = collections.deque()
         self.trend: collections.deque[list[float]] = collections.deque(maxlen=TREND_POINTS)
         self.trend_min: Optional[int] = None
@@ -81,6 +65,8 @@ class DeviceState:
         self.last = r
         if self.marked_peak is not None and r.allocated_bytes > self.marked_peak:
             self.marked_peak = r.allocated_bytes
+        if self.interval_max is None or r.allocated_bytes > self.interval_max:
+            self.interval_max = r.allocated_bytes
         b = self.bucket
         if b is None:
             self.bucket = [r.allocated_bytes, r.reserved_bytes, r.allocated_bytes]
@@ -91,6 +77,11 @@ class DeviceState:
             b[1] = r.reserved_bytes
         if r.allocated_bytes < b[2]:
             b[2] = r.allocated_bytes
+
+    def take_interval_max(self) -> Optional[int]:
+        """The sampled maximum of allocated bytes since the last call (None: no sample since)."""
+        value, self.interval_max = self.interval_max, None
+        return value
 
     def roll(self, now: float, window_seconds: float, steps: int) -> tuple[int, int, int]:
         """Close the current bucket; return the window's (peak alloc, peak reserved, min alloc)."""
@@ -258,6 +249,10 @@ class Sampler:
         self.sources["nvml"] = sample is not None
         return sample
 
+    def publish_soon(self) -> None:
+        """Have the sampler thread publish at its next tick (never blocks the caller)."""
+        self._next_publish = 0.0
+
     # ------------------------------------------------------------ publishing
     def publish(self) -> None:
         """Write the snapshot now (thread-safe; also called on OOM and at exit)."""
@@ -301,6 +296,7 @@ class Sampler:
             leak=extra.get("leak"),
             batch_advice=extra.get("batch_advice"),
             profiling=extra.get("profiling"),
+            job=extra.get("job"),
         )
 
     def _device_doc(self, dev: DeviceState, now: float, steps: int, extra: dict[str, Any]) -> DeviceSnapshot:
@@ -343,6 +339,7 @@ class Sampler:
             ),
             step_peak=step_peak,
             trend=list(dev.trend),
+            steps_memory=extra.get("steps_memory", {}).get(dev.index, []),
         )
 
 

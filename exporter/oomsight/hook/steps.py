@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from oomsight.config import Settings
 from oomsight.hook.cuda import CudaApi
-from oomsight.hook.sampler import ErrorBook
+from oomsight.hook.errors import ErrorBook
 from oomsight.wire.schema import StepInfo, StepPeak
 
 PARAMS, GRADS, STATE = 0, 1, 2
@@ -49,6 +49,11 @@ class StepTracker:
         self._next_walk = 0.0
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handle: Any = None
+        self._pre_handle: Any = None
+        self.in_step = False
+        """True inside ``optimizer.step()`` (between the pre- and post-step hooks)."""
+        self.param_dtypes: dict[str, int] = {}
+        """Parameter bytes by dtype, from the last walk."""
         self.active = True
 
     def register(self, torch: Any) -> bool:
@@ -58,18 +63,34 @@ class StepTracker:
         if register is None:
             return False
         self._handle = register(self.post_step)
+        pre = getattr(module, "register_optimizer_step_pre_hook", None)
+        if pre is not None:
+            self._pre_handle = pre(self.pre_step)
         return True
 
     def unregister(self) -> None:
         self.active = False
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for handle in (self._handle, self._pre_handle):
+            if handle is not None:
+                handle.remove()
+        self._handle = self._pre_handle = None
+
+    def pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The global pre-step hook: one attribute write; the first time, learn the optimizer."""
+        self.in_step = True
+        if optimizer not in self._optimizers:
+            self._optimizers.add(optimizer)
+            self._next_walk = 0.0
+
+    @property
+    def optimizers(self) -> list[Any]:
+        return list(self._optimizers)
 
     def post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The global post-step hook. Must never raise into the optimizer."""
         if not self.active:
             return
+        self.in_step = False
         try:
             now = self.clock()
             if self._last is not None:
@@ -101,18 +122,8 @@ class StepTracker:
 
     def walk(self) -> None:
         """Sum parameter, gradient and optimizer-state bytes per CUDA device."""
-        totals: dict[int, list[int]] = {}
-        seen: set[tuple[int, int]] = set()
-        for opt in list(self._optimizers):
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    _add(p, PARAMS, totals, seen)
-                    if p.grad is not None:
-                        _add(p.grad, GRADS, totals, seen)
-            for state in opt.state.values():
-                for value in state.values():
-                    if hasattr(value, "untyped_storage"):
-                        _add(value, STATE, totals, seen)
+        totals, dtypes, _expected = walk_optimizers(list(self._optimizers))
+        self.param_dtypes = dtypes
         stamp = self.wall()
         self.categories = {dev: (t[0], t[1], t[2], stamp) for dev, t in totals.items()}
 
@@ -125,9 +136,10 @@ class StepTracker:
         )
 
 
-def _add(t: Any, slot: int, totals: dict[int, list[int]], seen: set[tuple[int, int]]) -> None:
+def _add(t: Any, slot: int, totals: dict[int, list[int]], seen: set[tuple[int, int]]) -> int:
+    """Add ``t``'s storage bytes to its device's ``slot``; the bytes added (0: seen or not CUDA)."""
     if not getattr(t, "is_cuda", False):
-        return
+        return 0
     index = t.device.index
     try:
         storage = t.untyped_storage()
@@ -135,6 +147,58 @@ def _add(t: Any, slot: int, totals: dict[int, list[int]], seen: set[tuple[int, i
     except Exception:  # tensor subclasses without a plain storage (e.g. DTensor)
         key, size = (index, id(t)), t.numel() * t.element_size()
     if key in seen:
-        return
+        return 0
     seen.add(key)
     totals.setdefault(index, [0, 0, 0])[slot] += size
+    return int(size)
+
+
+STATE_FACTORS = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2, "Rprop": 2, "Adagrad": 1}
+"""Optimizer state per parameter byte, by class: Adam keeps exp_avg and exp_avg_sq, ..."""
+
+
+def state_factor(opt: Any) -> Optional[float]:
+    """Expected optimizer-state bytes per trainable parameter byte; None for an unknown kind."""
+    groups = getattr(opt, "param_groups", [{}])
+    for cls in type(opt).__mro__:
+        name = cls.__name__
+        if name in STATE_FACTORS:
+            return STATE_FACTORS[name] + (1 if any(g.get("amsgrad") for g in groups) else 0)
+        if name == "SGD":
+            return 1.0 if any(g.get("momentum") for g in groups) else 0.0
+        if name == "RMSprop":
+            return 1.0 + any(g.get("momentum") for g in groups) + any(g.get("centered") for g in groups)
+    return None
+
+
+def walk_optimizers(optimizers: list[Any]) -> tuple[dict[int, list[int]], dict[str, int], dict[int, Optional[int]]]:
+    """(per device [params, grads, state] bytes, parameter bytes by dtype, per device expected state)."""
+    totals: dict[int, list[int]] = {}
+    dtypes: dict[str, int] = {}
+    expected: dict[int, Optional[int]] = {}
+    seen: set[tuple[int, int]] = set()
+    for opt in optimizers:
+        factor = state_factor(opt)
+        for group in opt.param_groups:
+            for p in group["params"]:
+                size = _add(p, PARAMS, totals, seen)
+                if size:
+                    key = str(getattr(p, "dtype", "unknown")).replace("torch.", "")
+                    dtypes[key] = dtypes.get(key, 0) + size
+                    index = p.device.index
+                    if factor is None or expected.get(index, 0) is None:
+                        expected[index] = None
+                    elif getattr(p, "requires_grad", True):
+                        expected[index] = (expected.get(index) or 0) + int(factor * size)
+                if p.grad is not None:
+                    _add(p.grad, GRADS, totals, seen)
+        for state in opt.state.values():
+            for value in state.values():
+                if hasattr(value, "untyped_storage"):
+                    _add(value, STATE, totals, seen)
+    return totals, dtypes, expected
+
+
+def find_optimizers(gc_module: Any, optimizer_type: Any) -> list[Any]:
+    """Every live optimizer, from the garbage collector (at an OOM before the first step)."""
+    return [o for o in gc_module.get_objects() if isinstance(o, optimizer_type)]

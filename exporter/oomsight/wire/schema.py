@@ -91,6 +91,7 @@ class DeviceSnapshot(TypedDict):
     categories: Optional[Categories]
     step_peak: Optional[StepPeak]
     trend: list[list[float]]  # [[time, window_min_allocated_bytes, steps], ...] oldest first
+    steps_memory: list[list[float]]  # [[step, time, floor, peak, reserved, exact], ...] oldest first
 
 
 class StepInfo(TypedDict):
@@ -141,6 +142,7 @@ class Snapshot(TypedDict):
     leak: Optional[LeakFinding]
     batch_advice: Optional[BatchAdvice]
     profiling: Optional[str]  # id of the profile request running now, else None
+    job: Optional[dict[str, Any]]  # what the job already does (hook.jobsetup)
 
 
 class ProfileOp(TypedDict):
@@ -203,6 +205,13 @@ class OomEvent(TypedDict):
     snapshot_artifact: Optional[str]
     outcome: str
     outcome_time: Optional[float]
+    physical_free_bytes: int  # free on the device before any per-process cap
+    limit_bytes: Optional[int]  # the per-process cap, None if unset
+    steps_memory: list[list[float]]  # step rows of the device up to the OOM
+    phase: Optional[str]  # forward, backward, optimizer
+    largest_free_block_bytes: Optional[int]  # largest inactive block in the large pool at the OOM
+    job: Optional[dict[str, Any]]  # what the job already does
+    model_states: Optional[dict[str, Any]]  # parameters, gradients, optimizer state (and expected) bytes
 
 
 class SchemaError(ValueError):
@@ -255,6 +264,7 @@ _DEVICE: Spec = {
     "categories": ((dict, NONE), False, _CATEGORIES),
     "step_peak": ((dict, NONE), False, _STEP_PEAK),
     "trend": ((list,), False, "numbers"),
+    "steps_memory": ((list,), False, "numbers"),
 }
 _STEPS: Spec = {
     "count": (_INT, True, None),
@@ -295,6 +305,7 @@ _SNAPSHOT: Spec = {
     "leak": ((dict, NONE), False, _LEAK),
     "batch_advice": ((dict, NONE), False, _BATCH_ADVICE),
     "profiling": ((str, NONE), False, None),
+    "job": ((dict, NONE), False, None),
 }
 _PROFILE_OP: Spec = {
     "op": (_STR, True, None),
@@ -339,6 +350,13 @@ _EVENT: Spec = {
     "snapshot_artifact": ((str, NONE), False, None),
     "outcome": (_STR, True, None),
     "outcome_time": ((int, float, NONE), False, None),
+    "physical_free_bytes": (_INT, False, None),
+    "limit_bytes": ((int, NONE), False, None),
+    "steps_memory": ((list,), False, "numbers"),
+    "phase": ((str, NONE), False, None),
+    "largest_free_block_bytes": ((int, NONE), False, None),
+    "job": ((dict, NONE), False, None),
+    "model_states": ((dict, NONE), False, None),
 }
 _LEAVES = {
     "numbers": lambda v: (
