@@ -23,7 +23,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from oomsight._version import __version__
-from oomsight.analysis.diagnosis import leak_growth
 from oomsight.analysis.inventory import (
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_STALE_AFTER_SECONDS,
@@ -39,8 +38,10 @@ from oomsight.metrics.family import (
     LIMIT_GAUGES,
     NVML_GAUGES,
     PROC,
+    STEP_MEMORY_GAUGES,
     STEP_PEAK_GAUGES,
     Row,
+    leak_suspected,
 )
 from oomsight.wire.schema import Profile
 from oomsight.wire.spool import SKIP_REASONS, SpoolReader
@@ -181,7 +182,7 @@ def _process_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
 
 def _device_families(processes: Sequence[ProcessView]) -> Iterator[Metric]:
     rows: list[tuple[Row, GaugeMetricFamily | CounterMetricFamily]] = [
-        (r, _gauge(r[0], r[1], DEV)) for r in (*ALLOCATOR_GAUGES, *LIMIT_GAUGES, *NVML_GAUGES, *STEP_PEAK_GAUGES)
+        (r, _gauge(r[0], r[1], DEV)) for r in (*ALLOCATOR_GAUGES, *LIMIT_GAUGES, *NVML_GAUGES, *STEP_PEAK_GAUGES, *STEP_MEMORY_GAUGES)
     ]
     counters: list[tuple[Row, GaugeMetricFamily | CounterMetricFamily]] = [
         (r, CounterMetricFamily(r[0], r[1], labels=DEV)) for r in ALLOCATOR_COUNTERS
@@ -253,7 +254,7 @@ def _advice_families(inv: Inventory) -> Iterator[Metric]:
     """Profiles, leak findings and batch advice: what oomsight measured on request."""
     leak = GaugeMetricFamily(
         "oomsight_leak_suspected",
-        "1 while the between-steps floor of allocated memory rises step after step (docs/diagnosis.md).",
+        "1 while the between-steps floor of allocated memory rises step after step and the step's own memory does not (docs/diagnosis.md).",
         labels=DEV,
     )
     tensors = GaugeMetricFamily(
@@ -273,8 +274,7 @@ def _advice_families(inv: Inventory) -> Iterator[Metric]:
     for v in inv.processes:
         s, labels = v.snapshot, list(v.rank_labels)
         for d in s["devices"]:
-            growth = leak_growth(d.get("trend", []), d.get("limit_bytes") or d.get("total_bytes") or 1)
-            leak.add_metric([*labels, str(d["index"]), d["uuid"]], float(growth is not None))
+            leak.add_metric([*labels, str(d["index"]), d["uuid"]], float(leak_suspected(d)))
         if s.get("leak"):
             tensors.add_metric(labels, s["leak"]["graph_tensors"])  # type: ignore[index]
             graph_bytes.add_metric(labels, s["leak"]["graph_bytes"])  # type: ignore[index]

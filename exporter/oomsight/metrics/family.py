@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Callable, Optional
 
+from oomsight.analysis import trend
+from oomsight.analysis.diagnosis import leak_growth
 from oomsight.wire.schema import DeviceSnapshot
 
 PROC = ["rank", "local_rank"]
@@ -145,8 +147,8 @@ LIMIT_GAUGES: Sequence[Row] = (
 STEP_PEAK_GAUGES: Sequence[Row] = (
     (
         "oomsight_step_peak_allocated_bytes",
-        "Peak allocated bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS; resets torch's peak each step).",
-        lambda d: _step_peak(d, "allocated_bytes"),
+        "Peak allocated bytes of the last optimizer step read: exact when torch's lifetime peak rose in it, else the sampled maximum (a lower bound); with opt-in OOMSIGHT_STEP_PEAKS read and reset every step.",
+        lambda d: _step_peak(d, "allocated_bytes") if d.get("step_peak") else _row(d, trend.PEAK),
     ),
     (
         "oomsight_step_peak_reserved_bytes",
@@ -154,7 +156,67 @@ STEP_PEAK_GAUGES: Sequence[Row] = (
         lambda d: _step_peak(d, "reserved_bytes"),
     ),
 )
+STEP_MEMORY_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_step_floor_allocated_bytes",
+        "Allocated bytes right after the last optimizer step read: what survives between steps (the leak signal).",
+        lambda d: _row(d, trend.FLOOR),
+    ),
+    (
+        "oomsight_step_floor_slope_bytes",
+        "Bytes per optimizer step the between-steps floor rose over the judged steps (least squares; 0 when flat).",
+        lambda d: _trend(d, "floor_slope"),
+    ),
+    (
+        "oomsight_oom_forecast_steps",
+        "Optimizer steps until the step peak reaches capacity at the current leak or growth; +Inf without a rise.",
+        lambda d: _trend(d, "steps_to_oom"),
+    ),
+    (
+        "oomsight_oom_forecast_seconds",
+        "Seconds until the step peak reaches capacity at the current leak or growth and step time; +Inf without a rise.",
+        lambda d: _trend(d, "seconds_to_oom"),
+    ),
+)
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
+_TRENDS: dict[int, tuple[DeviceSnapshot, trend.Trend]] = {}
+"""One trend per device document (id -> (document, trend)): readers reuse unchanged documents."""
+
+
+def device_trend(d: DeviceSnapshot) -> Optional[trend.Trend]:
+    """The step-memory trend of a device document; None when it carries no step rows."""
+    rows = d.get("steps_memory")
+    if not rows:
+        return None
+    cached = _TRENDS.get(id(d))
+    if cached is not None and cached[0] is d:
+        return cached[1]
+    if len(_TRENDS) > 4096:
+        _TRENDS.clear()
+    found = trend.analyse(rows, int(d.get("limit_bytes") or d.get("total_bytes") or 0) or 1)
+    _TRENDS[id(d)] = (d, found)
+    return found
+
+
+def _row(d: DeviceSnapshot, column: int) -> Optional[float]:
+    rows = d.get("steps_memory")
+    return float(rows[-1][column]) if rows else None
+
+
+def _trend(d: DeviceSnapshot, attr: str) -> Optional[float]:
+    t = device_trend(d)
+    if t is None or t.points < trend.MIN_POINTS:
+        return None
+    value = getattr(t, attr)
+    return float("inf") if value is None else float(value)
+
+
+def leak_suspected(d: DeviceSnapshot) -> bool:
+    """The step rows' verdict where the hook wrote them, else the legacy sampled trough trend."""
+    t = device_trend(d)
+    if t is not None:
+        return t.leak
+    return leak_growth(d.get("trend", []), d.get("limit_bytes") or d.get("total_bytes") or 1) is not None
 
 
 def _step_peak(d: DeviceSnapshot, key: str) -> Optional[float]:
