@@ -15,7 +15,9 @@ PACKAGES=(podman runc mmdebstrap)
 mkdir -p "$CACHE"
 
 missing=()
-for program in "${PACKAGES[@]}"; do command -v "$program" >/dev/null || missing+=("$program"); done
+for program in "${PACKAGES[@]}"; do
+  command -v "$program" >/dev/null || [ -x "/usr/sbin/$program" ] || missing+=("$program")  # runc is in sbin
+done
 if [ "${#missing[@]}" -gt 0 ]; then bash scripts/apt-install.sh "${missing[@]}"; fi
 
 make_base() {  # make_base SUITE: writes base-SUITE.tar and base-SUITE.env, or fails

@@ -221,7 +221,10 @@ def image(tmp_path_factory):
         pytest.fail(f"scripts/build-image.sh failed:\n{built.stderr[-4000:]}")
     print(f"{image.name} built in {time.monotonic() - start:.0f} s")
     yield image
-    image.podman("system", "reset", "--force")  # the store's containers, images and mounts
+    # this store only (`podman system reset` would also drop the machine's podman networks)
+    image.podman("rm", "--all", "--force")
+    image.podman("rmi", "--all", "--force")
+    shutil.rmtree(store, ignore_errors=True)
 
 
 def base_env():
