@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the real image build (scripts/build-image.sh, tests/test_image.py) needs, with no image
 # registry: the Debian packages podman, runc and mmdebstrap, and a Debian base image made
-# locally by mmdebstrap (python3, python3-venv, ca-certificates; no docs, man pages or locales).
+# locally by mmdebstrap (python3, python3-venv, ca-certificates; no docs, man pages or locales)
+# from the Debian archive and security mirrors this machine's apt sources name.
 # The base is cached as .tools/image/base-<suite>.tar and remade after 30 days (security
 # updates); .tools/image/base.env names the tarball, its Python and its glibc for the build.
 #   OOMSIGHT_IMAGE_SUITE   Debian suite of the base (default trixie; the machine's own suite
@@ -20,15 +21,46 @@ for program in "${PACKAGES[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then bash scripts/apt-install.sh "${missing[@]}"; fi
 
+OWN="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
+
+configured_uri() {  # configured_uri SUITE: the first URI this machine's apt sources give for SUITE
+  local file
+  for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    if [ -f "$file" ]; then cat "$file"; fi
+    echo  # a deb822 stanza ends with its file
+  done | awk -v want="$1" '
+    function check(uris, suites,   n, s, i, u) {
+      n = split(suites, s, " ")
+      for (i = 1; i <= n; i++) if (s[i] == want) { split(uris, u, " "); print u[1]; found = 1; exit }
+    }
+    /^[ \t]*deb[ \t]/ { line = $0; sub(/\[[^]]*\]/, "", line); split(line, f, " "); check(f[2], f[3]); next }
+    /^URIs:/ { uris = $0; sub(/^URIs:[ \t]*/, "", uris) }
+    /^Suites:/ { suites = $0; sub(/^Suites:[ \t]*/, "", suites) }
+    /^[ \t]*$/ { if (uris != "" && suites != "") check(uris, suites); uris = suites = "" }
+    END { if (!found && uris != "" && suites != "") check(uris, suites) }'
+}
+
+mirrors() {  # mirrors SUITE: apt lines for SUITE from this machine's mirrors; none: mmdebstrap's defaults
+  local archive security
+  archive="$(configured_uri "$OWN")"
+  security="$(configured_uri "$OWN-security")"
+  [ -n "$archive" ] || return 0
+  printf '%s\n' "deb $archive $1 main" "deb $archive $1-updates main"
+  if [ -n "$security" ]; then printf '%s\n' "deb $security $1-security main"; fi
+}
+
 make_base() {  # make_base SUITE: writes base-SUITE.tar and base-SUITE.env, or fails
   local suite="$1" tarball="$CACHE/base-$1.tar" python glibc
-  echo "install-image-tools: making the Debian $suite base image with mmdebstrap" >&2
+  local -a sources
+  mapfile -t sources < <(mirrors "$suite")
+  echo "install-image-tools: making the Debian $suite base image with mmdebstrap" \
+    "(${sources[*]:-the default mirrors of mmdebstrap})" >&2
   rm -f "$tarball.part"
   mmdebstrap --quiet --variant=essential --format=tar \
     --include=python3,python3-venv,python-is-python3,ca-certificates \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
-    "$suite" "$tarball.part" >&2 || { rm -f "$tarball.part"; return 1; }
+    "$suite" "$tarball.part" "${sources[@]}" >&2 || { rm -f "$tarball.part"; return 1; }
   # the image's Python (X.Y) and glibc (2.N) decide which wheels the build may use
   python="$(tar -tf "$tarball.part" | sed -n 's|^\./usr/bin/python\(3\.[0-9]*\)$|\1|p' | head -n1)"
   glibc="$(tar -xOf "$tarball.part" ./var/lib/dpkg/status \
@@ -48,10 +80,9 @@ fresh() {
 }
 
 if ! fresh "$SUITE" && ! make_base "$SUITE"; then
-  own="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
-  [ -n "$own" ] && [ "$own" != "$SUITE" ] || exit 1
-  echo "install-image-tools: no $SUITE base; using this machine's suite $own" >&2
-  SUITE="$own"
+  [ -n "$OWN" ] && [ "$OWN" != "$SUITE" ] || exit 1
+  echo "install-image-tools: no $SUITE base; using this machine's suite $OWN" >&2
+  SUITE="$OWN"
   fresh "$SUITE" || make_base "$SUITE"
 fi
 cp "$CACHE/base-$SUITE.env" "$CACHE/base.env"

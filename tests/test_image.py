@@ -116,6 +116,7 @@ def test_the_built_environment_serves_the_sidecar_and_has_no_torch(image_venv, t
     spool = str(tmp_path / "spool")
     hooked_process(spool, monkeypatch=monkeypatch)
     runtime = {"PATH": f"{image_venv}/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path)}
+    runtime["OOMSIGHT_ADMIN_PORT"] = str(free_port())  # not the default 21401, which another sidecar may hold
     python = str(image_venv / "bin" / "python")
     probe = subprocess.run(
         [python, "-c", "import kubernetes, cryptography, prometheus_client; import torch"],
