@@ -185,7 +185,8 @@ class Image:
         try:
             yield name
         finally:
-            print(self.podman("logs", name).stderr)
+            logs = self.podman("logs", name)
+            print(logs.stdout + logs.stderr)
             self.podman("rm", "--force", "--time=5", name)
 
     def process_status(self, name: str) -> dict[str, str]:
@@ -222,9 +223,9 @@ def image(tmp_path_factory):
         pytest.fail(f"scripts/build-image.sh failed:\n{built.stderr[-4000:]}")
     print(f"{image.name} built in {time.monotonic() - start:.0f} s")
     yield image
-    # this store only (`podman system reset` would also drop the machine's podman networks)
+    # this store only (`podman system reset` would also drop the machine's podman networks);
+    # with no container left nothing in it is mounted
     image.podman("rm", "--all", "--force")
-    image.podman("rmi", "--all", "--force")
     shutil.rmtree(store, ignore_errors=True)
 
 
@@ -260,7 +261,10 @@ def owned_by_the_image_user(path):
     """Pod volumes belong to the pod's fsGroup; here: the image's user (root runs this test)."""
     for folder, _, files in os.walk(path):
         for name in [folder, *(os.path.join(folder, f) for f in files)]:
-            os.chown(name, USER, USER) if os.geteuid() == 0 else os.chmod(name, 0o777)
+            if os.geteuid() == 0:
+                os.chown(name, USER, USER)
+            else:  # rootless podman maps the image's user to a subordinate uid: "others" here
+                os.chmod(name, 0o777)
 
 
 def test_the_image_holds_the_bases_python_and_the_sidecar_without_torch_or_pip(image):
