@@ -2,7 +2,9 @@
 # The oomsight image: the pod sidecar (`oomsight sidecar`), the admission webhook
 # (`oomsight webhook`) and the zero-code init container (`oomsight install-startup`).
 # No torch inside (the training image brings its own); nothing is downloaded at run time.
-# tests/test_image.py runs the RUN steps of the build stage in a clean virtualenv.
+# `docker build .` builds it from python:*-slim and PyPI. scripts/build-image.sh builds it with
+# podman and no registry or network (a local Debian base as PYTHON_IMAGE; pip's wheels and its
+# config mounted at build time only); tests/test_image.py runs that image read-only, non-root.
 
 ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 

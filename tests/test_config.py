@@ -56,3 +56,11 @@ def test_every_env_var_is_documented():
         doc = fh.read()
     missing = [name for name in ALL_ENV_VARS if name not in doc]
     assert not missing
+
+
+def test_the_default_spool_dir_is_named_not_probed(monkeypatch):
+    # tempfile.gettempdir() would skip an unusable $TMPDIR (and raise where nothing is writable:
+    # a read-only root filesystem, as the sidecar runs); the default must only name the folder
+    monkeypatch.setenv("TMPDIR", "/nonexistent/tmp")
+    assert Settings().spool_dir == "/nonexistent/tmp/oomsight"
+    assert Settings.from_env({"OOMSIGHT_DIR": "/spool"}).spool_dir == "/spool"

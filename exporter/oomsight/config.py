@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Callable, TypeVar
 
@@ -67,8 +66,12 @@ class ConfigError(ValueError):
 
 
 def default_spool_dir() -> str:
-    """Where the hook writes when ``OOMSIGHT_DIR`` is unset: ``$TMPDIR/oomsight``."""
-    return os.path.join(tempfile.gettempdir(), "oomsight")
+    """Where the hook writes when ``OOMSIGHT_DIR`` is unset: ``$TMPDIR/oomsight``, else ``/tmp/oomsight``.
+
+    Named, not probed: ``tempfile.gettempdir()`` raises where no temporary folder is writable
+    (a read-only root filesystem with only the spool mounted, as the injected sidecar runs),
+    and this default is computed even when ``OOMSIGHT_DIR`` is set."""
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", "oomsight")
 
 
 @dataclasses.dataclass(frozen=True)
