@@ -43,3 +43,4 @@ fi
 
 "$BIN/promtool" --version 2>&1 | head -n1 >&2
 "$BIN/helm" version --short >&2
+bash scripts/install-grafana-schema.sh
