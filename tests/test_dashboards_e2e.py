@@ -58,6 +58,7 @@ class Live:
 
 
 DCGM_USED_MIB = 9000
+DCGM_UTIL_PERCENT = 87
 """What the static dcgm-exporter exposition says the GPU's framebuffer holds."""
 
 
@@ -68,6 +69,8 @@ def dcgm_exposition(uuid: str) -> bytes:
     return (
         "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n# TYPE DCGM_FI_DEV_FB_USED gauge\n"
         f"DCGM_FI_DEV_FB_USED{{{labels}}} {DCGM_USED_MIB}\n"
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {DCGM_UTIL_PERCENT}\n"
     ).encode()
 
 
@@ -316,3 +319,14 @@ def test_dcgms_framebuffer_joins_oomsights_pods_on_the_gpu_uuid_in_bytes(live: L
     assert found and set(found.values()) == {DCGM_USED_MIB * (1 << 20)}
     assert {gpu for _, gpu in found} == {uuid}
     assert {s["metric"]["workload"] for s in got if s["metric"]["pod"] == POD} == {OWNER}
+
+
+def test_the_documented_dcgm_join_runs_as_written(live: Live) -> None:
+    with open(os.path.join(ROOT, "docs", "alerts.md")) as fh:
+        text = fh.read()
+    section = text[text.index("## dcgm-exporter") :]
+    query = section.split("```promql\n", 1)[1].split("```", 1)[0]
+    got = promql_at(live.url, query, live.end - 3)
+    assert {(s["metric"]["namespace"], s["metric"]["pod"], float(s["value"][1])) for s in got} == {
+        (NAMESPACE, POD, DCGM_UTIL_PERCENT)
+    }
