@@ -309,7 +309,7 @@ def cluster_variable(query: str) -> Any:
         refresh=g.REFRESH_ON_TIME_RANGE_CHANGE,
         sort=g.SORT_ALPHA_IGNORE_CASE_ASC,
     )
-    var._current = {"selected": True, "text": ["All"], "value": ["$__all"]}  # grafanalib has no setter for it
+    var._current = {"selected": True, "text": "All", "value": "$__all"}  # one value: not lists
     return var
 
 

@@ -135,7 +135,10 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
 
 
 def webhook_metric_names() -> set[str]:
-    sources = glob.glob(os.path.join(ROOT, "*", "oomsight_*", "webhook*.py"))
+    # the webhook's collector, wherever the package tree puts it (sidecar/ today, webhook/ next)
+    sources = [
+        p for d in ("sidecar", "webhook") for p in glob.glob(os.path.join(ROOT, d, "**", "*.py"), recursive=True)
+    ]
     text = ""
     for path in sources:
         with open(path) as fh:
