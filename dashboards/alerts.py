@@ -167,8 +167,8 @@ def self_alerts() -> list[Alert]:
             T.sidecar_down_for,
             "warning",
             "Prometheus cannot scrape the oomsight sidecar of a running pod.",
-            "The oomsight sidecar of {{ $labels.namespace }}/{{ $labels.pod }} does not answer "
-            "on {{ $labels.instance }}: no GPU memory data for this pod.",
+            "The oomsight sidecar {{ if $labels.pod }}of {{ $labels.namespace }}/{{ $labels.pod }} {{ end }}"
+            "does not answer on {{ $labels.instance }} (job {{ $labels.job }}): no GPU memory data for this pod.",
         ),
         Alert(
             "OomsightHookSilent",

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from dashboards import config, rules
 from oomsight import schema, tape
@@ -330,3 +331,15 @@ def test_the_documented_dcgm_join_runs_as_written(live: Live) -> None:
     assert {(s["metric"]["namespace"], s["metric"]["pod"], float(s["value"][1])) for s in got} == {
         (NAMESPACE, POD, DCGM_UTIL_PERCENT)
     }
+
+
+def test_every_generated_rule_evaluates_without_error_on_the_real_prometheus(live: Live) -> None:
+    """Recording and alerting rules alike (a many-to-many join or a bad label would show here)."""
+    status, body = http_get(f"{live.url}/api/v1/rules")
+    groups = json.loads(body)["data"]["groups"]
+    rules_ = [r for g in groups for r in g["rules"]]
+    with open(RULES) as fh:
+        expected = sum(len(g["rules"]) for g in yaml.safe_load(fh)["groups"])
+    assert status == 200 and len(rules_) == expected
+    broken = {r["name"]: r.get("lastError") for r in rules_ if r["health"] != "ok"}
+    assert broken == {}
