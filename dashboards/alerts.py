@@ -1,9 +1,11 @@
 """Alerting rules: before an OOM (near capacity, forecast, leak, fragmentation, retries), at
-it (a CUDA OOM happened), about oomsight itself (sidecar down, hook silent or missing) and
-about waste (GPU memory badly underused).
+it (a CUDA OOM happened), about oomsight itself (sidecar down, hook silent or missing, the
+webhook's certificate, errors and availability) and about waste (GPU memory badly underused).
 
-Every alert gets ``runbook_url`` from :func:`add_runbook_links`; ``docs/alerts.md`` explains
-the thresholds and ``docs/runbooks/<alert>.md`` the remedies.
+Every name starts with ``Oomsight`` so it cannot collide with another rule set's alerts (dcgm,
+kubernetes-mixin). Every alert gets ``runbook_url`` from :func:`add_runbook_links`;
+``docs/alerts.md`` explains the thresholds and ``docs/runbooks/<alert>.md`` the remedies.
+Thresholds the chart can override are written as :func:`knob.knob` tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from dashboards import config as c
 from dashboards import rules as r
+from dashboards.knob import fill, knob, parts
 
 T = c.THRESHOLDS
 WHERE = "{{ $labels.namespace }}/{{ $labels.pod }} rank {{ $labels.rank }} GPU {{ $labels.device }}"
@@ -28,12 +31,13 @@ class Alert:
     description: str
 
     def rule(self) -> dict[str, Any]:
+        """The rule as the plain rule file has it (thresholds filled in)."""
         return {
             "alert": self.name,
-            "expr": self.expr,
+            "expr": fill(self.expr),
             "for": self.duration,
             "labels": {"severity": self.severity},
-            "annotations": {"summary": self.summary, "description": self.description},
+            "annotations": {"summary": self.summary, "description": fill(self.description)},
         }
 
 
@@ -50,8 +54,8 @@ def running() -> str:
 def oom_alerts() -> list[Alert]:
     return [
         Alert(
-            "CudaOutOfMemory",
-            f"time() - max by ({c.EVENT}, cause) ({r.OOM_EVENT}) < {T.oom_recent_seconds}",
+            "OomsightCudaOutOfMemory",
+            f"time() - max by ({c.EVENT}, cause) ({r.OOM_EVENT}) < {knob('oom_recent_seconds')}",
             "0m",
             "warning",
             "A PyTorch process ran out of CUDA memory.",
@@ -63,43 +67,44 @@ def oom_alerts() -> list[Alert]:
 
 def capacity_alerts() -> list[Alert]:
     near = [
-        (T.near_capacity_warning_ratio, T.near_capacity_warning_for, "warning"),
-        (T.near_capacity_critical_ratio, T.near_capacity_critical_for, "critical"),
+        ("near_capacity_warning_ratio", T.near_capacity_warning_for, "warning"),
+        ("near_capacity_critical_ratio", T.near_capacity_critical_for, "critical"),
     ]
     return [
         Alert(
-            "GpuMemoryNearCapacity",
-            f"{c.HEADROOM_RATIO} < {ratio}\nand {running()}",
+            "OomsightGpuMemoryNearCapacity",
+            f"{c.HEADROOM_RATIO} < {knob(ratio)}\nand {running()}",
             duration,
             severity,
             "GPU memory is nearly full at the training step's peak.",
             f"{WHERE} has only {{{{ $value | humanizePercentage }}}} of its GPU memory (its memory-fraction cap, "
-            f"where set) left at its peak (alert below {ratio:.0%}). The next larger batch or longer sequence "
-            "runs out of memory.",
+            f"where set) left at its peak (alert below {knob(ratio, 'percent')}). The next larger batch or "
+            "longer sequence runs out of memory.",
         )
         for ratio, duration, severity in near
     ]
 
 
 def forecast_alerts() -> list[Alert]:
-    horizon = T.forecast_horizon_minutes
+    lookback, horizon = knob("forecast_lookback"), knob("forecast_horizon_minutes")
+    seconds = knob("forecast_horizon_minutes", "times", 60)
     return [
         Alert(
-            "CudaOomPredicted",
+            "OomsightCudaOomPredicted",
             r.promql(f"""
-                predict_linear(oomsight_torch_window_peak_allocated_bytes[{T.forecast_lookback}], {horizon * 60})
+                predict_linear(oomsight_torch_window_peak_allocated_bytes[{lookback}], {seconds})
                   > oomsight_torch_window_peak_reserved_bytes + oomsight_gpu_headroom_bytes
-                and {c.HEADROOM_RATIO} < {T.forecast_headroom_ratio}
+                and {c.HEADROOM_RATIO} < {knob("forecast_headroom_ratio")}
                 and {running()}"""),
             T.forecast_for,
             "warning",
             "Allocated GPU memory is on course to run out within the forecast horizon.",
-            f"At the growth of the last {T.forecast_lookback}, the peak of allocated memory of {WHERE} "
+            f"At the growth of the last {lookback}, the peak of allocated memory of {WHERE} "
             f"reaches {{{{ $value | humanize1024 }}}}B in {horizon} minutes, more than the GPU can give "
-            f"this process; less than {T.forecast_headroom_ratio:.0%} of its GPU memory is left now.",
+            f"this process; less than {knob('forecast_headroom_ratio', 'percent')} of its GPU memory is left now.",
         ),
         Alert(
-            "CudaMemoryLeakSuspected",
+            "OomsightCudaMemoryLeakSuspected",
             leak_expr(),
             T.leak_for,
             "warning",
@@ -117,7 +122,7 @@ def leak_expr() -> str:
     w = T.leak_window
     f = "oomsight_torch_window_min_allocated_bytes"
     return r.promql(f"""
-        {f} - {f} offset {_times(w, 3)} > {T.leak_min_growth_ratio} * {c.CAPACITY}
+        {f} - {f} offset {_times(w, 3)} > {knob("leak_min_growth_ratio")} * {c.CAPACITY}
         and min_over_time({f}[{w}]) > min_over_time({f}[{w}] offset {w})
         and min_over_time({f}[{w}] offset {w}) > min_over_time({f}[{w}] offset {_times(w, 2)})
         and on ({c.PROCESS}) increase(oomsight_steps_total[{_times(w, 3)}]) > 0""")
@@ -131,10 +136,10 @@ def _times(duration: str, n: int) -> str:
 def allocator_alerts() -> list[Alert]:
     return [
         Alert(
-            "CudaMemoryFragmented",
+            "OomsightCudaMemoryFragmented",
             r.promql(f"""
-                oomsight_torch_inactive_split_bytes / oomsight_torch_reserved_bytes > {T.fragmentation_ratio}
-                and oomsight_torch_inactive_split_bytes > {T.fragmentation_min_bytes}
+                oomsight_torch_inactive_split_bytes / oomsight_torch_reserved_bytes > {knob("fragmentation_ratio")}
+                and oomsight_torch_inactive_split_bytes > {knob("fragmentation_min_bytes")}
                 and {running()}"""),
             T.fragmentation_for,
             "warning",
@@ -143,12 +148,12 @@ def allocator_alerts() -> list[Alert]:
             "sits free inside split blocks that no large tensor can use and empty_cache() cannot release.",
         ),
         Alert(
-            "CudaMallocRetries",
-            f"increase(oomsight_torch_alloc_retries_total[{T.retries_window}]) >= {T.retries_min}",
+            "OomsightCudaMallocRetries",
+            f"increase(oomsight_torch_alloc_retries_total[{knob('retries_window')}]) >= {knob('retries_min')}",
             T.retries_for,
             "warning",
             "PyTorch's allocator keeps flushing its cache to satisfy allocations.",
-            f"cudaMalloc failed {{{{ $value | humanize }}}} times in {T.retries_window} for {WHERE}; each "
+            f"cudaMalloc failed {{{{ $value | humanize }}}} times in {knob('retries_window')} for {WHERE}; each "
             "time the allocator freed its whole cache and retried. Steps slow down, and an OOM is close.",
         ),
     ]
@@ -158,12 +163,12 @@ def self_alerts() -> list[Alert]:
     return [
         Alert(
             "OomsightSidecarDown",
-            f"up{{{c.SIDECAR_UP_SELECTOR}}} == 0",
+            sidecar_down_expr(),
             T.sidecar_down_for,
             "warning",
             "Prometheus cannot scrape the oomsight sidecar of a running pod.",
-            "The oomsight sidecar of {{ $labels.namespace }}/{{ $labels.pod }} does not answer "
-            f"on {{{{ $labels.instance }}}}: no GPU memory data for this pod for {T.sidecar_down_for}.",
+            "The oomsight sidecar {{ if $labels.pod }}of {{ $labels.namespace }}/{{ $labels.pod }} {{ end }}"
+            "does not answer on {{ $labels.instance }} (job {{ $labels.job }}): no GPU memory data for this pod.",
         ),
         Alert(
             "OomsightHookSilent",
@@ -182,22 +187,81 @@ def self_alerts() -> list[Alert]:
             "warning",
             "The oomsight sidecar runs, but no training process publishes to it.",
             "The sidecar of {{ $labels.namespace }}/{{ $labels.pod }} has seen no PyTorch process with the "
-            f"oomsight hook for {T.hook_missing_for}: the hook is not loaded, CUDA is not used, or the "
+            "oomsight hook for a while: the hook is not loaded, CUDA is not used, or the "
             "training has ended and the pod keeps running.",
         ),
     ]
 
 
-def waste_alerts() -> list[Alert]:
-    w = T.underused_window
+def sidecar_down_expr() -> str:
+    """A sidecar target that fails, whatever the scrape mode: the PodMonitor sets ``container``;
+    annotation-based scraping sets no container, but maps the pod's labels (the opt-in label) or at
+    least keeps ``job`` and ``instance``, and a target that served ``oomsight_build_info`` within
+    the lookback is a sidecar."""
+    seen = f"last_over_time({c.SIDECAR_SEEN}[{c.SIDECAR_SEEN_LOOKBACK}])"
+    return r.promql(f"""
+        (
+          up{{{c.SIDECAR_UP_SELECTOR}}}
+          or up{{{c.SIDECAR_POD_LABEL_SELECTOR}}}
+          or (up and on (job, instance) group by (job, instance) ({seen}))
+        ) == 0""")
+
+
+def webhook_alerts() -> list[Alert]:
+    """The injection webhook: its serving certificate, admission errors, and whether it is up
+    (the ServiceMonitor sets ``container="webhook"``; other scrapes are known by its own counter)."""
+    seen = f"last_over_time({c.WEBHOOK_SEEN}[{c.SIDECAR_SEEN_LOOKBACK}])"
+    days = knob("webhook_certificate_days")
     return [
         Alert(
-            "GpuMemoryUnderused",
+            "OomsightWebhookCertificateExpiring",
+            "oomsight_webhook_certificate_expiry_timestamp_seconds - time() < "
+            + knob("webhook_certificate_days", "times", 86400),
+            T.webhook_certificate_for,
+            "warning",
+            "The injection webhook's serving certificate expires soon.",
+            "The certificate that {{ $labels.namespace }}/{{ $labels.pod }} serves the admission webhook with "
+            f"expires in {{{{ $value | humanizeDuration }}}} (alert below {days} days). It renews 30 days ahead: "
+            "renewal is failing (self-managed TLS: the Secret cannot be updated; cert-manager: the Certificate is "
+            "not Ready). Once expired the API server cannot call the webhook and pods start without the sidecar.",
+        ),
+        Alert(
+            "OomsightWebhookAdmissionErrors",
+            f'increase(oomsight_webhook_admissions_total{{result="error"}}[{knob("webhook_errors_window")}]) '
+            f">= {knob('webhook_errors_min')}",
+            T.webhook_errors_for,
+            "warning",
+            "The injection webhook fails admission requests.",
+            "{{ $labels.namespace }}/{{ $labels.pod }} answered {{ $value | humanize }} admission requests with "
+            f"an error in {knob('webhook_errors_window')}: those pods were created without the oomsight sidecar "
+            "(the webhook fails open). Its log names the pod and the error.",
+        ),
+        Alert(
+            "OomsightWebhookDown",
             r.promql(f"""
-                max_over_time({r.GPU_PEAK_RESERVED}[{w}]) / {r.GPU_TOTAL} < {T.underused_peak_ratio}
+                (
+                  up{{{c.WEBHOOK_UP_SELECTOR}}}
+                  or (up and on (job, instance) group by (job, instance) ({seen}))
+                ) == 0"""),
+            T.webhook_down_for,
+            "warning",
+            "Prometheus cannot scrape a pod of the oomsight injection webhook.",
+            "The webhook pod {{ $labels.namespace }}/{{ $labels.pod }} does not answer on "
+            "{{ $labels.instance }}. With every replica down, labelled pods start without the sidecar.",
+        ),
+    ]
+
+
+def waste_alerts() -> list[Alert]:
+    w = knob("underused_window")
+    return [
+        Alert(
+            "OomsightGpuMemoryUnderused",
+            r.promql(f"""
+                max_over_time({r.GPU_PEAK_RESERVED}[{w}]) / {r.GPU_TOTAL} < {knob("underused_peak_ratio")}
                 and on ({c.POD}, gpu_uuid) ({r.GPU_TOTAL} offset {w})"""),
             T.underused_for,
-            "warning",
+            "info",
             "A GPU's memory has been badly underused for hours.",
             f"For {w} the PyTorch processes of {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}} peaked at "
             f"{{{{ $value | humanizePercentage }}}} of GPU {{{{ $labels.gpu_uuid }}}}. A larger batch would "
@@ -213,6 +277,7 @@ def all_alerts() -> list[Alert]:
         *forecast_alerts(),
         *allocator_alerts(),
         *self_alerts(),
+        *webhook_alerts(),
         *waste_alerts(),
     ]
 
@@ -229,6 +294,24 @@ def add_runbook_links(groups: list[dict[str, Any]], pattern: str) -> list[dict[s
 
 def alert_group() -> dict[str, Any]:
     return {"name": "oomsight.alerts", "rules": [a.rule() for a in all_alerts()]}
+
+
+def rule_spec() -> dict[str, Any]:
+    """The rule file as data for the chart's ``templates/prometheusrule.yaml``: expressions and
+    descriptions as :func:`knob.parts`, ``for`` and ``severity`` as defaults the values override."""
+    records = [{"record": rule["record"], "expr": parts(rule["expr"])} for rule in r.recording_rules()]
+    alerting = [
+        {
+            "alert": a.name,
+            "expr": parts(a.expr),
+            "for": a.duration,
+            "severity": a.severity,
+            "summary": a.summary,
+            "description": parts(a.description),
+        }
+        for a in all_alerts()
+    ]
+    return {"groups": [{"name": "oomsight.rules", "rules": records}, {"name": "oomsight.alerts", "rules": alerting}]}
 
 
 def rule_groups(pattern: str = c.RUNBOOK_URL_PATTERN) -> list[dict[str, Any]]:

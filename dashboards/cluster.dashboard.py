@@ -11,9 +11,7 @@ from dashboards import queries as q
 T = c.THRESHOLDS
 FULL = p.steps((p.GREEN, None), (p.ORANGE, 0.75), (p.RED, T.busy_ratio))
 IDLE = p.steps((p.RED, None), (p.GREEN, T.underused_peak_ratio))
-POD_LINK = (
-    f"/d/{c.UID_POD}/?var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}&${{__url_time_range}}"
-)
+POD_LINK = c.POD_LINK
 COUNT = p.steps((p.GREEN, None), (p.RED, 1))
 
 fleet = [
@@ -208,4 +206,5 @@ dashboard = p.dashboard(
         "CUDA out-of-memory errors",
         (8, ooms),
     ],
+    q.CLUSTERS,
 )

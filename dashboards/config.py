@@ -17,7 +17,7 @@ class Thresholds:
     """Alert thresholds and durations (PromQL duration strings), also used to colour panels."""
 
     oom_recent_seconds: int = 600
-    """A CUDA OOM keeps ``CudaOutOfMemory`` firing (and its recorded event alive) this long."""
+    """A CUDA OOM keeps ``OomsightCudaOutOfMemory`` firing (and its recorded event alive) this long."""
     near_capacity_warning_ratio: float = 0.10
     """Headroom (memory left at the window peak) below this share of ``CAPACITY``: warning."""
     near_capacity_warning_for: str = "15m"
@@ -27,7 +27,7 @@ class Thresholds:
     forecast_lookback: str = "30m"
     """Growth of the window peak of allocated bytes is fitted over this much history."""
     forecast_horizon_minutes: int = 30
-    """``CudaOomPredicted`` fires when the fitted growth reaches capacity within this horizon..."""
+    """``OomsightCudaOomPredicted`` fires when the fitted growth reaches capacity within this horizon..."""
     forecast_headroom_ratio: float = 0.25
     """... and headroom is already below this share (a slope alone never fires)."""
     forecast_for: str = "10m"
@@ -56,17 +56,43 @@ class Thresholds:
     underused_for: str = "30m"
     busy_ratio: float = 0.90
     """Panels colour a GPU red once its peak uses this share (1 - near_capacity_warning_ratio)."""
+    webhook_certificate_days: int = 7
+    """The webhook's serving certificate expires within this many days (it renews 30 days ahead)."""
+    webhook_certificate_for: str = "1h"
+    webhook_errors_window: str = "10m"
+    webhook_errors_min: int = 1
+    """Admission requests answered with an error (a bug: the pod was admitted without the sidecar)."""
+    webhook_errors_for: str = "5m"
+    webhook_down_for: str = "10m"
 
 
 THRESHOLDS = Thresholds()
 
 SIDECAR_UP_SELECTOR = 'container=~"oomsight.*"'
-"""Selects the sidecar's ``up`` series; PodMonitor and pod service discovery both set ``container``."""
+"""The sidecar's ``up`` series where the scrape sets ``container`` (the chart's PodMonitor)."""
+SIDECAR_POD_LABEL_SELECTOR = 'oomsight_io_inject="true"'
+"""The same where pod labels are mapped onto targets (``labelmap`` of ``__meta_kubernetes_pod_label_(.+)``,
+as the Prometheus community chart's annotation-based ``kubernetes-pods`` job does)."""
+SIDECAR_SEEN = "oomsight_build_info"
+"""Only the sidecar serves this: a target that served it within ``SIDECAR_SEEN_LOOKBACK`` is a sidecar,
+whatever labels the scrape config gives it."""
+SIDECAR_SEEN_LOOKBACK = "1h"
+WEBHOOK_UP_SELECTOR = 'container="webhook", service=~".*oomsight.*"'
+"""The webhook's ``up`` series through the chart's ServiceMonitor (``service``: the webhook Service,
+named after the release)."""
+WEBHOOK_SEEN = "oomsight_webhook_admissions_total"
+DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
+"""dcgm-exporter's framebuffer used, in MiB, labelled ``UUID`` (the GPU's), ``gpu`` (the host's index)
+and ``device`` (``nvidia0``: the device node, not the CUDA index oomsight's ``device`` is)."""
+MIB = 1 << 20
 OOM_LOOKBACK = "10m"
 """Recorded OOM events and pod owners outlive a pod this long, so a pod that dies right after its
 OOM still gets its alert, annotation and forensics row."""
 
-RUNBOOK_URL_PATTERN = "https://github.com/oomsight/oomsight/blob/main/docs/runbooks/{alert}.md"
+RUNBOOK_URL = "https://github.com/oomsight/oomsight/blob/main/docs/runbooks"
+"""Base of every alert's runbook_url (``<base>/<alert, lower case>.md``); the chart's
+``prometheusRule.runbookUrl`` overrides it."""
+RUNBOOK_URL_PATTERN = RUNBOOK_URL + "/{alert}.md"
 """``{alert}`` is the lower-cased alert name; ``python -m dashboards --runbook-url-pattern`` overrides it."""
 
 CAPACITY = "(oomsight_torch_memory_limit_bytes or oomsight_gpu_memory_total_bytes)"
@@ -74,23 +100,36 @@ CAPACITY = "(oomsight_torch_memory_limit_bytes or oomsight_gpu_memory_total_byte
 HEADROOM_RATIO = f"oomsight_gpu_headroom_bytes / {CAPACITY}"
 """Share of what the process may use still free at the window's peak."""
 
-# Label sets PromQL joins on. Prometheus adds namespace/pod from the scrape target.
-POD = "namespace, pod"
-PROCESS = "namespace, pod, rank, local_rank"
-DEVICE = "namespace, pod, rank, local_rank, device, gpu_uuid"
-WORKLOAD = "namespace, workload, workload_type"
-EVENT = "namespace, workload, workload_type, pod, rank, local_rank, device, gpu_uuid"
+# Label sets PromQL joins on. Prometheus adds namespace/pod from the scrape target; ``cluster`` is
+# there only in multi-cluster setups (kubernetes-mixin's convention); a label that is absent on
+# both sides of a join or aggregation is simply empty.
+POD = "cluster, namespace, pod"
+PROCESS = "cluster, namespace, pod, rank, local_rank"
+DEVICE = "cluster, namespace, pod, rank, local_rank, device, gpu_uuid"
+WORKLOAD = "cluster, namespace, workload, workload_type"
+EVENT = "cluster, namespace, workload, workload_type, pod, rank, local_rank, device, gpu_uuid"
 OWNER_LABELS = "workload, workload_type"
 
 UID_CLUSTER = "oomsight-cluster"
 UID_POD = "oomsight-pod"
 UID_FORENSICS = "oomsight-forensics"
 TAGS = ["oomsight", "gpu", "cuda-memory"]
+KEEP = "${datasource:queryparam}&${cluster:queryparam}"
+"""What every link to another oomsight dashboard carries: the data source and the cluster."""
 BEFORE_LINK = (
-    f"/d/{UID_POD}/?var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
+    f"/d/{UID_POD}/?{KEEP}&var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
     "&var-rank=${__data.fields.rank}&time=${__value.raw}&time.window=1800000"
 )
 """From an OOM's time (in ms) to the pod dashboard, 15 minutes either side of it."""
+POD_LINK = (
+    f"/d/{UID_POD}/?{KEEP}&var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
+    "&${__url_time_range}"
+)
+"""From a pod in a table to the pod dashboard, with the same time range."""
+FORENSICS_LINK = (
+    f"/d/{UID_FORENSICS}/?{KEEP}&var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
+    "&${__url_time_range}"
+)
 SCHEMA_VERSION = 39
 DEFAULT_TIME = "now-3h"
 REFRESH = "30s"
@@ -103,5 +142,8 @@ CAUSE_REMEDY = {
     "non_pytorch_memory": "memory outside PyTorch (NCCL buffers, CUDA libraries): lower NCCL_BUFFSIZE",
     "leak": "tensors kept alive with their graph across steps: log loss.item(), clear output lists",
     "fragmentation": "set PYTORCH_ALLOC_CONF=expandable_segments:True, keep shapes stable",
+    "growing_demand": "the input grew past what fitted: cap the batch size or sequence length, bucket by length",
+    "activations": "activations do not fit: activation checkpointing, bf16 autocast, a smaller batch with accumulation",
+    "model_states": "parameters, gradients and optimizer state fill the GPU: bf16 params, a lighter optimizer, FSDP/ZeRO",
     "exhaustion": "lower the batch size (gradient accumulation), bf16 autocast, activation checkpointing",
 }

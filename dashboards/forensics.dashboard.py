@@ -86,4 +86,5 @@ dashboard = p.dashboard(
         (9, before),
         (8, allocator),
     ],
+    q.CLUSTERS,
 )

@@ -23,8 +23,20 @@ Panel = Any
 """A grafanalib panel (grafanalib has no type hints)."""
 Cell = tuple[Panel, int]
 """A panel and its width in grid columns (24 make a line)."""
-Line = Union[str, tuple[int, Sequence[Cell]]]
-"""A row title, or (height, cells) laid out left to right."""
+Cells = tuple[int, Sequence[Cell]]
+"""(height, cells) laid out left to right."""
+
+
+@attr.s(frozen=True, auto_attribs=True)
+class Collapsed:
+    """A row that starts collapsed and holds its own lines (only as the last row of a dashboard)."""
+
+    title: str
+    lines: Sequence[Cells]
+
+
+Line = Union[str, Cells, Collapsed]
+"""A row title, a line of cells, or a collapsed row."""
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 WIDTH = 24
@@ -36,17 +48,19 @@ def steps(*pairs: tuple[str, Optional[float]]) -> list[dict[str, Any]]:
     return [{"color": color, "value": value} for color, value in pairs]
 
 
-def targets(queries: Sequence[Query]) -> list[Any]:
+def targets(queries: Sequence[Query]) -> list[dict[str, Any]]:
+    """Prometheus targets as Grafana's Prometheus data source writes them (grafanalib's ``Target``
+    adds the legacy ``metric``, ``step`` and ``target`` keys)."""
     return [
-        g.Target(
-            expr=q.expr,
-            legendFormat=q.legend,
-            refId=chr(ord("A") + i),
-            instant=q.instant,
-            format="table" if q.table else "time_series",
-            intervalFactor=1,
-            datasource=DATASOURCE,
-        )
+        {
+            "datasource": DATASOURCE,
+            "expr": q.expr,
+            "legendFormat": q.legend,
+            "refId": chr(ord("A") + i),
+            "instant": q.instant,
+            "range": not q.instant,
+            "format": "table" if q.table else "time_series",
+        }
         for i, q in enumerate(queries)
     ]
 
@@ -58,7 +72,29 @@ def _common(title: str, description: str, queries: Sequence[Query]) -> dict[str,
         "dataSource": DATASOURCE,
         "targets": targets(queries),
         "thresholds": steps((GREEN, None)),
+        "maxDataPoints": None,  # grafanalib's 100 widens every step: Grafana then uses the panel's width
     }
+
+
+LEGEND = {"showLegend": True, "calcs": []}
+TOOLTIP = {"mode": "single", "sort": "none"}
+REQUIRED_OPTIONS: dict[str, dict[str, Any]] = {
+    "timeseries": {"legend": {"showLegend": True}},
+    "stat": {"percentChangeColorMode": "standard", "showPercentChange": False, "wideLayout": True},
+    "table": {"frameIndex": 0},
+    "histogram": {"legend": LEGEND, "tooltip": TOOLTIP},
+    "piechart": {"legend": LEGEND, "tooltip": TOOLTIP, "displayLabels": [], "orientation": "auto", "sort": "desc"},
+}
+"""Options Grafana's panel-config schemas require and grafanalib does not write (Grafana fills in the
+same defaults when it loads a panel; written out, the schema check can hold every panel to it)."""
+TABLE_CUSTOM = {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False, "filterable": True}
+
+
+def _required(kind: str, custom: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    extra: dict[str, Any] = {"options": REQUIRED_OPTIONS[kind]}
+    if custom is not None:
+        extra["fieldConfig"] = {"defaults": {"custom": custom}}
+    return extra
 
 
 def timeseries(
@@ -82,6 +118,7 @@ def timeseries(
         tooltipSort="desc",
         thresholdsStyleMode="dashed" if thresholds else "off",
         valueMin=0,
+        extraJson=_required("timeseries"),
     )
 
 
@@ -93,6 +130,7 @@ def stat(title: str, description: str, queries: Sequence[Query], unit: str, thre
         graphMode="none",
         colorMode="value",
         noValue="0",
+        extraJson=_required("stat"),
     )
 
 
@@ -100,7 +138,7 @@ def histogram(title: str, description: str, queries: Sequence[Query], unit: str)
     return g.Histogram(
         **_common(title, description, queries),
         combine=True,
-        extraJson={"fieldConfig": {"defaults": {"unit": unit, "min": 0, "max": 1}}},
+        extraJson=_merge(_required("histogram"), {"fieldConfig": {"defaults": {"unit": unit, "min": 0, "max": 1}}}),
     )
 
 
@@ -112,6 +150,7 @@ def pie(title: str, description: str, queries: Sequence[Query]) -> Panel:
         legendPlacement="right",
         legendValues=["value"],
         reduceOptionsCalcs=["lastNotNull"],
+        extraJson=_required("piechart"),
     )
 
 
@@ -152,7 +191,16 @@ def table(
         overrides=list(overrides),
         sortBy=[g.TableSortByField(displayName=first_value, desc=True)],
         filterable=True,
+        extraJson=_required("table", TABLE_CUSTOM),
     )
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """``a`` with ``b`` merged in, dict by dict."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _distinct(columns: dict[str, str]) -> dict[str, Any]:
@@ -203,32 +251,66 @@ def oom_table(title: str, description: str, queries: Sequence[Query], time_link:
     return table(title, description, queries, OOM_COLUMNS, overrides)
 
 
-def row(title: str) -> Panel:
-    return g.RowPanel(title=title, description=title, dataSource=DATASOURCE, collapsed=False)
+def row(title: str, collapsed: bool = False, panels: Sequence[Panel] = ()) -> Panel:
+    """A row title; a ``collapsed`` row holds its ``panels`` itself and shows them when opened."""
+    return g.RowPanel(title=title, dataSource=DATASOURCE, collapsed=collapsed, panels=list(panels))
 
 
 def grid(lines: Sequence[Line]) -> list[Panel]:
     """Place panels left to right, line after line, with ids in reading order."""
     placed: list[Panel] = []
     y = 0
-    for line in lines:
-        if isinstance(line, str):
-            placed.append(attr.evolve(row(line), gridPos=g.GridPos(h=1, w=WIDTH, x=0, y=y), id=len(placed) + 1))
+    for i, line in enumerate(lines):
+        if isinstance(line, Collapsed):
+            if i != len(lines) - 1:
+                raise ValueError(f"collapsed row {line.title!r} must be the last row")
+            inner, _ = _place(line.lines, y + 1, len(placed) + 2)
+            placed.append(_at(row(line.title, True, inner), 1, WIDTH, 0, y, len(placed) + 1))
+        elif isinstance(line, str):
+            placed.append(_at(row(line), 1, WIDTH, 0, y, len(placed) + 1))
             y += 1
-            continue
-        height, cells = line
+        else:
+            more, y = _place([line], y, len(placed) + 1)
+            placed += more
+    return placed
+
+
+def _place(lines: Sequence[Cells], y: int, first_id: int) -> tuple[list[Panel], int]:
+    placed: list[Panel] = []
+    for height, cells in lines:
         x = 0
         for panel, width in cells:
             if x + width > WIDTH:
                 raise ValueError(f"line at y={y} is wider than {WIDTH} columns")
-            placed.append(attr.evolve(panel, gridPos=g.GridPos(h=height, w=width, x=x, y=y), id=len(placed) + 1))
+            placed.append(_at(panel, height, width, x, y, first_id + len(placed)))
             x += width
         y += height
-    return placed
+    return placed, y
+
+
+def _at(panel: Panel, h: int, w: int, x: int, y: int, id_: int) -> Panel:
+    return attr.evolve(panel, gridPos=g.GridPos(h=h, w=w, x=x, y=y), id=id_)
 
 
 def datasource_variable() -> Any:
     return g.Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="default")
+
+
+def cluster_variable(query: str) -> Any:
+    """kubernetes-mixin's ``cluster``: one cluster at a time, *All* (``.*``) by default so that a
+    Prometheus whose series carry no ``cluster`` label (one cluster) matches everything."""
+    var = g.Template(
+        name="cluster",
+        label="Cluster",
+        query=query,
+        dataSource=DATASOURCE,
+        includeAll=True,
+        allValue=".*",
+        refresh=g.REFRESH_ON_TIME_RANGE_CHANGE,
+        sort=g.SORT_ALPHA_IGNORE_CASE_ASC,
+    )
+    var._current = {"selected": True, "text": "All", "value": "$__all"}  # one value: not lists
+    return var
 
 
 def variable(name: str, label: str, query: str) -> Any:
@@ -249,7 +331,9 @@ def variable(name: str, label: str, query: str) -> Any:
 
 
 def oom_annotation(expr: str) -> dict[str, Any]:
-    """CUDA OOMs as annotations: the series value is the OOM's Unix time."""
+    """CUDA OOMs as annotations. With ``useValueForTime`` ("Series value as timestamp") Grafana's
+    Prometheus data source reads the series value as the event's time in **milliseconds**, so
+    ``expr`` must return the OOM's Unix time in ms (``queries.ms``)."""
     return {
         "name": "CUDA OOM",
         "datasource": DATASOURCE,
@@ -279,8 +363,15 @@ def links() -> list[Any]:
 
 
 def dashboard(
-    uid: str, title: str, description: str, variables: list[Any], annotation: str, lines: Sequence[Line]
+    uid: str,
+    title: str,
+    description: str,
+    variables: list[Any],
+    annotation: str,
+    lines: Sequence[Line],
+    cluster_query: str,
 ) -> Any:
+    """A dashboard in the house style: the data source and cluster variables first, then ``variables``."""
     return g.Dashboard(
         uid=uid,
         title=title,
@@ -292,17 +383,68 @@ def dashboard(
         refresh=c.REFRESH,
         timezone="browser",
         graphTooltip=g.GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
-        templating=g.Templating(list=[datasource_variable(), *variables]),
+        templating=g.Templating(list=[datasource_variable(), cluster_variable(cluster_query), *variables]),
         annotations=g.Annotations(list=[oom_annotation(annotation)]),
         links=links(),
         panels=grid(lines),
     )
 
 
+LEGACY = {
+    "dashboard": {"rows", "sharedCrosshair", "style", "hideControls", "__inputs"},
+    "timepicker": {"time_options"},
+    "panel": {"error", "editable", "maxDataPoints"},
+    "table": {"color", "columns", "fontSize", "mappings"},
+    "table custom": {"displayMode"},
+    "variable": {"auto", "auto_count", "auto_min", "useTags"},
+    "variable current": {"tags"},
+}
+"""What grafanalib writes from Grafana's pre-5 JSON model (or its own defaults) that Grafana's
+dashboard schema no longer has: dropped from every dashboard (``maxDataPoints`` only where it is
+grafanalib's default of 100)."""
+ROW_KEYS = {"collapsed", "datasource", "gridPos", "id", "panels", "title", "type"}
+"""A row panel is only these (Grafana's ``RowPanel``): grafanalib gives it a whole panel's keys."""
+
+
 def render(board: Any) -> str:
     """Stable JSON text: sorted keys, two-space indent, newline at the end."""
     plain = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))
-    return json.dumps(_prune(plain), sort_keys=True, indent=2) + "\n"
+    return json.dumps(_modern(_prune(plain)), sort_keys=True, indent=2) + "\n"
+
+
+def _modern(board: dict[str, Any]) -> dict[str, Any]:
+    """``board`` without grafanalib's legacy keys (``LEGACY``, ``ROW_KEYS``)."""
+    out = _without(board, "dashboard")
+    out["timepicker"] = _without(board.get("timepicker", {}), "timepicker")
+    out["panels"] = [_modern_panel(p) for p in board.get("panels", [])]
+    variables = board.get("templating", {}).get("list", [])
+    out["templating"] = {"list": [_modern_variable(v) for v in variables]}
+    return out
+
+
+def _modern_panel(panel: dict[str, Any]) -> dict[str, Any]:
+    if panel["type"] == "row":
+        kept = {k: v for k, v in panel.items() if k in ROW_KEYS}
+        return {**kept, "panels": [_modern_panel(p) for p in panel.get("panels", [])]}
+    out = _without(panel, "panel")
+    if panel.get("maxDataPoints", 100) != 100:
+        out["maxDataPoints"] = panel["maxDataPoints"]
+    if panel["type"] == "table":
+        out = _without(out, "table")
+        defaults = out["fieldConfig"]["defaults"]
+        defaults["custom"] = _without(defaults.get("custom", {}), "table custom")
+    return out
+
+
+def _modern_variable(variable: dict[str, Any]) -> dict[str, Any]:
+    out = _without(variable, "variable")
+    if "current" in out:
+        out["current"] = _without(out["current"], "variable current")
+    return out
+
+
+def _without(node: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k not in LEGACY[kind]}
 
 
 def _prune(node: Any) -> Any:

@@ -9,7 +9,7 @@ from dashboards import queries as q
 
 T = c.THRESHOLDS
 HEADROOM = p.steps((p.RED, None), (p.ORANGE, T.near_capacity_warning_ratio), (p.GREEN, T.forecast_headroom_ratio))
-FORENSICS_LINK = f"/d/{c.UID_FORENSICS}/?var-namespace=${{__data.fields.namespace}}&var-pod=${{__data.fields.pod}}"
+FORENSICS_LINK = c.FORENSICS_LINK
 
 timeline = [
     (
@@ -132,8 +132,8 @@ advice = [
         p.stat(
             "Leak suspected",
             "1 where the memory that survives between steps rose in most windows of the recent stretch while steps "
-            "ran (the same signal as the CudaMemoryLeak alert, without its 'for' delay). A suspected leak starts a "
-            "scan for tensors kept alive with their autograd graph.",
+            "ran (the same signal as the OomsightCudaMemoryLeakSuspected alert, without its 'for' delay). A "
+            "suspected leak starts a scan for tensors kept alive with their autograd graph.",
             q.LEAK_SUSPECTED,
             "none",
             p.steps((p.GREEN, None), (p.RED, 1)),
@@ -206,6 +206,31 @@ oom_table = p.oom_table(
     pod_link=FORENSICS_LINK,
 )
 
+dcgm = [
+    (
+        p.timeseries(
+            "dcgm-exporter framebuffer used and PyTorch reserved",
+            "Per GPU of the selected pods, where NVIDIA dcgm-exporter runs: its framebuffer used "
+            "(DCGM_FI_DEV_FB_USED, MiB, in bytes; every process on the GPU, the CUDA context included) next to "
+            "the bytes PyTorch's caching allocators hold on it, joined on the GPU's UUID (dcgm's UUID label, "
+            "oomsight's gpu_uuid). Empty without dcgm-exporter, and on MIG slices (dcgm labels them with the "
+            "parent GPU's UUID).",
+            q.DCGM_VS_RESERVED,
+        ),
+        16,
+    ),
+    (
+        p.timeseries(
+            "Outside PyTorch, as dcgm sees it",
+            "dcgm-exporter's framebuffer used minus PyTorch reserved on the same GPU: CUDA contexts, NCCL "
+            "buffers, other libraries and other processes. Agrees with 'Memory outside PyTorch' where NVML "
+            "cannot see the process ID.",
+            q.DCGM_OUTSIDE,
+        ),
+        8,
+    ),
+]
+
 dashboard = p.dashboard(
     c.UID_POD,
     "oomsight / Workload and pod GPU memory",
@@ -232,5 +257,7 @@ dashboard = p.dashboard(
         (8, profiles),
         "CUDA out-of-memory errors",
         (6, [(oom_table, 24)]),
+        p.Collapsed("dcgm-exporter: GPU memory as the node sees it (open where dcgm-exporter runs)", [(8, dcgm)]),
     ],
+    q.CLUSTERS,
 )

@@ -33,11 +33,13 @@ T = c.THRESHOLDS
 FROM = "${__from:date:seconds}"
 RANGE = "$__range"
 RATE = "$__rate_interval"
-WL = '{namespace=~"$namespace", workload=~"$workload"}'
-POD = '{namespace=~"$namespace", pod=~"$pod"}'
-PROC = '{namespace=~"$namespace", pod=~"$pod", rank=~"$rank"}'
-DEV = '{namespace=~"$namespace", pod=~"$pod", rank=~"$rank", device=~"$device"}'
-EVENT = '{namespace=~"$namespace", workload=~"$workload", pod=~"$pod"}'
+STEP = "$__interval"
+CL = 'cluster=~"$cluster"'
+WL = f'{{{CL}, namespace=~"$namespace", workload=~"$workload"}}'
+POD = f'{{{CL}, namespace=~"$namespace", pod=~"$pod"}}'
+PROC = f'{{{CL}, namespace=~"$namespace", pod=~"$pod", rank=~"$rank"}}'
+DEV = f'{{{CL}, namespace=~"$namespace", pod=~"$pod", rank=~"$rank", device=~"$device"}}'
+EVENT = f'{{{CL}, namespace=~"$namespace", workload=~"$workload", pod=~"$pod"}}'
 ID = "{{namespace}}/{{pod}} rank {{rank}} GPU {{device}}"
 EVENT_LABELS = "workload, workload_type, cause, remedy"
 
@@ -47,16 +49,39 @@ def capacity(selector: str) -> str:
     return f"(oomsight_torch_memory_limit_bytes{selector} or oomsight_gpu_memory_total_bytes{selector})"
 
 
+def peak(series: str) -> str:
+    """The highest sample of ``series`` (a selector) within each step of a time-series panel: with
+    a step wider than the scrape interval, plain values would skip the peaks between two points."""
+    return f"max_over_time({series}[{STEP}])"
+
+
+def low(series: str) -> str:
+    """The lowest sample within each step (for floors, as :func:`peak` for peaks)."""
+    return f"min_over_time({series}[{STEP}])"
+
+
+def peak_capacity(selector: str) -> str:
+    limit = peak("oomsight_torch_memory_limit_bytes" + selector)
+    return f"({limit} or {peak('oomsight_gpu_memory_total_bytes' + selector)})"
+
+
+def ms(seconds: str) -> str:
+    """A Unix time in seconds as milliseconds: Grafana reads a series value used as an annotation's
+    time ("Series value as timestamp") and a table cell of unit dateTimeAsIso as ms."""
+    return f"1000 * {seconds}"
+
+
 # ------------------------------------------------------------------ template variables
-NAMESPACES = "label_values(oomsight_build_info, namespace)"
-WORKLOADS = f'label_values({r.OWNER}{{namespace=~"$namespace"}}, workload)'
+CLUSTERS = "label_values(oomsight_build_info, cluster)"
+NAMESPACES = f"label_values(oomsight_build_info{{{CL}}}, namespace)"
+WORKLOADS = f'label_values({r.OWNER}{{{CL}, namespace=~"$namespace"}}, workload)'
 PODS = f"label_values({r.OWNER}{WL}, pod)"
 RANKS = f"label_values(oomsight_process_up{POD}, rank)"
 DEVICES = f"label_values(oomsight_torch_allocated_bytes{PROC}, device)"
 
 # ------------------------------------------------------------------ OOM events
-OOM_ANNOTATION_CLUSTER = f"{r.OOM_EVENT}{WL}"
-OOM_ANNOTATION_POD = f"{r.OOM_EVENT}{EVENT}"
+OOM_ANNOTATION_CLUSTER = ms(f"{r.OOM_EVENT}{WL}")
+OOM_ANNOTATION_POD = ms(f"{r.OOM_EVENT}{EVENT}")
 
 
 def last_event(selector: str) -> str:
@@ -79,20 +104,20 @@ def before_oom(expr: str) -> str:
 
 
 OOM_TABLE = [
-    row(f"1000 * {last_event(EVENT)}", "time"),
+    row(ms(last_event(EVENT)), "time"),
     row(at_event(f"last_over_time(oomsight_last_oom_requested_bytes{POD}[{RANGE}])"), "requested"),
     row(at_event(f"last_over_time(oomsight_last_oom_device_free_bytes{POD}[{RANGE}])"), "free"),
     row(at_event(f"last_over_time(oomsight_oom_events_total{POD}[{RANGE}])"), "events"),
     row(at_event(f"last_over_time(oomsight_oom_fatal_events_total{POD}[{RANGE}])"), "fatal"),
 ]
-OOM_LOG = [Query(f"1000 * {r.OOM_EVENT}{EVENT}", "{{pod}} rank {{rank}}", table=True)]
+OOM_LOG = [Query(ms(f"{r.OOM_EVENT}{EVENT}"), "{{pod}} rank {{rank}}", table=True)]
 OOM_CAUSES = [
     Query(f"count by (cause) (max_over_time({r.OOM_EVENT}{WL}[{RANGE}]) >= {FROM})", "{{cause}}", instant=True)
 ]
 OOM_RATE = [
     Query(
         f"sum by (namespace, workload) (\n"
-        f'  increase(oomsight_oom_events_total{{namespace=~"$namespace"}}[{RATE}])\n'
+        f'  increase(oomsight_oom_events_total{{{CL}, namespace=~"$namespace"}}[{RATE}])\n'
         f"  * on ({c.POD}) group_left (workload) {r.OWNER}{WL}\n)",
         "{{namespace}}/{{workload}}",
     )
@@ -119,8 +144,10 @@ FLEET_FULL = [
 GPU_PEAK_SHARE = f"max_over_time({r.GPU_PEAK_RESERVED}{WL}[{RANGE}])\n/ max_over_time({r.GPU_TOTAL}{WL}[{RANGE}])"
 FLEET_IDLE = [Query(f"count({GPU_PEAK_SHARE} < {T.underused_peak_ratio}) or vector(0)", "GPUs", instant=True)]
 
-RESERVED_BY_NAMESPACE = [Query(f"sum by (namespace) ({r.WL_RESERVED}{WL})", "{{namespace}}")]
-USED_BY_WORKLOAD = [Query(f"sum by (namespace, workload) ({r.WL_USED}{WL})", "{{namespace}}/{{workload}}")]
+RESERVED_BY_NAMESPACE = [Query(f"sum by (cluster, namespace) ({peak(r.WL_RESERVED + WL)})", "{{namespace}}")]
+USED_BY_WORKLOAD = [
+    Query(f"sum by (cluster, namespace, workload) ({peak(r.WL_USED + WL)})", "{{namespace}}/{{workload}}")
+]
 WORKLOAD_TABLE = [
     row(f"{r.WL_GPUS}{WL}", "gpus"),
     row(f"{r.WL_ALLOCATED}{WL}", "allocated"),
@@ -135,10 +162,10 @@ IDLE_GPUS = [row(f"{GPU_PEAK_SHARE} < {T.underused_peak_ratio}", "share")]
 
 # ------------------------------------------------------------------ workload / pod detail
 TIMELINE = [
-    Query(f"oomsight_torch_allocated_bytes{DEV}", f"allocated {ID}"),
-    Query(f"oomsight_torch_reserved_bytes{DEV}", f"reserved {ID}"),
-    Query(f"oomsight_gpu_memory_used_bytes{DEV}", f"NVML used {ID}"),
-    Query(capacity(DEV), f"capacity {ID}"),
+    Query(peak(f"oomsight_torch_allocated_bytes{DEV}"), f"allocated {ID}"),
+    Query(peak(f"oomsight_torch_reserved_bytes{DEV}"), f"reserved {ID}"),
+    Query(peak(f"oomsight_gpu_memory_used_bytes{DEV}"), f"NVML used {ID}"),
+    Query(peak_capacity(DEV), f"capacity {ID}"),
     Query(
         f"predict_linear(oomsight_torch_window_peak_allocated_bytes{DEV}[{T.forecast_lookback}], "
         f"{T.forecast_horizon_minutes * 60})",
@@ -148,11 +175,12 @@ TIMELINE = [
 HEADROOM_NOW = [Query(f"oomsight_gpu_headroom_bytes{DEV} / {capacity(DEV)}", ID, instant=True)]
 STEP_PEAKS = [
     Query(
-        f"oomsight_step_peak_allocated_bytes{DEV}\nor on ({c.DEVICE}) oomsight_torch_window_peak_allocated_bytes{DEV}",
+        f"{peak('oomsight_step_peak_allocated_bytes' + DEV)}\n"
+        f"or on ({c.DEVICE}) {peak('oomsight_torch_window_peak_allocated_bytes' + DEV)}",
         f"step peak {ID}",
     ),
-    Query(f"oomsight_torch_window_min_allocated_bytes{DEV}", f"between-steps floor {ID}"),
-    Query(f"oomsight_torch_peak_allocated_bytes{DEV}", f"lifetime peak {ID}"),
+    Query(low(f"oomsight_torch_window_min_allocated_bytes{DEV}"), f"between-steps floor {ID}"),
+    Query(peak(f"oomsight_torch_peak_allocated_bytes{DEV}"), f"lifetime peak {ID}"),
 ]
 FRAGMENTATION = [Query(f"oomsight_torch_inactive_split_bytes{DEV} / oomsight_torch_reserved_bytes{DEV}", ID)]
 RETRIES = [Query(f"increase(oomsight_torch_alloc_retries_total{DEV}[{RATE}])", ID)]
@@ -162,8 +190,8 @@ STEP_TIME = [
         "{{namespace}}/{{pod}} rank {{rank}}",
     )
 ]
-CATEGORIES = [Query(f"oomsight_memory_by_category_bytes{DEV}", f"{{{{category}}}} {ID}")]
-NON_TORCH = [Query(f"oomsight_gpu_non_torch_bytes{DEV}", ID)]
+CATEGORIES = [Query(peak(f"oomsight_memory_by_category_bytes{DEV}"), f"{{{{category}}}} {ID}")]
+NON_TORCH = [Query(peak(f"oomsight_gpu_non_torch_bytes{DEV}"), ID)]
 PROCESSES = [
     row(f"oomsight_process_up{PROC}", "up"),
     row(f"oomsight_snapshot_age_seconds{PROC}", "age"),
@@ -184,14 +212,30 @@ PROFILE_TIME = [row(f"oomsight_profile_op_self_cuda_time_seconds{PROC}", "self C
 
 # ------------------------------------------------------------------ OOM forensics
 BEFORE_MEMORY = [
-    Query(before_oom(f"oomsight_torch_allocated_bytes{POD}"), f"allocated {ID}"),
-    Query(before_oom(f"oomsight_torch_reserved_bytes{POD}"), f"reserved {ID}"),
-    Query(before_oom(f"oomsight_torch_window_min_allocated_bytes{POD}"), f"between-steps floor {ID}"),
-    Query(before_oom(capacity(POD)), f"capacity {ID}"),
+    Query(before_oom(peak(f"oomsight_torch_allocated_bytes{POD}")), f"allocated {ID}"),
+    Query(before_oom(peak(f"oomsight_torch_reserved_bytes{POD}")), f"reserved {ID}"),
+    Query(before_oom(low(f"oomsight_torch_window_min_allocated_bytes{POD}")), f"between-steps floor {ID}"),
+    Query(before_oom(peak_capacity(POD)), f"capacity {ID}"),
 ]
 BEFORE_ALLOCATOR = [
-    Query(before_oom(f"oomsight_torch_inactive_split_bytes{POD}"), f"inactive split {ID}"),
-    Query(before_oom(f"oomsight_gpu_non_torch_bytes{POD}"), f"outside PyTorch {ID}"),
+    Query(before_oom(peak(f"oomsight_torch_inactive_split_bytes{POD}")), f"inactive split {ID}"),
+    Query(before_oom(peak(f"oomsight_gpu_non_torch_bytes{POD}")), f"outside PyTorch {ID}"),
+]
+
+# ------------------------------------------------------------------ dcgm-exporter, where it runs
+GPU_SEL = f'{{{CL}, namespace=~"$namespace", pod=~"$pod"}}'
+DCGM_VS_RESERVED = [
+    Query(peak(f"{r.GPU_DCGM_FB_USED}{GPU_SEL}"), "dcgm framebuffer used {{pod}} {{gpu_uuid}}"),
+    Query(
+        f"{peak(r.GPU_RESERVED + GPU_SEL)}\nand on (cluster, gpu_uuid) {peak(r.GPU_DCGM_FB_USED + GPU_SEL)}",
+        "PyTorch reserved {{pod}} {{gpu_uuid}}",
+    ),
+]
+DCGM_OUTSIDE = [
+    Query(
+        f"{peak(r.GPU_DCGM_FB_USED + GPU_SEL)}\n- on ({r.GPU_LEVEL}) {peak(r.GPU_RESERVED + GPU_SEL)}",
+        "{{pod}} {{gpu_uuid}}",
+    )
 ]
 BEFORE_RETRIES = [
     Query(before_oom(f"increase(oomsight_torch_alloc_retries_total{POD}[{RATE}])"), f"cudaMalloc retries {ID}"),

@@ -1,7 +1,11 @@
 """Recording rules: the workload label, OOM events with their cause and remedy, and
 per-GPU / per-pod / per-workload aggregates that keep the cluster overview fast.
 
-Names follow ``level:metric:operations``; the level lists the labels kept. Device-wide NVML
+Names follow ``level:metric:operations`` (prometheus.io/docs/practices/rules): the level lists the
+labels kept (``workload`` stands for workload and workload_type, ``gpu`` for gpu_uuid, ``device`` for
+rank, local_rank, device and gpu_uuid; ``cluster`` is kept where present but, as in
+kubernetes-mixin, not named), the metric is the exported one, the operations are the last
+aggregation (``OPERATIONS``). Device-wide NVML
 values are repeated by every process on a GPU, so they are aggregated with ``max by
 (gpu_uuid)``; allocator values belong to one process each and are summed.
 """
@@ -13,21 +17,25 @@ from typing import Any
 
 from dashboards import config as c
 
-OWNER = "namespace_workload_pod:oomsight_pod_owner:relabel"
-OOM_EVENT = "namespace_workload_pod_rank_device:oomsight_last_oom_timestamp_seconds:cause"
+OPERATIONS = {"sum", "max", "min", "count", "relabel"}
+OWNER = "namespace_workload_pod:oomsight_pod_owner_info:relabel"
+OOM_EVENT = "namespace_workload_pod_rank_device_cause:oomsight_last_oom_timestamp_seconds:max"
 GPU_RESERVED = "namespace_workload_pod_gpu:oomsight_torch_reserved_bytes:sum"
 GPU_ALLOCATED = "namespace_workload_pod_gpu:oomsight_torch_allocated_bytes:sum"
 GPU_PEAK_RESERVED = "namespace_workload_pod_gpu:oomsight_torch_window_peak_reserved_bytes:sum"
 GPU_USED = "namespace_workload_pod_gpu:oomsight_gpu_memory_used_bytes:max"
 GPU_TOTAL = "namespace_workload_pod_gpu:oomsight_gpu_memory_total_bytes:max"
-GPU_HEADROOM = "namespace_workload_pod_gpu:oomsight_gpu_headroom:ratio"
+GPU_HEADROOM = "namespace_workload_pod_gpu:oomsight_gpu_headroom_bytes_per_capacity_bytes:min"
+GPU_DCGM_FB_USED = "namespace_workload_pod_gpu:dcgm_fi_dev_fb_used_bytes:max"
+"""dcgm-exporter's framebuffer used (``DCGM_FI_DEV_FB_USED``, MiB) in bytes, per GPU of each pod that
+oomsight sees, joined on the GPU's UUID (dcgm's ``UUID`` = oomsight's ``gpu_uuid``)."""
 POD_PEAK_RESERVED = "namespace_workload_pod:oomsight_torch_window_peak_reserved_bytes:max"
-POD_HEADROOM = "namespace_workload_pod:oomsight_gpu_headroom:min_ratio"
+POD_HEADROOM = "namespace_workload_pod:oomsight_gpu_headroom_bytes_per_capacity_bytes:min"
 WL_RESERVED = "namespace_workload:oomsight_torch_reserved_bytes:sum"
 WL_ALLOCATED = "namespace_workload:oomsight_torch_allocated_bytes:sum"
 WL_USED = "namespace_workload:oomsight_gpu_memory_used_bytes:sum"
 WL_TOTAL = "namespace_workload:oomsight_gpu_memory_total_bytes:sum"
-WL_GPUS = "namespace_workload:oomsight_gpus:count"
+WL_GPUS = "namespace_workload:oomsight_torch_reserved_bytes:count"
 
 GPU_LEVEL = f"{c.WORKLOAD}, pod, gpu_uuid"
 POD_LEVEL = f"{c.WORKLOAD}, pod"
@@ -97,6 +105,17 @@ def oom_event_expr() -> str:
     return with_remedy(joined)
 
 
+def dcgm_expr() -> str:
+    """Each pod's GPUs (from oomsight) with dcgm-exporter's framebuffer used of that GPU. The right
+    side is one series per GPU, so pods sharing a GPU (time-slicing) each get its value."""
+    return promql(f"""
+        group by ({GPU_LEVEL}) ({GPU_RESERVED})
+        * on (cluster, gpu_uuid) group_left ()
+        max by (cluster, gpu_uuid) (
+          label_replace({c.DCGM_FB_USED}, "gpu_uuid", "$1", "UUID", "(.+)")
+        ) * {c.MIB}""")
+
+
 def gpu_rule(record: str, metric: str, how: str) -> dict[str, str]:
     return {"record": record, "expr": f"{how} by ({GPU_LEVEL}) (\n  {owned(live(metric))}\n)"}
 
@@ -112,6 +131,7 @@ def recording_rules() -> list[dict[str, str]]:
         gpu_rule(GPU_USED, "oomsight_gpu_memory_used_bytes", "max"),
         gpu_rule(GPU_TOTAL, "oomsight_gpu_memory_total_bytes", "max"),
         gpu_rule(GPU_HEADROOM, c.HEADROOM_RATIO, "min"),
+        {"record": GPU_DCGM_FB_USED, "expr": dcgm_expr()},
         {"record": POD_PEAK_RESERVED, "expr": f"max by ({POD_LEVEL}) ({GPU_PEAK_RESERVED})"},
         {"record": POD_HEADROOM, "expr": f"min by ({POD_LEVEL}) ({GPU_HEADROOM})"},
         {"record": WL_RESERVED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_RESERVED})"},

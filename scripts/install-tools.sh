@@ -36,3 +36,4 @@ bash scripts/install-image-tools.sh
 
 "$BIN/promtool" --version 2>&1 | head -n1 >&2
 "$BIN/helm" version --short >&2
+bash scripts/install-grafana-schema.sh

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -270,26 +271,13 @@ def test_the_operator_scenario_scrapes_sidecars_with_a_pod_monitor_that_kube_pro
 
 @pytest.fixture(scope="module")
 def chart_with_files():
-    """A copy of the chart holding a sample rule file and dashboard, as the dashboards tooling writes them."""
+    """A copy of the chart holding a sample dashboard, as the dashboards tooling writes them."""
     with tempfile.TemporaryDirectory() as tmp:
         chart = os.path.join(tmp, "oomsight")
-        shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("rules", "dashboards"))
-        os.makedirs(os.path.join(chart, "rules"))
+        shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
         os.makedirs(os.path.join(chart, "dashboards"))
-        shutil.copy(os.path.join(SAMPLES, "oom_alerts.yaml"), os.path.join(chart, "rules"))
         shutil.copy(os.path.join(SAMPLES, "gpu_memory.json"), os.path.join(chart, "dashboards"))
         yield chart
-
-
-def test_rule_files_become_prometheus_rules_with_their_templates_untouched(chart_with_files):
-    docs = render("operator-values.yaml", chart=chart_with_files)
-    rule = one(docs, "PrometheusRule")
-    check_custom_resource(rule)
-    with open(os.path.join(SAMPLES, "oom_alerts.yaml")) as fh:
-        assert rule["spec"]["groups"] == yaml.safe_load(fh)["groups"]
-    assert "{{ $labels.pod }}" in rule["spec"]["groups"][0]["rules"][0]["annotations"]["description"]
-    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rule["metadata"]["name"])
 
 
 def test_dashboard_files_become_labelled_config_maps_holding_the_json_unchanged(chart_with_files):
@@ -304,22 +292,152 @@ def test_dashboard_files_become_labelled_config_maps_holding_the_json_unchanged(
     assert target["legendFormat"] == "{{pod}} rank {{rank}}"
 
 
-def test_empty_rule_and_dashboard_folders_render_nothing(tmp_path):
+def test_an_empty_dashboard_folder_renders_no_config_map(tmp_path):
     chart = tmp_path / "oomsight"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("rules", "dashboards"))
-    (chart / "rules").mkdir()
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("dashboards"))
     (chart / "dashboards").mkdir()
-    docs = render("operator-values.yaml", chart=str(chart))
-    assert find(docs, "PrometheusRule") == [] and find(docs, "ConfigMap") == []
+    assert find(render("operator-values.yaml", chart=str(chart)), "ConfigMap") == []
 
 
-def test_a_broken_rule_file_fails_the_render_with_its_name(tmp_path):
+def test_a_missing_rule_spec_fails_the_render_and_names_the_fix(tmp_path):
     chart = tmp_path / "oomsight"
     shutil.copytree(CHART, chart)
-    (chart / "rules").mkdir(exist_ok=True)
-    (chart / "rules" / "broken.yaml").write_text("groups: [\n")
+    (chart / "rules" / "oomsight.rules.spec.json").write_text("{not json")
     result = helm("template", "oomsight", str(chart), "--set", "prometheusRule.enabled=true", check=False)
-    assert result.returncode != 0 and "rules/broken.yaml is not valid YAML" in result.stderr
+    assert result.returncode != 0 and "run make dashboards" in result.stderr
+
+
+# --- Rules rendered from values, the kube-prometheus-stack way ---
+
+RULE_OVERRIDES = "rules-overrides-values.yaml"
+
+
+def plain_rule_groups():
+    with open(os.path.join(CHART, "rules", "oomsight.rules.yaml")) as fh:
+        return yaml.safe_load(fh)["groups"]
+
+
+def rendered_alerts(scenario):
+    (rule,) = find(render(scenario), "PrometheusRule")
+    groups = [g for g in rule["spec"]["groups"] if g["name"].startswith("oomsight.")]
+    return rule, {(r["alert"], r["labels"]["severity"]): r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_with_the_default_values_the_prometheus_rule_is_exactly_the_promtool_tested_file():
+    rule, _ = rendered_alerts("operator-values.yaml")
+    assert rule["spec"]["groups"] == plain_rule_groups()
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert "{{ $labels.pod }}" in rule["spec"]["groups"][1]["rules"][0]["annotations"]["description"]
+
+
+def test_the_values_carry_every_overridable_threshold_with_the_generators_default():
+    from dashboards import knob
+
+    with open(os.path.join(CHART, "values.yaml")) as fh:
+        values = yaml.safe_load(fh)
+    assert values["prometheusRule"]["thresholds"] == knob.defaults()
+    assert values["prometheusRule"]["runbookUrl"] + "/{alert}.md" == config_pattern()
+
+
+def config_pattern():
+    from dashboards import config
+
+    return config.RUNBOOK_URL_PATTERN
+
+
+def test_overrides_change_thresholds_for_severity_labels_annotations_runbooks_and_drop_a_disabled_alert():
+    rule, alerts = rendered_alerts(RULE_OVERRIDES)
+    _, defaults = rendered_alerts("operator-values.yaml")
+    assert {n for n, _ in defaults} - {n for n, _ in alerts} == {"OomsightGpuMemoryUnderused"}
+    near = alerts[("OomsightGpuMemoryNearCapacity", "warning")]
+    assert "< 0.2\n" in near["expr"] and "(alert below 20%)" in near["annotations"]["description"]
+    assert "< 0.03\n" in alerts[("OomsightGpuMemoryNearCapacity", "critical")]["expr"]  # not overridden
+    assert "> 2147483648\n" in alerts[("OomsightCudaMemoryFragmented", "warning")]["expr"]
+    retries = alerts[("OomsightCudaMallocRetries", "critical")]
+    assert (retries["for"], retries["keep_firing_for"]) == ("15m", "10m")
+    for (name, _), alert in alerts.items():
+        assert alert["labels"]["team"] == "ml-platform", name
+        assert alert["annotations"]["dashboard"] == "https://grafana.example/d/oomsight-pod"
+        assert alert["annotations"]["runbook_url"] == f"https://runbooks.example/oomsight/{name.lower()}.md"
+    team = rule["spec"]["groups"][-1]
+    assert (
+        team["name"] == "team.rules"
+        and team["rules"][0]["annotations"]["summary"] == "{{ $labels.pod }} makes no steps."
+    )
+    overridden = {"OomsightGpuMemoryNearCapacity", "OomsightCudaMemoryFragmented", "OomsightCudaMallocRetries"}
+    for key, alert in alerts.items():
+        if key[0] not in overridden:
+            assert (alert["expr"], alert["for"]) == (defaults[key]["expr"], defaults[key]["for"]), key
+
+
+def promtool(*args):
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
+
+
+OVERRIDDEN_NEAR_DESCRIPTION = (
+    "ml/p rank 0 GPU 0 has only 15% of its GPU memory (its memory-fraction cap, where set) left at its peak "
+    "(alert below 20%). The next larger batch or longer sequence runs out of memory."
+)
+
+
+def test_the_overridden_rules_pass_promtool_and_the_new_threshold_is_the_one_that_fires(tmp_path):
+    (rule,) = find(render(RULE_OVERRIDES), "PrometheusRule")
+    path = tmp_path / "overridden.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    checked = promtool("check", "rules", str(path))
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    device = 'namespace="ml", pod="p", rank="0", local_rank="0", device="0", gpu_uuid="GPU-1"'
+    test = {
+        "rule_files": [str(path)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'oomsight_process_up{namespace="ml", pod="p", rank="0", local_rank="0"}',
+                        "values": "1x30",
+                    },
+                    {"series": f"oomsight_gpu_memory_total_bytes{{{device}}}", "values": "100x30"},
+                    {"series": f"oomsight_gpu_headroom_bytes{{{device}}}", "values": "15x30"},  # 15 %: only above 0.2
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "16m",
+                        "alertname": "OomsightGpuMemoryNearCapacity",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "team": "ml-platform",
+                                    **{k: v.strip('"') for k, v in (p.split("=") for p in device.split(", "))},
+                                },
+                                "exp_annotations": {
+                                    "summary": "GPU memory is nearly full at the training step's peak.",
+                                    "description": OVERRIDDEN_NEAR_DESCRIPTION,
+                                    "runbook_url": "https://runbooks.example/oomsight/oomsightgpumemorynearcapacity.md",
+                                    "dashboard": "https://grafana.example/d/oomsight-pod",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "overridden.test.yaml"
+    test_file.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_values_schema_rejects_a_misspelt_threshold_and_a_bad_severity():
+    for bad in (
+        "prometheusRule.thresholds.nearCapacityWarnRatio=0.1",
+        "prometheusRule.customRules.OomsightX.severity=page",
+    ):
+        result = helm("template", "oomsight", CHART, "--set", bad, check=False)
+        assert result.returncode != 0 and "values don't meet the specifications of the schema" in result.stderr, bad
 
 
 # --- RBAC: the grants allow exactly the requests the real client sends ---
@@ -453,3 +571,174 @@ def test_every_value_has_a_prose_comment_and_the_schema_knows_exactly_these_keys
                 closed(sub, f"{where}.{key}")
 
     closed(schema, "values")
+
+
+# --- Chart conventions ---
+
+
+def test_image_pull_secrets_are_a_list_of_names_as_in_a_pod_spec():
+    docs = render("default-values.yaml", sets=("imagePullSecrets[0].name=regcred", "imagePullSecrets[1].name=mirror"))
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+    validate(one(docs, "Deployment"))
+    result = helm("template", "oomsight", CHART, "--set", "imagePullSecrets={regcred}", check=False)
+    assert result.returncode != 0 and "values don't meet the specifications of the schema" in result.stderr
+
+
+def test_extra_env_reaches_the_webhook_container_after_the_charts_own():
+    container = one(render(RULE_OVERRIDES), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    names = [e["name"] for e in container["env"]]
+    assert names[-1] == "HTTPS_PROXY" and env_map(container)["HTTPS_PROXY"] == "http://proxy.example:3128"
+    assert len(names) == len(set(names))
+
+
+def test_the_network_policy_is_optional_and_admits_the_api_server_and_the_listed_scrapers():
+    assert find(render("default-values.yaml"), "NetworkPolicy") == []
+    docs = render(RULE_OVERRIDES)
+    policy = one(docs, "NetworkPolicy")
+    validate(policy)
+    assert policy["spec"]["podSelector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    webhook, metrics = policy["spec"]["ingress"]
+    assert webhook == {"ports": [{"port": "https", "protocol": "TCP"}]}  # the API server, from wherever it is
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    ports = {p["name"] for p in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert {"https", "metrics"} <= ports
+
+
+def test_the_monitors_add_the_node_label_dcgm_exporter_series_carry():
+    docs = render("operator-values.yaml")
+    node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    assert node in one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert node in one(docs, "ServiceMonitor")["spec"]["endpoints"][0]["relabelings"]
+    mine = {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_label_team"], "targetLabel": "team"}
+    extra = render(
+        "operator-values.yaml",
+        sets=(
+            "podMonitor.relabelings[0].action=replace",
+            "podMonitor.relabelings[0].sourceLabels[0]=__meta_kubernetes_pod_label_team",
+            "podMonitor.relabelings[0].targetLabel=team",
+        ),
+    )
+    assert one(extra, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["relabelings"] == [node, mine]
+
+
+def test_chart_metadata_has_an_icon_maintainers_and_annotations():
+    with open(os.path.join(CHART, "Chart.yaml")) as fh:
+        chart = yaml.safe_load(fh)
+    assert chart["icon"].startswith("https://") and chart["icon"].endswith("docs/images/oomsight.svg")
+    assert os.path.exists(os.path.join(ROOT, "docs", "images", "oomsight.svg"))
+    assert chart["maintainers"] and all(m["name"] for m in chart["maintainers"])
+    assert chart["annotations"]["artifacthub.io/license"] == "Apache-2.0"
+
+
+def test_the_chart_readme_is_generated_from_the_values_comments_and_has_not_drifted():
+    script = os.path.join(ROOT, "scripts", "chart_readme.py")
+    result = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(os.path.join(CHART, "README.md")) as fh:
+        readme = fh.read()
+    assert "| `prometheusRule.thresholds.nearCapacityWarningRatio` | `0.1` |" in readme
+    assert "| `imagePullSecrets` | `[]` | Secrets for pulling the image" in readme
+
+
+def test_the_readme_check_names_a_stale_readme(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import chart_readme
+    finally:
+        sys.path.pop(0)
+    stale = tmp_path / "README.md"
+    stale.write_text(chart_readme.render().replace("Override the chart name", "Change the chart name"))
+    monkeypatch.setattr(chart_readme, "README", stale)
+    assert chart_readme.main(["--check"]) == 1
+
+
+def test_notes_name_no_local_chart_path_and_no_reuse_values():
+    for sets in ((), ("rbac.podNamespaces={team-a}", "prometheusRule.enabled=true")):
+        args = ["install", "oomsight", CHART, "-n", NS, "--dry-run=client"]
+        for s in sets:
+            args += ["--set", s]
+        notes = helm(*args).stdout.split("NOTES:", 1)[1]
+        assert "--reuse-values" not in notes and "./helm" not in notes and "docs/kubernetes.md" in notes
+        assert "https://github.com/oomsight/oomsight/blob/main/docs/kubernetes.md" in notes
+        assert "helm test oomsight" in notes
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_helm_test_pod_is_a_restricted_test_hook_that_trusts_only_the_tls_ca(scenario):
+    docs = render(scenario)
+    tests = [d for d in docs if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    (pod,) = tests
+    validate(pod)
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert RESTRICTED.items() <= container["securityContext"].items() and spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    (volume,) = spec["volumes"]
+    deployment = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # never the keys
+    service = one(docs, "Service")["metadata"]["name"]
+    assert container["args"][1] == f"https://{service}.{NS}.svc:443/healthz"
+    assert container["image"] == deployment["containers"][0]["image"]
+
+
+def test_the_helm_test_script_passes_against_the_real_webhook_and_fails_against_a_stranger(tmp_path):
+    """The rendered test script, run against the real webhook server with a certificate for the
+    Service's name (resolved to this machine), its CA where the pod mounts it; then against the
+    same server with a CA that did not sign it."""
+    import threading
+
+    from oomsight_webhook.certs import make_ca, make_serving, service_dns_names
+    from oomsight_webhook.tls import FileCertificates
+    from oomsight_webhook.main import run
+
+    from procs import free_port, http_get, wait_for
+
+    (pod,) = [d for d in render() if d["kind"] == "Pod"]
+    script, url = pod["spec"]["containers"][0]["args"]
+    host = url.split("/")[2].split(":")[0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca = make_ca("oomsight-test-ca", now)
+    serving = make_serving(ca, service_dns_names(host.split(".")[0], NS), now)
+    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
+    (tmp_path / "tls.key").write_bytes(serving.key_pem)
+    port, metrics = free_port(), free_port()
+    settings = WebhookSettings(
+        host="127.0.0.1",
+        port=port,
+        metrics_port=metrics,
+        tls_mode="files",
+        cert_file=str(tmp_path / "tls.crt"),
+        key_file=str(tmp_path / "tls.key"),
+        cert_dir=str(tmp_path / "loaded"),
+    )
+    stop = threading.Event()
+    from oomsight_webhook.injection import InjectionSettings
+
+    thread = threading.Thread(
+        target=run,
+        args=(settings, InjectionSettings(image="x"), FileCertificates(settings.cert_file, settings.key_file), stop),
+        daemon=True,
+    )
+    thread.start()
+    try:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics")[0] == 200)
+        resolve = (
+            "import socket\n_real = socket.getaddrinfo\n"
+            f"def _fake(host, port, *a, **k):\n    return _real('127.0.0.1', {port}, *a, **k) if host == {host!r} "
+            "else _real(host, port, *a, **k)\nsocket.getaddrinfo = _fake\n"
+        )
+
+        def attempt(ca_pem):
+            (tmp_path / "ca.crt").write_bytes(ca_pem)
+            code = resolve + script.replace("/etc/oomsight/ca/ca.crt", str(tmp_path / "ca.crt"))
+            return subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=60)
+
+        good = attempt(ca.cert_pem)
+        assert good.returncode == 0 and " 200 " in good.stdout, good.stdout + good.stderr
+        bad = attempt(make_ca("someone-else", now).cert_pem)
+        assert bad.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in bad.stderr, bad.stdout + bad.stderr
+    finally:
+        stop.set()
+        thread.join(10)

@@ -84,6 +84,8 @@ def test_every_panel_has_a_description_and_uses_the_datasource_variable(name: st
     first = board["templating"]["list"][0]
     assert (first["name"], first["type"], first["query"]) == ("datasource", "datasource", "prometheus")
     for p in panels(board):
+        if p["type"] == "row":  # Grafana's RowPanel has a title and no description
+            continue
         assert p.get("description"), f"{p['title']!r} has no description"
         assert p["datasource"] == DATASOURCE, p["title"]
         assert all(t["datasource"] == DATASOURCE for t in p.get("targets", [])), p["title"]
@@ -100,12 +102,34 @@ def test_the_dashboard_follows_the_house_conventions(name: str) -> None:
     windows = [w for e in exprs for w in re.findall(r"\b(?:rate|increase)\([^[]*\[([^\]]+)\]", e)]
     assert windows and set(windows) <= {"$__rate_interval", "$__range"}, windows
     ann = board["annotations"]["list"][0]
-    assert ann["useValueForTime"] is True and ann["expr"].startswith(rules.OOM_EVENT)
+    assert ann["useValueForTime"] is True and ann["expr"].startswith(f"1000 * {rules.OOM_EVENT}")
 
 
 def test_the_pod_dashboard_has_variables_for_namespace_workload_pod_rank_and_device() -> None:
     names = [v["name"] for v in load(BOARDS["oomsight-pod.json"])["templating"]["list"]]
-    assert names == ["datasource", "namespace", "workload", "pod", "rank", "device"]
+    assert names == ["datasource", "cluster", "namespace", "workload", "pod", "rank", "device"]
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_every_dashboard_has_the_optional_cluster_variable_and_every_query_selects_on_it(name: str) -> None:
+    board = load(BOARDS[name])
+    cluster = board["templating"]["list"][1]
+    assert (cluster["name"], cluster["includeAll"], cluster["allValue"]) == ("cluster", True, ".*")
+    assert cluster["query"] == "label_values(oomsight_build_info, cluster)"
+    exprs = [t["expr"] for p in panels(board) for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in board["annotations"]["list"]]
+    exprs += [v["query"] for v in board["templating"]["list"][2:]]
+    for expr in exprs:
+        selectors = re.findall(r"\{[^}]*\}", expr.replace("{{", "").replace("}}", ""))
+        assert selectors and all('cluster=~"$cluster"' in s for s in selectors if "=~" in s), expr
+
+
+def test_the_dcgm_row_is_collapsed_last_and_joins_on_the_gpu_uuid() -> None:
+    board = load(BOARDS["oomsight-pod.json"])
+    last = board["panels"][-1]
+    assert last["type"] == "row" and last["collapsed"] is True and "dcgm" in last["title"]
+    inner = last["panels"]
+    assert inner and all(rules.GPU_DCGM_FB_USED in t["expr"] for p in inner for t in p["targets"][:1])
 
 
 def test_the_cluster_overview_reads_only_recorded_series() -> None:

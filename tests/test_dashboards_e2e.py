@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from dashboards import config, rules
 from oomsight.tools import tape
@@ -40,7 +41,7 @@ H200_TAPE = os.path.join(ROOT, "exporter", "oomsight", "tools", "data", "h200-de
 RULES = os.path.join(ROOT, "helm", "oomsight", "rules", "oomsight.rules.yaml")
 REPLAY_SECONDS = 12.0
 """A longer recording is replayed faster, to last about this long."""
-NAMESPACE, POD, SOLO_POD, OWNER = "ml-team", "train-demo-0", "solo-0", "train-demo"
+NAMESPACE, POD, SOLO_POD, OWNER, CLUSTER = "ml-team", "train-demo-0", "solo-0", "train-demo", "gpu-east"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,17 +54,49 @@ class Live:
     tape_path: str
 
     def grafana_values(self) -> dict[str, str]:
-        every = {name: ".*" for name in ("namespace", "workload", "pod", "rank", "device")}
+        every = {name: ".*" for name in ("cluster", "namespace", "workload", "pod", "rank", "device")}
         window = f"{math.ceil(self.end - self.start) + 5}s"
         return {**every, "__rate_interval": "1m", "__range": window, "__interval": "2s", "__from": str(int(self.start))}
 
 
-def scrape_configs(sidecar: str, owner: str) -> list[dict[str, Any]]:
-    def job(name: str, target: str, pod: str) -> dict[str, Any]:
-        labels = {"namespace": NAMESPACE, "pod": pod, "container": "oomsight"}
+DCGM_USED_MIB = 9000
+DCGM_UTIL_PERCENT = 87
+"""What the static dcgm-exporter exposition says the GPU's framebuffer holds."""
+
+
+def dcgm_exposition(uuid: str) -> bytes:
+    """dcgm-exporter's framebuffer-used gauge as it publishes it (MiB; UUID, gpu, device=nvidia0),
+    scraped with the labels of the dcgm-exporter pod, not the training pod's."""
+    labels = f'gpu="0",UUID="{uuid}",device="nvidia0",modelName="NVIDIA H200",Hostname="node-1"'
+    return (
+        "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        f"DCGM_FI_DEV_FB_USED{{{labels}}} {DCGM_USED_MIB}\n"
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {DCGM_UTIL_PERCENT}\n"
+    ).encode()
+
+
+def tape_gpu_uuid(path: str) -> str:
+    _, records = tape.read(path)
+    return str(next(r["doc"]["devices"][0]["uuid"] for r in records if r["path"].startswith("snapshots/")))
+
+
+def scrape_configs(sidecar: str, owner: str, dcgm: str = "") -> list[dict[str, Any]]:
+    def job(name: str, target: str, pod: str, cluster: dict[str, str]) -> dict[str, Any]:
+        labels = {"namespace": NAMESPACE, "pod": pod, "container": "oomsight", **cluster}
         return {"job_name": name, "static_configs": [{"targets": [target], "labels": labels}]}
 
-    return [job("sidecar", sidecar, POD), job("sidecar-solo", sidecar, SOLO_POD), job("owner", owner, POD)]
+    # the pod of a cluster-labelled Prometheus (Thanos, Mimir), and one of a Prometheus without the label
+    east = {"cluster": CLUSTER}
+    jobs = [
+        job("sidecar", sidecar, POD, east),
+        job("sidecar-solo", sidecar, SOLO_POD, {}),
+        job("owner", owner, POD, east),
+    ]
+    if dcgm:
+        labels = {"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x", "container": "dcgm-exporter", **east}
+        jobs.append({"job_name": "dcgm", "static_configs": [{"targets": [dcgm], "labels": labels}]})
+    return jobs
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +112,21 @@ def live(recording: str, tmp_path_factory: Any) -> Iterator[Live]:
     os.makedirs(spool)
     sidecar = serve(build_app(SidecarSettings(spool_dir=spool, host="127.0.0.1", port=0)), "127.0.0.1", 0)
     try:
-        with exposition_server(lambda path: owner_exposition(OWNER)) as owner:
-            yield from _run(recording, spool, str(work), f"127.0.0.1:{sidecar.server_port}", f"127.0.0.1:{owner}")
+        uuid = tape_gpu_uuid(recording)
+        with (
+            exposition_server(lambda path: owner_exposition(OWNER)) as owner,
+            exposition_server(lambda path: dcgm_exposition(uuid)) as dcgm,
+        ):
+            targets = scrape_configs(f"127.0.0.1:{sidecar.server_port}", f"127.0.0.1:{owner}", f"127.0.0.1:{dcgm}")
+            yield from _run(recording, spool, str(work), targets)
     finally:
         sidecar.shutdown()
 
 
-def _run(recording: str, spool: str, work: str, sidecar: str, owner: str) -> Iterator[Live]:
-    """Prometheus scrapes the sidecar and the owner while the recording replays into the spool."""
-    with prometheus(work, [], rule_files=[RULES], scrape_configs=scrape_configs(sidecar, owner)) as url:
-        wait_for(lambda: len(promql_at(url, "up == 1", time.time())) == 3, timeout=30)
+def _run(recording: str, spool: str, work: str, targets: list[dict[str, Any]]) -> Iterator[Live]:
+    """Prometheus scrapes the sidecar, the owner and dcgm while the recording replays into the spool."""
+    with prometheus(work, [], rule_files=[RULES], scrape_configs=targets) as url:
+        wait_for(lambda: len(promql_at(url, "up == 1", time.time())) == len(targets), timeout=30)
         start = time.time()
         _, records = tape.read(recording)
         _add_profile(spool, records)
@@ -177,9 +215,11 @@ def test_every_dashboard_query_returns_data_from_the_recorded_run(live: Live, pr
         assert {s["metric"].get(probe.label) for s in result} - {None}, f"{probe.name}: no {probe.label} values"
     else:
         assert _finite(result), f"{probe.name} returned only NaN:\n{expr}"
-    if probe.kind == "annotation":
+    if probe.kind == "annotation":  # Grafana reads the value as the event's time in milliseconds
         times = {float(v[1]) for s in result for v in s["values"]}
-        assert all(live.start <= t <= live.end for t in times), f"{probe.name}: values are not OOM times: {times}"
+        assert all(live.start * 1000 <= t <= live.end * 1000 for t in times), (
+            f"{probe.name}: not OOM times in ms: {times}"
+        )
 
 
 def _last_oom(tape_path: str) -> dict[str, Any]:
@@ -193,13 +233,13 @@ def test_the_oom_alert_fires_with_its_cause_remedy_and_runbook(live: Live) -> No
     cause = event["diagnosis"]["cause"]
     status, body = http_get(f"{live.url}/api/v1/alerts")
     alerts = json.loads(body)["data"]["alerts"]
-    firing = [a for a in alerts if a["labels"]["alertname"] == "CudaOutOfMemory"]
+    firing = [a for a in alerts if a["labels"]["alertname"] == "OomsightCudaOutOfMemory"]
     assert status == 200 and firing, body
     mine = [a for a in firing if a["labels"]["pod"] == POD and a["labels"]["rank"] == str(event["process"]["rank"])]
     assert len(mine) == 1 and mine[0]["state"] == "firing"
     assert mine[0]["labels"]["cause"] == cause and mine[0]["labels"]["workload"] == OWNER
     assert config.CAUSE_REMEDY[cause] in mine[0]["annotations"]["description"]
-    assert mine[0]["annotations"]["runbook_url"].endswith("/docs/runbooks/cudaoutofmemory.md")
+    assert mine[0]["annotations"]["runbook_url"].endswith("/docs/runbooks/oomsightcudaoutofmemory.md")
 
 
 def test_the_workload_is_the_owner_where_known_and_the_pod_elsewhere(live: Live) -> None:
@@ -256,3 +296,51 @@ def test_the_leak_panels_show_each_rank_and_rank_1s_scan_and_the_probe_rank_0s_a
     assert set(suspected) == {"0", "1"} and {v for vs in suspected.values() for v in vs} <= {0.0, 1.0}
     assert series(queries.LEAK_GRAPH[0])["1"][-1] == 120 * 64 * 2048 * 4
     assert series(queries.MAX_BATCH[0])["0"][-1] == 96
+
+
+def test_a_peak_between_two_points_of_a_wide_step_still_shows(live: Live) -> None:
+    """At a step four times the scrape spacing (and more), the panel's points still reach the highest
+    sample of the run: each point is the maximum of its step, not the sample at its end."""
+    from dashboards import queries
+
+    step = max(4.0, math.floor((live.end - live.start) / 4))
+    values = {**live.grafana_values(), "pod": POD, "__interval": f"{step:g}s"}
+    end = live.start + step * math.floor((live.end - live.start) / step)
+    shown = promql_range(live.url, substitute(queries.TIMELINE[0].expr, values), live.start + step, end, step)
+    raw = f'oomsight_torch_allocated_bytes{{pod="{POD}"}}'
+    truth = promql_at(live.url, f"max_over_time({raw}[{end - live.start:g}s])", end)
+    highest = {s["metric"]["rank"]: float(s["value"][1]) for s in truth}
+    points = {s["metric"]["rank"]: max(float(v[1]) for v in s["values"]) for s in shown}
+    assert highest and points == highest
+
+
+def test_dcgms_framebuffer_joins_oomsights_pods_on_the_gpu_uuid_in_bytes(live: Live) -> None:
+    got = promql_at(live.url, rules.GPU_DCGM_FB_USED, live.end - 3)
+    found = {(s["metric"]["pod"], s["metric"]["gpu_uuid"]): float(s["value"][1]) for s in got}
+    uuid = tape_gpu_uuid(live.tape_path)
+    assert found and set(found.values()) == {DCGM_USED_MIB * (1 << 20)}
+    assert {gpu for _, gpu in found} == {uuid}
+    assert {s["metric"]["workload"] for s in got if s["metric"]["pod"] == POD} == {OWNER}
+
+
+def test_the_documented_dcgm_join_runs_as_written(live: Live) -> None:
+    with open(os.path.join(ROOT, "docs", "alerts.md")) as fh:
+        text = fh.read()
+    section = text[text.index("## dcgm-exporter") :]
+    query = section.split("```promql\n", 1)[1].split("```", 1)[0]
+    got = promql_at(live.url, query, live.end - 3)
+    assert {(s["metric"]["namespace"], s["metric"]["pod"], float(s["value"][1])) for s in got} == {
+        (NAMESPACE, POD, DCGM_UTIL_PERCENT)
+    }
+
+
+def test_every_generated_rule_evaluates_without_error_on_the_real_prometheus(live: Live) -> None:
+    """Recording and alerting rules alike (a many-to-many join or a bad label would show here)."""
+    status, body = http_get(f"{live.url}/api/v1/rules")
+    groups = json.loads(body)["data"]["groups"]
+    rules_ = [r for g in groups for r in g["rules"]]
+    with open(RULES) as fh:
+        expected = sum(len(g["rules"]) for g in yaml.safe_load(fh)["groups"])
+    assert status == 200 and len(rules_) == expected
+    broken = {r["name"]: r.get("lastError") for r in rules_ if r["health"] != "ok"}
+    assert broken == {}

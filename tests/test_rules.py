@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards import alerts, config
+from dashboards import alerts, config, rules
 from oomsight.analysis.diagnosis import CAUSES
 
 from fakes import ROOT
@@ -39,7 +39,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_rule_file_passes_promtool_check_rules() -> None:
     result = promtool("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 26 rules found" in result.stdout + result.stderr
+    assert "SUCCESS: 30 rules found" in result.stdout + result.stderr
 
 
 @pytest.mark.e2e
@@ -70,9 +70,9 @@ def test_every_alert_fires_stays_silent_and_has_its_boundary_in_the_unit_tests()
 
 def test_every_alert_has_for_severity_summary_description_and_runbook() -> None:
     for rule in alert_rules():
-        assert re.fullmatch(r"(?:[A-Z][a-z0-9]+)+", rule["alert"]), rule["alert"]
+        assert re.fullmatch(r"Oomsight(?:[A-Z][a-z0-9]+)+", rule["alert"]), rule["alert"]
         assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
-        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["labels"]["severity"] in ("warning", "critical", "info")
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
         lower = rule["alert"].lower()
         assert rule["annotations"]["runbook_url"] == config.RUNBOOK_URL_PATTERN.format(alert=lower)
@@ -108,12 +108,51 @@ def test_forecasts_are_anded_with_a_level_threshold() -> None:
     assert all(re.search(level, r["expr"]) for r in forecasts)
 
 
+def test_waste_is_information_and_only_waste() -> None:
+    severities = {r["alert"]: r["labels"]["severity"] for r in alert_rules()}
+    assert [name for name, s in severities.items() if s == "info"] == ["OomsightGpuMemoryUnderused"]
+
+
+LEVEL_LABELS = {"namespace", "workload", "pod", "gpu", "rank", "device", "cause"}
+
+
+def exported_metrics() -> set[str]:
+    with open(os.path.join(ROOT, "docs", "metrics.md")) as fh:
+        return set(re.findall(r"`(oomsight_[a-z_]+)`", fh.read()))
+
+
 def test_recording_rules_are_named_level_metric_operations() -> None:
+    """level: the labels kept; metric: an exported one (oomsight's, or dcgm-exporter's in bytes), or a
+    ratio of two (``a_per_b``); operations: the last aggregation."""
     records = [r["record"] for g in rule_file()["groups"] for r in g["rules"] if "record" in r]
     assert records
+    known = exported_metrics() | {"dcgm_fi_dev_fb_used_bytes", "capacity_bytes"}  # capacity: config.CAPACITY
     for name in records:
         level, metric, operations = name.split(":")
-        assert re.fullmatch(r"[a-z_]+", level) and metric.startswith("oomsight_") and operations, name
+        assert set(level.split("_")) <= LEVEL_LABELS, name
+        assert all(part in known for part in metric.split("_per_")), name
+        assert operations in rules.OPERATIONS, name
+
+
+def webhook_metric_names() -> set[str]:
+    # the webhook's collector, wherever the package tree puts it (sidecar/ today, webhook/ next)
+    sources = [
+        p for d in ("sidecar", "webhook") for p in glob.glob(os.path.join(ROOT, d, "**", "*.py"), recursive=True)
+    ]
+    text = ""
+    for path in sources:
+        with open(path) as fh:
+            text += fh.read()
+    names = set(re.findall(r'"(oomsight_webhook_[a-z_]+)"', text))
+    assert names, sources
+    return names
+
+
+def test_the_webhook_alerts_use_metrics_the_webhook_exports() -> None:
+    counters = {"oomsight_webhook_admissions", "oomsight_webhook_errors"}
+    exported = {n + "_total" if n in counters else n for n in webhook_metric_names()}
+    used = {m for r in alert_rules() if "Webhook" in r["alert"] for m in re.findall(r"oomsight_webhook_\w+", r["expr"])}
+    assert used and used <= exported, used - exported
 
 
 def test_nvml_device_values_are_aggregated_with_max_never_sum() -> None:

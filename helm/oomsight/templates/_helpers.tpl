@@ -116,3 +116,26 @@ seccompProfile:
 {{- $base := base .path | trimSuffix (ext .path) | lower | replace "_" "-" | replace "." "-" }}
 {{- printf "%s-%s-%s" (include "oomsight.fullname" .root) .kind $base | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/* A rule's expression or description from its parts (dashboards/knob.py): literal strings, and
+thresholds from .thresholds as "value" (an integral number without a decimal point), "percent"
+(0.1 is 10%) or "times" (the value times .by). Formats exactly as knob.fill does. */}}
+{{- define "oomsight.ruleText" -}}
+{{- $t := .thresholds }}
+{{- range .parts }}
+{{- if kindIs "string" . }}
+{{- . }}
+{{- else }}
+{{- $v := index $t .knob }}
+{{- if kindIs "string" $v }}
+{{- $v }}
+{{- else if eq .as "percent" }}
+{{- printf "%.0f%%" (mulf 100 $v) }}
+{{- else }}
+{{- $n := $v }}
+{{- if eq .as "times" }}{{ $n = mulf $v .by }}{{ end }}
+{{- if eq (float64 $n) (float64 (int64 $n)) }}{{ int64 $n }}{{ else }}{{ float64 $n }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
