@@ -194,3 +194,32 @@ def test_every_argument_of_a_subcommand_has_help_and_says_its_default(name):
 def test_every_subcommand_shows_an_example(name):
     text = _subcommands()[name].format_help()
     assert "example" in text and f"oomsight {name}" in text.split("example", 1)[1]
+
+
+def test_a_second_sidecar_on_a_busy_port_is_one_line_and_exits_4(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("oomsight_sidecar")
+    env = {**os.environ, "OOMSIGHT_ADMIN_PORT": "0"}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        cmd = [
+            sys.executable,
+            "-m",
+            "oomsight",
+            "sidecar",
+            "--spool",
+            str(tmp_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == exitcode.PORT_BUSY == 4
+    said = "oomsight sidecar: a port it needs is in use (--port, and the admin endpoint's 21401"
+    assert result.stderr.startswith(said) and result.stderr.count("\n") == 1, result.stderr

@@ -27,6 +27,9 @@ EXAMPLES = {
     "install-startup": "example:\n  oomsight install-startup /startup   # then PYTHONPATH=/startup python train.py",
 }
 KEEP_ALL_SECONDS = 10 * 365 * 86400.0
+PORT_HINTS = {
+    "sidecar": " (--port, and the admin endpoint's 21401: OOMSIGHT_ADMIN_PORT=0 turns it off, or names another)",
+}
 
 
 def _subparser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -140,7 +143,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return exitcode.INTERRUPTED
     except OSError as exc:  # the environment said no (a port, permissions, a full disk): say what, not where
         if exc.errno == errno.EADDRINUSE:
-            print(f"oomsight {args.command}: a port it needs is in use ({exc.strerror})", file=sys.stderr)
+            print(
+                f"oomsight {args.command}: a port it needs is in use{PORT_HINTS.get(args.command, '')}", file=sys.stderr
+            )
             return exitcode.PORT_BUSY
         print(f"oomsight {args.command}: {exc}", file=sys.stderr)
         return exitcode.REFUSED
