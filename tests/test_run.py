@@ -1,5 +1,6 @@
 """``oomsight run`` and the startup folder, with real subprocesses."""
 
+import json
 import os
 import socket
 import subprocess
@@ -254,3 +255,23 @@ def test_the_profiling_hint_appears_once_a_process_uses_a_device(tmp_path, monke
         out.getvalue()
         == f"oomsight: profile the running job with: oomsight profile --spool {spool} --steps 5 --wait 60\n"
     )
+
+
+def test_an_oom_under_a_process_cap_reads_as_the_cap_and_the_free_memory_of_the_device(tmp_path):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from fakes import GIB
+    from spoolmaker import hooked_process
+
+    spool = str(tmp_path / "spool")
+    _hook, cuda = hooked_process(spool)
+    cuda.observer(0, 16 << 20, 7 * GIB, 130 * GIB)  # torch passes the cap as the total
+    (name,) = os.listdir(os.path.join(spool, "events"))
+    path = os.path.join(spool, "events", name)
+    with open(path) as fh:
+        event = json.load(fh)
+    event["device_free_bytes"] = 130 * GIB  # as hooks before the cap was accounted wrote it (the demo's tape)
+    with open(path, "w") as fh:
+        json.dump(event, fh)
+    out = oomsight("report", spool).stdout
+    assert "process cap 7.00 GiB (set_per_process_memory_fraction), 130.00 GiB free on the device" in out
+    assert "free 130.00 GiB of 7.00 GiB" not in out
