@@ -279,3 +279,21 @@ def test_a_hf_trainer_on_cpu_starts_the_hook_and_logs_that_it_has_no_device(tmp_
     history = [h for h in trainer.state.log_history if "oomsight/hook_running" in h]
     assert len(history) == 3 and all(h["oomsight/hook_running"] == 0.0 for h in history)
     assert not [k for h in history for k in h if k.startswith("oomsight/") and k != "oomsight/hook_running"]
+
+
+def test_a_callback_that_has_read_the_spool_can_be_pickled_for_spawned_workers(hooked):
+    import pickle
+
+    from oomsight.tools.integrations.lightning import OomsightCallback
+
+    cb = OomsightCallback(reader=hooked[2])
+    assert cb.feed.values() == pytest.approx(EXPECTED)
+    again = pickle.loads(pickle.dumps(cb))
+    assert type(again) is type(cb) and again.feed.values() == pytest.approx(EXPECTED)
+
+
+def test_the_lightning_callback_for_a_package_that_is_not_installed_says_how_to_get_it():
+    from oomsight.tools.integrations.lightning import callback_class
+
+    with pytest.raises(ImportError, match=r"pip install 'oomsight\[lightning\]'"):
+        callback_class("no_such_lightning")

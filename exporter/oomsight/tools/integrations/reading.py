@@ -91,6 +91,7 @@ class MemoryReader:
         find: Callable[[], Optional[Source]] = running_hook_source,
     ) -> None:
         self.source = source
+        self._given = source is not None
         self.interval_seconds = interval_seconds
         self.clock = clock
         self._find = find
@@ -99,6 +100,15 @@ class MemoryReader:
         self._last = Reading({PREFIX + "hook_running": 0.0})
         self.failures = 0
         """Reads that raised (logged once, then counted): the training loop never sees them."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (Lightning's ddp_spawn pickles callbacks): the spool reader, which holds a
+        lock, is left behind and made again; so is a source found from the running hook."""
+        state = dict(self.__dict__)
+        state.update(_reader=None, _next=float("-inf"))
+        if not self._given:
+            state["source"] = None  # found from the running hook: the new process finds its own
+        return state
 
     def read(self, force: bool = False) -> Reading:
         now = self.clock()
