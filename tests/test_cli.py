@@ -223,3 +223,24 @@ def test_a_second_sidecar_on_a_busy_port_is_one_line_and_exits_4(tmp_path):
     assert result.returncode == exitcode.PORT_BUSY == 4
     said = "oomsight sidecar: a port it needs is in use (--port, and the admin endpoint's 21401"
     assert result.stderr.startswith(said) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_ctrl_c_during_a_replay_clears_the_progress_line_and_exits_130(tmp_path, monkeypatch):
+    from oomsight.tools import tape as tape_module
+
+    real = tape_module.replay
+
+    def interrupted(*args, on_record=None, **kwargs):
+        def record_then_stop(rec):
+            on_record(rec)
+            raise KeyboardInterrupt
+
+        return real(*args, on_record=record_then_stop, **kwargs)
+
+    monkeypatch.setattr(tape_module, "replay", interrupted)
+    path = _tape(tmp_path / "t.tape")
+    rc, _, err = run_cli(["replay", path, "--spool", str(tmp_path / "s")], monkeypatch, stderr=Terminal())
+    assert rc == exitcode.INTERRUPTED == 130
+    progress, cleared = err.split("\r")[1], err.split("\r")[2]
+    assert progress.startswith("replaying") and cleared.strip() == ""
+    assert err.endswith("\roomsight replay: interrupted\n")

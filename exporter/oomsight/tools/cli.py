@@ -244,7 +244,8 @@ def _replay(args: argparse.Namespace) -> int:
         progress.done()
         print(f"oomsight replay: {exc}", file=sys.stderr)
         return exitcode.USAGE
-    progress.done()
+    finally:
+        progress.done()  # also on Ctrl-C: the next line starts clean
     print(f"oomsight replay: wrote {count} documents into {args.spool}", file=sys.stderr)
     return exitcode.OK
 
