@@ -297,3 +297,12 @@ def test_the_lightning_callback_for_a_package_that_is_not_installed_says_how_to_
 
     with pytest.raises(ImportError, match=r"pip install 'oomsight\[lightning\]'"):
         callback_class("no_such_lightning")
+
+
+def test_the_hf_callback_without_transformers_says_how_to_get_it():
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "try:\n    import oomsight.tools.integrations.hf\nexcept ImportError as exc:\n    print(exc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "oomsight's Hugging Face callback needs transformers: pip install 'oomsight[hf]'"

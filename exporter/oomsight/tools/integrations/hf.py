@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from transformers import TrainerCallback
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:
+    raise ImportError("oomsight's Hugging Face callback needs transformers: pip install 'oomsight[hf]'") from exc
 
 from oomsight.tools.integrations.reading import LogFeed, MemoryReader
 
