@@ -103,11 +103,9 @@ class MemoryReader:
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (Lightning's ddp_spawn pickles callbacks): the spool reader, which holds a
-        lock, is left behind and made again; so is a source found from the running hook."""
+        lock, is left behind and made again."""
         state = dict(self.__dict__)
         state.update(_reader=None, _next=float("-inf"))
-        if not self._given:
-            state["source"] = None  # found from the running hook: the new process finds its own
         return state
 
     def read(self, force: bool = False) -> Reading:
@@ -124,10 +122,9 @@ class MemoryReader:
         return self._last
 
     def _read(self) -> Reading:
-        source = self.source or self._find()
+        source = self.source if self._given else self._find()  # a restarted hook has a new process id
         if source is None:
             return Reading({PREFIX + "hook_running": 0.0})
-        self.source = source
         if self._reader is None or self._reader.root != source.spool_dir:
             self._reader = SpoolReader(source.spool_dir)
         state = self._reader.read()
