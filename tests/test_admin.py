@@ -95,7 +95,7 @@ def test_artifacts_are_served_by_plain_name_only(spool, monkeypatch):
 def test_the_profile_command_writes_an_aligned_request(spool, monkeypatch):
     hooked_process(spool, monkeypatch=monkeypatch)
     out = subprocess.run(
-        [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "4"],
+        [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "4", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -104,7 +104,7 @@ def test_the_profile_command_writes_an_aligned_request(spool, monkeypatch):
     body = json.loads(out.stdout.splitlines()[0])
     assert body["processes"] == 1 and body["start_step"] >= 3
     again = subprocess.run(
-        [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "4"],
+        [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "4", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -135,7 +135,7 @@ def test_a_wrong_memory_only_value_is_a_clear_error(spool, monkeypatch):
 
 def test_the_profile_command_asks_for_a_memory_only_window(spool, monkeypatch):
     hooked_process(spool, monkeypatch=monkeypatch)
-    cmd = [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "2", "--memory-only"]
+    cmd = [sys.executable, "-m", "oomsight", "profile", "--spool", spool, "--steps", "2", "--memory-only", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[0])["cuda_time"] is False

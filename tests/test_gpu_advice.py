@@ -290,7 +290,7 @@ def test_a_job_with_cupti_teardown_is_not_profiled_and_ends_normally(tmp_path):
         asked = ask_profile(spool, 5, wait=10)
     finally:
         out = job.communicate(timeout=60)[0]
-    assert asked.returncode == 1 and "TEARDOWN_CUPTI=1" in asked.stdout, asked.stdout + asked.stderr
+    assert asked.returncode == 1 and "TEARDOWN_CUPTI=1" in asked.stderr, asked.stdout + asked.stderr
     assert job.returncode == 0 and "PROFILES 0" in out, out
     (snap,) = SpoolReader(spool).read().snapshots
     assert snap["sources"]["profiler"] is False and snap["sources"]["step_hook"] is True

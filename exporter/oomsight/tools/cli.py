@@ -1,69 +1,101 @@
-"""The ``oomsight`` command line.
+"""The ``oomsight`` command line (``docs/cli.md``: every subcommand, its exit codes).
 
-oomsight run [--port N] [--spool DIR] -- python train.py ARGS
-oomsight report [--html FILE] DIR
-oomsight sidecar --spool DIR [--port N]
-oomsight replay TAPE --spool DIR [--speed X]
-oomsight demo
-oomsight install-startup DIR
-oomsight webhook [--port N] [--tls-mode self|files]
+A user's mistake (a missing spool, tape or script, a busy port) is one line on stderr
+and a documented exit code (``oomsight.tools.exitcode``), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
 import sys
 from typing import Any, Optional
 
 from oomsight._version import __version__
+from oomsight.tools import exitcode
+
+EXAMPLES = {
+    "run": "examples:\n  oomsight run -- python train.py --lr 3e-4\n  oomsight run --port 0 --tape run.tape -- "
+    "torchrun --nproc_per_node=8 train.py",
+    "report": "examples:\n  oomsight report /tmp/oomsight\n  oomsight report --html report.html /tmp/oomsight",
+    "replay": "example:\n  oomsight replay run.tape --spool /tmp/replayed --speed 10",
+    "profile": "examples:\n  oomsight profile --spool /tmp/oomsight-run-abc --steps 5 --wait 60\n"
+    "  oomsight profile --spool SPOOL --memory-only --json",
+    "demo": "example:\n  oomsight demo",
+    "install-startup": "example:\n  oomsight install-startup /startup   # then PYTHONPATH=/startup python train.py",
+}
+KEEP_ALL_SECONDS = 10 * 365 * 86400.0
+PORT_HINTS = {
+    "sidecar": " (--port, and the admin endpoint's 21401: OOMSIGHT_ADMIN_PORT=0 turns it off, or names another)",
+}
+
+
+def _subparser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_text,
+        description=help_text[0].upper() + help_text[1:] + ".",
+        epilog=EXAMPLES[name],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return p
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="oomsight", description="See why PyTorch runs out of CUDA memory.")
+    p = argparse.ArgumentParser(
+        prog="oomsight",
+        description="See why PyTorch runs out of CUDA memory.",
+        epilog="exit codes and every subcommand: docs/cli.md",
+    )
     p.add_argument("--version", action="version", version=f"oomsight {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run a command with the hook loaded; serve /metrics; print a report")
-    run.add_argument("--port", type=int, default=None, help="metrics port on localhost (default 21400; 0 picks one)")
-    run.add_argument("--host", default="127.0.0.1", help="metrics address (default 127.0.0.1)")
-    run.add_argument("--spool", default=None, help="spool directory (default: a new temporary one)")
-    run.add_argument("--no-report", action="store_true", help="do not print the report at the end")
-    run.add_argument("--tape", default=None, help="also record the spool into this tape file")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command to run")
-
-    rep = sub.add_parser("report", help="print the memory report of a spool directory")
-    rep.add_argument("spool")
-    rep.add_argument("--html", metavar="FILE", default=None, help="write a self-contained HTML report (with charts)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(sub)
+    rep = _subparser(sub, "report", "print the memory report of a spool directory")
+    rep.add_argument("spool", help="the spool directory (OOMSIGHT_DIR of the job; oomsight run prints it)")
+    rep.add_argument("--html", metavar="FILE", default=None, help="write a self-contained HTML report with charts")
     rep.add_argument(
         "--retention-seconds",
         type=float,
-        default=10 * 365 * 86400.0,
-        help="ignore processes that exited longer ago than this (default: keep all)",
+        default=KEEP_ALL_SECONDS,
+        help="leave out processes that exited longer ago than this (default: keep all)",
     )
+    rp = _subparser(sub, "replay", "replay a recorded spool tape into a spool directory")
+    rp.add_argument("tape", help="a tape file written by oomsight run --tape")
+    rp.add_argument("--spool", required=True, help="the spool directory to write into (created if missing)")
+    rp.add_argument("--speed", type=float, default=1.0, help="time factor, 10 = ten times faster (default 1)")
+    _add_profile(sub)
+    _subparser(sub, "demo", "the main job: live on a GPU, a labelled replay of an H200 run otherwise")
+    inst = _subparser(sub, "install-startup", "copy the zero-code startup folder (for an init container)")
+    inst.add_argument("folder", help="where to put sitecustomize.py and the oomsight package (created if missing)")
+    _add_plugins(sub)
+    return p
 
-    rp = sub.add_parser("replay", help="replay a recorded spool tape into a spool directory")
-    rp.add_argument("tape")
-    rp.add_argument("--spool", required=True)
-    rp.add_argument("--speed", type=float, default=1.0, help="time factor (10 = ten times faster)")
 
-    prof = sub.add_parser("profile", help="profile the next N optimizer steps of every process of a spool")
+def _add_run(sub: Any) -> None:
+    run = _subparser(sub, "run", "run a command with the hook loaded; serve /metrics; print a report")
+    run.add_argument(
+        "--port", type=int, default=None, help="metrics port on localhost (default 21400, or a free one if it is busy)"
+    )
+    run.add_argument("--host", default="127.0.0.1", help="metrics address (default 127.0.0.1)")
+    run.add_argument("--spool", default=None, help="spool directory, kept (default: a temporary one, removed)")
+    run.add_argument("--no-report", action="store_true", help="do not print the report at the end")
+    run.add_argument("--tape", default=None, help="also record the spool into this tape file (default: none)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command to run")
+
+
+def _add_profile(sub: Any) -> None:
+    prof = _subparser(sub, "profile", "profile the next N optimizer steps of every process of a spool")
     prof.add_argument("--spool", required=True, help="the spool of the running job (oomsight run prints it)")
-    prof.add_argument("--steps", type=int, default=5)
-    prof.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the results and print them")
+    prof.add_argument("--steps", type=int, default=5, help="optimizer steps in the window, 1 to 100 (default 5)")
+    prof.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the results (default 0: do not)")
     prof.add_argument(
         "--memory-only",
         action="store_true",
         help="trace no CUDA time: CUPTI is never attached, so the job is not slower after the window",
     )
-
-    sub.add_parser("demo", help="the main job: live on a GPU, a labelled replay of an H200 run otherwise")
-
-    inst = sub.add_parser("install-startup", help="copy the zero-code startup folder (for an init container)")
-    inst.add_argument("folder")
-
-    _add_plugins(sub)
-    return p
+    prof.add_argument("--json", action="store_true", help="print JSON lines on stdout instead of prose")
 
 
 PLUGIN_GROUP = "oomsight.commands"
@@ -96,7 +128,7 @@ def _entry_points(group: str) -> list[Any]:
 def _not_installed(name: str, extra: str) -> Any:
     def handler(_args: argparse.Namespace) -> int:
         print(f"oomsight {name}: not installed here; pip install 'oomsight[{extra}]'", file=sys.stderr)
-        return 2
+        return exitcode.USAGE
 
     return handler
 
@@ -104,49 +136,66 @@ def _not_installed(name: str, extra: str) -> Any:
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.command == "run":
-        return _run(args)
-    if args.command == "report":
-        return _report(args)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print(f"oomsight {args.command}: interrupted", file=sys.stderr)
+        return exitcode.INTERRUPTED
+    except OSError as exc:  # the environment said no (a port, permissions, a full disk): say what, not where
+        if exc.errno == errno.EADDRINUSE:
+            print(
+                f"oomsight {args.command}: a port it needs is in use{PORT_HINTS.get(args.command, '')}", file=sys.stderr
+            )
+            return exitcode.PORT_BUSY
+        print(f"oomsight {args.command}: {exc}", file=sys.stderr)
+        return exitcode.REFUSED
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     handler = getattr(args, "handler", None)
     if handler is not None:
         return int(handler(args))
-    if args.command == "replay":
-        from oomsight.tools import tape
-
-        tape.replay(args.tape, args.spool, speed=args.speed)
-        return 0
-    if args.command == "profile":
-        return _profile(args)
-    if args.command == "demo":
-        from oomsight.tools import demo
-
-        return demo.main()
-    if args.command == "install-startup":
-        from oomsight.hook import startup
-
-        print(startup.install(args.folder, copy=True))
-        return 0
-    return 2
+    commands = {
+        "run": _run,
+        "report": _report,
+        "replay": _replay,
+        "profile": _profile,
+        "demo": _demo,
+        "install-startup": _install_startup,
+    }
+    return commands[args.command](args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from oomsight.tools.run import DEFAULT_PORT, RunOptions, run
+    from oomsight.tools.run import DEFAULT_PORT, RunOptions, missing_script, run
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
         print("oomsight run: give the command after --, e.g. oomsight run -- python train.py", file=sys.stderr)
-        return 2
+        return exitcode.USAGE
+    script = missing_script(cmd)
+    if script is not None:
+        print(f"oomsight run: {script}: no such script", file=sys.stderr)
+        return exitcode.USAGE
+    if args.tape and not os.path.isdir(os.path.dirname(os.path.abspath(args.tape))):
+        print(f"oomsight run: {args.tape}: its folder does not exist", file=sys.stderr)
+        return exitcode.USAGE
     port = DEFAULT_PORT if args.port is None else args.port
-    return run(
-        RunOptions(cmd, port=port, host=args.host, spool_dir=args.spool, report=not args.no_report, tape=args.tape)
+    opts = RunOptions(
+        cmd,
+        port=port,
+        host=args.host,
+        spool_dir=args.spool,
+        report=not args.no_report,
+        tape=args.tape,
+        port_fallback=args.port is None,
     )
+    return run(opts)
 
 
 def _report(args: argparse.Namespace) -> int:
-    import os
     import time
 
     from oomsight.analysis.inventory import take_inventory
@@ -155,40 +204,72 @@ def _report(args: argparse.Namespace) -> int:
 
     if not os.path.isdir(args.spool):
         print(f"oomsight report: {args.spool} is not a directory", file=sys.stderr)
-        return 2
+        return exitcode.USAGE
     if args.html:
         return _report_html(args)
     inv = take_inventory(SpoolReader(args.spool).read(), time.time(), retention_seconds=args.retention_seconds)
     sys.stdout.write(report.render(inv, args.spool))
-    return 0
+    return exitcode.OK
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from oomsight.tools import tape
+    from oomsight.tools.progress import Progress
+
+    if not os.path.isfile(args.tape):
+        print(f"oomsight replay: {args.tape}: no such tape", file=sys.stderr)
+        return exitcode.USAGE
+    try:
+        _header, records = tape.read(args.tape)
+    except tape.TapeError as exc:
+        print(f"oomsight replay: {exc}", file=sys.stderr)
+        return exitcode.USAGE
+    if args.speed <= 0:
+        print("oomsight replay: --speed must be above 0", file=sys.stderr)
+        return exitcode.USAGE
+    total, written = len(records), 0
+    length = float(records[-1]["t"]) / args.speed if records else 0.0
+    progress = Progress()
+
+    def shown(rec: dict[str, Any]) -> None:
+        nonlocal written
+        written += 1
+        at = float(rec["t"]) / args.speed
+        text = f"replaying {args.tape}: {written}/{total} writes, {at:.0f} of {length:.0f} s"
+        progress.update(text, force=written == total)
+
+    try:
+        count = tape.replay(args.tape, args.spool, speed=args.speed, on_record=shown)
+    except tape.TapeError as exc:
+        progress.done()
+        print(f"oomsight replay: {exc}", file=sys.stderr)
+        return exitcode.USAGE
+    finally:
+        progress.done()  # also on Ctrl-C: the next line starts clean
+    print(f"oomsight replay: wrote {count} documents into {args.spool}", file=sys.stderr)
+    return exitcode.OK
 
 
 def _profile(args: argparse.Namespace) -> int:
-    import json
-    import time
+    from oomsight.tools import profile_request
 
-    from oomsight.analysis.profile_plan import submit
-    from oomsight.wire.spool import SpoolReader
+    cmd = profile_request.ProfileCommand(
+        args.spool, steps=args.steps, wait_seconds=args.wait, memory_only=args.memory_only, json=args.json
+    )
+    return profile_request.run(cmd, sys.stdout, sys.stderr)
 
-    result = submit(args.spool, args.steps, cuda_time=not args.memory_only)
-    print(json.dumps(result.body))
-    if not result.accepted:
-        return 1
-    deadline = time.time() + args.wait
-    rid, expected = result.body["id"], result.body["processes"]
-    while time.time() < deadline:
-        done = [p for p in SpoolReader(args.spool).read().profiles if p["request_id"] == rid]
-        if len(done) >= expected:
-            for p in sorted(done, key=lambda d: d["process"]["rank"]):
-                print(
-                    f"rank {p['process']['rank']}: steps {p['start_step'] + 1}-{p['start_step'] + p['steps']}, "
-                    f"top operators by self CUDA memory:"
-                )
-                for op in p["top_by_memory"][:5]:
-                    print(f"  {op['op']:40s} {op['self_cuda_memory_bytes']:>14d} B  {op['calls']:>6d} calls")
-            return 0
-        time.sleep(0.2)
-    return 0 if not args.wait else 3
+
+def _demo(_args: argparse.Namespace) -> int:
+    from oomsight.tools import demo
+
+    return demo.main()
+
+
+def _install_startup(args: argparse.Namespace) -> int:
+    from oomsight.hook import startup
+
+    print(startup.install(args.folder, copy=True))
+    return exitcode.OK
 
 
 def _report_html(args: argparse.Namespace) -> int:
@@ -200,15 +281,15 @@ def _report_html(args: argparse.Namespace) -> int:
         if (exc.name or "").partition(".")[0] != "matplotlib":
             raise
         print("oomsight report --html needs matplotlib: pip install 'oomsight[report]'", file=sys.stderr)
-        return 1
+        return exitcode.REFUSED
     page = report_html.build(args.spool, time.time(), args.retention_seconds)
     try:
         report_html.write(args.html, page)
     except OSError as exc:
         print(f"oomsight report: cannot write {args.html}: {exc}", file=sys.stderr)
-        return 1
+        return exitcode.REFUSED
     print(f"oomsight report: wrote {args.html}", file=sys.stderr)
-    return 0
+    return exitcode.OK
 
 
 if __name__ == "__main__":

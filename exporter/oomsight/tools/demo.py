@@ -9,6 +9,7 @@ the same report.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -16,6 +17,7 @@ import time
 import urllib.request
 from typing import Any, Optional
 
+from oomsight.analysis.units import format_bytes
 from oomsight.tools import report, tape
 
 TAPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "h200-demo.tape.jsonl.gz")
@@ -86,6 +88,7 @@ def _replay(speed: float) -> int:
     _show(url)
     server.shutdown()
     print(report.render(collector.inventory(), spool, title="oomsight memory report (REPLAY)"))
+    shutil.rmtree(spool, ignore_errors=True)
     print(banner)
     return 0
 
@@ -93,7 +96,40 @@ def _replay(speed: float) -> int:
 def _show(url: str) -> None:
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
-    picked = [line for line in text.splitlines() if line.startswith(SHOWN)]
-    print(f"[{time.strftime('%H:%M:%S')}] scraped /metrics:")
-    for line in picked:
+    print(f"[{time.strftime('%H:%M:%S')}] scraped {url}:")
+    for line in scraped_lines(text):
         print("   ", line)
+
+
+def scraped_lines(exposition: str) -> list[str]:
+    """One line per rank and device of the scraped values people read: bytes in MiB/GiB,
+    counts as whole numbers (the metric names stay, so they can be looked up)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows: dict[tuple[str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name in SHOWN:
+                key = (sample.labels.get("rank", ""), sample.labels.get("device", ""))
+                rows.setdefault(key, {})[sample.name] = sample.value
+    steps = {rank: vals[SHOWN[3]] for (rank, device), vals in rows.items() if not device and SHOWN[3] in vals}
+    out = []
+    for (rank, device), values in sorted(rows.items()):
+        if not device:
+            continue
+        parts = [f"rank {rank} cuda:{device}"]
+        for name in SHOWN[:2]:
+            if name in values:
+                parts.append(f"{_short(name)} {format_bytes(values[name])}")
+        if SHOWN[2] in values:
+            parts.append(f"{_short(SHOWN[2])} {int(values[SHOWN[2]])}")
+        if rank in steps:
+            parts.append(f"{_short(SHOWN[3])} {int(steps[rank])}")
+        out.append(", ".join(parts))
+    return out
+
+
+def _short(name: str) -> str:
+    """``oomsight_torch_allocated_bytes`` -> ``torch allocated`` (the words of the metric name)."""
+    words = name.removeprefix("oomsight_").split("_")
+    return " ".join(w for w in words if w not in ("bytes", "total"))

@@ -11,7 +11,7 @@ from oomsight.analysis.inventory import EventView, Inventory, ProcessView
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.analysis.units import format_ratio
 from oomsight.metrics.family import headroom_bytes, non_torch_bytes
-from oomsight.wire.schema import DeviceSnapshot
+from oomsight.wire.schema import DeviceSnapshot, OomEvent
 
 
 def render(inv: Inventory, spool_dir: str, title: str = "oomsight memory report") -> str:
@@ -105,8 +105,7 @@ def _event(i: int, ev: EventView, spool_dir: str) -> list[str]:
     when = datetime.datetime.fromtimestamp(e["time"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     lines = [
         f"  #{i} {when} rank {e['process']['rank']} cuda:{e['device']} step {e['step']}: "
-        f"requested {fb(e['requested_bytes'])}, free {fb(e['device_free_bytes'])} of "
-        f"{fb(e['device_total_bytes'])}, allocated {fb(e['allocated_bytes'])}, reserved "
+        f"requested {fb(e['requested_bytes'])}, {_room(e)}, allocated {fb(e['allocated_bytes'])}, reserved "
         f"{fb(e['reserved_bytes'])} -> {ev.outcome.upper()}",
         f"     cause: {d['cause']}: {d['summary']}",
     ]
@@ -118,6 +117,15 @@ def _event(i: int, ev: EventView, spool_dir: str) -> list[str]:
     if fp is not None:
         lines.extend(_estimates(fp, d["cause"]))
     return lines
+
+
+def _room(e: OomEvent) -> str:
+    """Free memory and what it is out of. Under ``set_per_process_memory_fraction`` the
+    allocator reports the cap as the total, and the device can have more free than that."""
+    free, total = e["device_free_bytes"], e["device_total_bytes"]
+    if free > total:
+        return f"process cap {fb(total)} (set_per_process_memory_fraction), {fb(free)} free on the device"
+    return f"free {fb(free)} of {fb(total)}"
 
 
 def _estimates(fp: advice.Footprint, cause: str) -> list[str]:

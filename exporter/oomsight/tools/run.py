@@ -2,13 +2,20 @@
 
 Runs the command with the hook loaded through the startup folder (no edit of the
 script), serves ``/metrics`` on localhost while it runs, preserves its exit code
-and prints the memory report to stderr when it ends.
+and prints the memory report to stderr when it ends. The temporary folders it made
+are removed at the end; a spool given with ``--spool`` stays, and so does a temporary
+spool that holds memory snapshots or profiler traces (it says where).
+
+There is no admin endpoint here: ``oomsight profile --spool SPOOL`` writes the same
+request into the spool that the sidecar's admin endpoint would. Two runs at once
+work: without ``--port`` a busy 21400 makes the second pick a free port.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,10 +28,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 from oomsight.config import ENV_DIR
 from oomsight.hook import startup
 from oomsight.metrics.collector import SpoolCollector
-from oomsight.tools import report, tape
+from oomsight.tools import exitcode, report, tape
+from oomsight.wire.spool import ARTIFACTS, SpoolReader
 
 DEFAULT_PORT = 21400
 """Outside the crowded 9100-9999 exporter range (9400 is dcgm-exporter's)."""
+WATCH_SECONDS = 1.0
+"""How often the spool is looked at for the first process with a CUDA device."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,64 +46,141 @@ class RunOptions:
     report: bool = True
     tape: Optional[str] = None
     """Also record every spool document into this tape file (``oomsight replay`` plays it)."""
+    port_fallback: bool = False
+    """When ``port`` is busy, serve on a free port instead of refusing to start (no ``--port`` given)."""
+
+
+class PortBusy(OSError):
+    """The metrics port asked for is in use."""
 
 
 def run(opts: RunOptions, out: TextIO = sys.stderr) -> int:
     """Run the command under oomsight; return its exit code (128+N if killed by signal N)."""
     spool = opts.spool_dir or tempfile.mkdtemp(prefix="oomsight-run-")
     os.makedirs(spool, exist_ok=True)
+    collector = SpoolCollector(spool)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    out.write(f"oomsight: spool {spool}\n")
+    try:
+        server = _serve(opts, registry, out)
+    except PortBusy as exc:
+        out.write(f"oomsight run: {exc}\n")
+        _remove_ours(spool if opts.spool_dir is None else None)
+        return exitcode.PORT_BUSY
     boot = startup.install(tempfile.mkdtemp(prefix="oomsight-startup-"))
     env = dict(os.environ)
     env[ENV_DIR] = spool
     env["PYTHONPATH"] = startup.pythonpath_with(boot, env.get("PYTHONPATH"))
-    collector = SpoolCollector(spool)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    out.write(f"oomsight: spool {spool} (profile it: oomsight profile --spool {spool} --steps 5)\n")
-    server = _serve(opts, registry, out)
     recorder = _start_tape(opts, spool)
+    watcher = _start_watch(spool, out)
     try:
         code = _run_child(opts.command, env, out)
     finally:
-        if recorder is not None:
-            recorder[0].set()
-            recorder[1].join()
+        for stop, thread in (recorder, watcher):
+            stop.set()
+            thread.join()
         if server is not None:
             server.shutdown()
+            server.server_close()
+        _remove_ours(boot)
     if opts.report:
         out.write(report.render(collector.inventory(), spool))
+    if opts.spool_dir is None:
+        _tidy_spool(spool, out)
     return code
 
 
-def _start_tape(opts: RunOptions, spool: str) -> Optional[tuple[threading.Event, threading.Thread]]:
-    if not opts.tape:
-        return None
+Worker = tuple[threading.Event, threading.Thread]
+
+
+def _start_tape(opts: RunOptions, spool: str) -> Worker:
     stop = threading.Event()
-    meta = {"command": opts.command}
-    thread = threading.Thread(target=tape.record, args=(spool, opts.tape, stop), kwargs={"meta": meta}, daemon=True)
+    if opts.tape:
+        meta = {"command": opts.command}
+        thread = threading.Thread(target=tape.record, args=(spool, opts.tape, stop), kwargs={"meta": meta}, daemon=True)
+    else:
+        thread = threading.Thread(target=lambda: None)
     thread.start()
     return stop, thread
 
 
+def _start_watch(spool: str, out: TextIO) -> Worker:
+    stop = threading.Event()
+    thread = threading.Thread(target=announce_profiling, args=(spool, out, stop), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def announce_profiling(spool: str, out: TextIO, stop: threading.Event, interval: float = WATCH_SECONDS) -> bool:
+    """Say how to profile once a process of the spool uses a CUDA device (never on a
+    machine without one); True when it was said."""
+    reader = SpoolReader(spool)
+    while True:
+        devices = [d for s in reader.read().snapshots for d in s["devices"]]
+        if devices:
+            out.write(f"oomsight: profile the running job with: oomsight profile --spool {spool} --steps 5 --wait 60\n")
+            out.flush()
+            return True
+        if stop.wait(interval):
+            return False
+
+
 def _serve(opts: RunOptions, registry: CollectorRegistry, out: TextIO) -> Any:
     try:
-        started = start_http_server(opts.port, addr=opts.host, registry=registry)
+        server = _listen(opts.host, opts.port, registry)
     except OSError as exc:
-        out.write(f"oomsight: cannot serve /metrics on {opts.host}:{opts.port} ({exc}); running without it\n")
-        return None
-    server = started[0] if isinstance(started, tuple) else None
-    port = server.server_port if server is not None else opts.port
-    out.write(f"oomsight: metrics at http://{opts.host}:{port}/metrics\n")
+        if not _busy(exc):
+            out.write(f"oomsight: cannot serve /metrics on {opts.host}:{opts.port} ({exc}); running without it\n")
+            return None
+        if not opts.port_fallback:
+            busy = f"port {opts.port} on {opts.host} is in use; choose another with --port N (0 picks one)"
+            raise PortBusy(busy) from exc
+        server = _listen(opts.host, 0, registry)
+        out.write(f"oomsight: port {opts.port} is in use (another oomsight run?); serving on a free port instead\n")
+    out.write(f"oomsight: metrics at http://{opts.host}:{server.server_port}/metrics\n")
     out.flush()
     return server
+
+
+def _listen(host: str, port: int, registry: CollectorRegistry) -> Any:
+    started: Any = start_http_server(port, addr=host, registry=registry)
+    return started[0] if isinstance(started, tuple) else started
+
+
+def _busy(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.EADDRINUSE, errno.EACCES)
+
+
+def _tidy_spool(spool: str, out: TextIO) -> None:
+    """Remove the temporary spool unless it holds files worth keeping (memory snapshots, traces)."""
+    try:
+        kept = [n for n in os.listdir(os.path.join(spool, ARTIFACTS)) if not n.startswith(".")]
+    except OSError:
+        kept = []
+    if kept:
+        out.write(
+            f"oomsight: kept {spool}: it holds {len(kept)} artifact(s) (memory snapshots, profiles); "
+            f"oomsight report {spool} shows it again\n"
+        )
+        return
+    _remove_ours(spool)
+    out.write(f"oomsight: removed the temporary spool {spool} (--spool DIR keeps one)\n")
+
+
+def _remove_ours(folder: Optional[str]) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)  # symlinks inside are removed, never followed
 
 
 def _run_child(command: list[str], env: dict[str, str], out: TextIO) -> int:
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
-        out.write(f"oomsight: cannot start {command[0]!r}: {exc}\n")
-        return 127
+        out.write(f"oomsight run: cannot start {command[0]!r}: {exc.strerror or exc}\n")
+        return exitcode.CANNOT_START
     forwarded = (signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, lambda sig, _frame: child.send_signal(sig)) for s in forwarded}
     # Ctrl-C reaches the child from the terminal directly; the parent just waits for it.
@@ -104,3 +191,17 @@ def _run_child(command: list[str], env: dict[str, str], out: TextIO) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return rc if rc >= 0 else 128 - rc
+
+
+def missing_script(command: list[str]) -> Optional[str]:
+    """The script of ``python SCRIPT ...`` when it does not exist (python would say so only
+    after oomsight had set everything up, and the report would blame CUDA)."""
+    if not command or not os.path.basename(command[0]).startswith("python"):
+        return None
+    for arg in command[1:]:
+        if arg in ("-m", "-c", "-"):
+            return None
+        if arg.startswith("-"):
+            continue
+        return arg if arg.endswith(".py") and not os.path.exists(arg) else None
+    return None

@@ -1,0 +1,20 @@
+"""The exit codes of the ``oomsight`` command line (``docs/cli.md`` lists them).
+
+``oomsight run`` otherwise exits with its command's own code (128+N when a signal N ended it).
+"""
+
+OK = 0
+REFUSED = 1
+"""The request was understood but could not be carried out: a profile refused (busy, no live
+process), a file that cannot be written."""
+USAGE = 2
+"""What was typed is wrong: a bad or missing argument, or a path that does not exist (a spool
+folder, a tape, a script). argparse's own errors exit 2 as well."""
+TIMED_OUT = 3
+"""``oomsight profile --wait``: not every process answered in time."""
+PORT_BUSY = 4
+"""A port given with ``--port`` is in use (without ``--port``, ``oomsight run`` picks a free one)."""
+INTERRUPTED = 130
+"""Ctrl-C (128 + SIGINT)."""
+CANNOT_START = 127
+"""``oomsight run``: the command could not be started (not found, not executable), as in a shell."""
