@@ -68,15 +68,25 @@ def main() -> None:
     sampler_cpu = (sum(thread_cpu_ns(t) for t in tids) - cpu0) / 1e9
     with_hook = statistics.median(time_steps(step, 200)[0] for _ in range(15))
 
-    post, opt = running.steps.post_step, step.optimizer  # type: ignore[attr-defined]
+    pre, post, opt = running.steps.pre_step, running.steps.post_step, step.optimizer  # type: ignore[attr-defined]
     c0 = time.perf_counter()
     for _ in range(args.hook_calls):
+        pre(opt, (), {})
         post(opt, (), {})
     hook_per_call = (time.perf_counter() - c0) / args.hook_calls
+    # a step-memory read (one raw allocator call per device) happens at most every min_interval
+    memory, interval = running.step_memory, running.step_memory.min_interval
+    memory.min_interval = 0.0
+    c0 = time.perf_counter()
+    for i in range(2000):
+        memory.on_step(10_000 + i)
+    read_seconds = (time.perf_counter() - c0) / 2000
+    memory.min_interval = interval
     oomsight.stop()
 
     hook_ratio = hook_per_call / baseline
     sampler_ratio = sampler_cpu / wall
+    memory_ratio = read_seconds / max(interval, baseline)
     result = {
         "model": args.model,
         "baseline_seconds_per_step": baseline,
@@ -85,7 +95,10 @@ def main() -> None:
         "step_hook_seconds_per_call": hook_per_call,
         "step_hook_ratio": hook_ratio,
         "sampler_cpu_seconds_per_second": sampler_ratio,
-        "bound_ratio": hook_ratio + sampler_ratio,
+        "step_memory_read_seconds": read_seconds,
+        "step_memory_min_interval_seconds": interval,
+        "step_memory_ratio": memory_ratio,
+        "bound_ratio": hook_ratio + sampler_ratio + memory_ratio,
     }
     print({k: v for k, v in result.items() if k.endswith("ratio") or k.endswith("second")})
     write(args.out, f"cost_accounting_{args.model}.json", result)

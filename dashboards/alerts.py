@@ -86,51 +86,42 @@ def capacity_alerts() -> list[Alert]:
 
 
 def forecast_alerts() -> list[Alert]:
-    lookback, horizon = knob("forecast_lookback"), knob("forecast_horizon_minutes")
+    horizon = knob("forecast_horizon_minutes")
     seconds = knob("forecast_horizon_minutes", "times", 60)
+    lookback = knob("forecast_lookback")
     return [
         Alert(
             "OomsightCudaOomPredicted",
             r.promql(f"""
-                predict_linear(oomsight_torch_window_peak_allocated_bytes[{lookback}], {seconds})
-                  > oomsight_torch_window_peak_reserved_bytes + oomsight_gpu_headroom_bytes
-                and {c.HEADROOM_RATIO} < {knob("forecast_headroom_ratio")}
+                (
+                  oomsight_oom_forecast_seconds < {seconds}
+                  or (
+                    predict_linear(oomsight_torch_window_peak_allocated_bytes[{lookback}], {seconds})
+                      > oomsight_torch_window_peak_reserved_bytes + oomsight_gpu_headroom_bytes
+                    and {c.HEADROOM_RATIO} < {knob("forecast_headroom_ratio")}
+                    unless oomsight_oom_forecast_seconds
+                  )
+                )
                 and {running()}"""),
             T.forecast_for,
             "warning",
-            "Allocated GPU memory is on course to run out within the forecast horizon.",
-            f"At the growth of the last {lookback}, the peak of allocated memory of {WHERE} "
-            f"reaches {{{{ $value | humanize1024 }}}}B in {horizon} minutes, more than the GPU can give "
-            f"this process; less than {knob('forecast_headroom_ratio', 'percent')} of its GPU memory is left now.",
+            "GPU memory is on course to run out within the forecast horizon.",
+            f"At the leak or growth of its step peaks, {WHERE} runs out of memory within {horizon} minutes "
+            "(oomsight_oom_forecast_seconds, from the step-resolved memory; hooks older than it: the growth "
+            f"of the window peak over the last {lookback} while headroom is below "
+            f"{knob('forecast_headroom_ratio', 'percent')}).",
         ),
         Alert(
             "OomsightCudaMemoryLeakSuspected",
-            leak_expr(),
+            f"oomsight_leak_suspected == 1\nand {running()}",
             T.leak_for,
             "warning",
             "The memory that survives between training steps keeps growing: a leak.",
-            f"The between-steps floor of allocated memory of {WHERE} rose in each of the last three "
-            f"{T.leak_window} windows while steps ran, by {{{{ $value | humanize1024 }}}}B in all. "
-            "Classic cause: tensors kept alive with their autograd graph (loss, outputs) across steps.",
+            f"The between-steps floor of allocated memory of {WHERE} rises step after step while each step's "
+            "own memory does not (oomsight_leak_suspected). Classic cause: tensors kept alive with their "
+            "autograd graph (loss, outputs) across steps.",
         ),
     ]
-
-
-def leak_expr() -> str:
-    """Growth over three windows, and each window's floor above the one before: a one-time step
-    up (a lazily built buffer) raises one window's minimum only, a leak raises all three."""
-    w = T.leak_window
-    f = "oomsight_torch_window_min_allocated_bytes"
-    return r.promql(f"""
-        {f} - {f} offset {_times(w, 3)} > {knob("leak_min_growth_ratio")} * {c.CAPACITY}
-        and min_over_time({f}[{w}]) > min_over_time({f}[{w}] offset {w})
-        and min_over_time({f}[{w}] offset {w}) > min_over_time({f}[{w}] offset {_times(w, 2)})
-        and on ({c.PROCESS}) increase(oomsight_steps_total[{_times(w, 3)}]) > 0""")
-
-
-def _times(duration: str, n: int) -> str:
-    """``"10m"`` times 3 is ``"30m"`` (durations here are one number and one unit)."""
-    return f"{int(duration[:-1]) * n}{duration[-1]}"
 
 
 def allocator_alerts() -> list[Alert]:

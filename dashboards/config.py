@@ -25,17 +25,15 @@ class Thresholds:
     """Below this share: an OOM can come with any larger batch or longer sequence."""
     near_capacity_critical_for: str = "5m"
     forecast_lookback: str = "30m"
-    """Growth of the window peak of allocated bytes is fitted over this much history."""
+    """Hooks without step rows: growth of the window peak of allocated bytes is fitted over this much history."""
     forecast_horizon_minutes: int = 30
     """``OomsightCudaOomPredicted`` fires when the fitted growth reaches capacity within this horizon..."""
     forecast_headroom_ratio: float = 0.25
     """... and headroom is already below this share (a slope alone never fires)."""
-    forecast_for: str = "10m"
-    leak_window: str = "10m"
-    """The between-steps floor must rise across three consecutive windows of this length."""
-    leak_min_growth_ratio: float = 0.05
-    """... by at least this share of ``CAPACITY`` over the three windows."""
-    leak_for: str = "10m"
+    forecast_for: str = "2m"
+    """The hook's own forecast is fitted on step rows: a short hold, so a fast leak pages in minutes."""
+    leak_for: str = "2m"
+    """``oomsight_leak_suspected`` is already judged over many steps by the hook's rows."""
     fragmentation_ratio: float = 0.30
     """Inactive split bytes above this share of reserved bytes..."""
     fragmentation_min_bytes: int = GIB
@@ -144,6 +142,6 @@ CAUSE_REMEDY = {
     "fragmentation": "set PYTORCH_ALLOC_CONF=expandable_segments:True, keep shapes stable",
     "growing_demand": "the input grew past what fitted: cap the batch size or sequence length, bucket by length",
     "activations": "activations do not fit: activation checkpointing, bf16 autocast, a smaller batch with accumulation",
-    "model_states": "parameters, gradients and optimizer state fill the GPU: bf16 params, a lighter optimizer, FSDP/ZeRO",
+    "model_states": "parameters, gradients and optimizer state fill the GPU: bf16 params, lighter optimizer, FSDP",
     "exhaustion": "lower the batch size (gradient accumulation), bf16 autocast, activation checkpointing",
 }

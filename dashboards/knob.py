@@ -21,7 +21,6 @@ FIELDS = (
     "forecast_lookback",
     "forecast_horizon_minutes",
     "forecast_headroom_ratio",
-    "leak_min_growth_ratio",
     "fragmentation_ratio",
     "fragmentation_min_bytes",
     "retries_window",
@@ -32,8 +31,7 @@ FIELDS = (
     "webhook_errors_window",
     "webhook_errors_min",
 )
-"""The overridable ``config.Thresholds`` fields. Not here: ``leak_window`` (the leak rule offsets
-by two and three of it, which a duration string cannot express in a template), ``busy_ratio``
+"""The overridable ``config.Thresholds`` fields. Not here: ``busy_ratio``
 (dashboards only) and the ``*_for`` durations (``prometheusRule.customRules.<alert>.for``)."""
 FORMATS = ("value", "percent", "times")
 TOKEN = re.compile(r"⟦(?P<field>[a-z_]+)\|(?P<as>[a-z]+)\|(?P<by>\d+)⟧")

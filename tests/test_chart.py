@@ -690,8 +690,8 @@ def test_the_helm_test_script_passes_against_the_real_webhook_and_fails_against_
     import threading
 
     from oomsight_webhook.certs import make_ca, make_serving, service_dns_names
-    from oomsight_webhook.tls import FileCertificates
     from oomsight_webhook.main import run
+    from oomsight_webhook.tls import FileCertificates
 
     from procs import free_port, http_get, wait_for
 

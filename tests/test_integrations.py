@@ -85,13 +85,17 @@ def _add_to_device(spool, process_id, key, value):
     write_atomic(path, json.dumps(doc).encode(), durable=False)
 
 
-def test_a_forecast_in_the_snapshot_is_logged_without_its_non_numbers(hooked, spool):
+def test_a_leak_in_the_step_rows_is_logged_as_a_forecast_in_steps_and_seconds(hooked, spool):
     hook, _, reader = hooked
-    forecast = {"seconds_to_oom": 120.0, "confidence": None, "basis": "trend", "flag": True}
-    _add_to_device(spool, hook.process["id"], "forecast", forecast)
+    mib = 1 << 20
+    rows = [
+        [i + 1, 100.0 + 0.1 * i, (1 << 30) + i * 128 * mib, (3 << 30) + i * 128 * mib, 4 << 30, 1.0] for i in range(20)
+    ]
+    _add_to_device(spool, hook.process["id"], "steps_memory", rows)
     values = reader.read().values
-    assert values["oomsight/forecast/seconds_to_oom"] == 120.0
-    assert not [k for k in values if k.startswith("oomsight/forecast/") and k != "oomsight/forecast/seconds_to_oom"]
+    assert abs(values["oomsight/forecast/floor_slope_bytes_per_step"] - 128 * mib) < mib
+    assert values["oomsight/forecast/steps"] > 0
+    assert abs(values["oomsight/forecast/seconds"] - 0.1 * values["oomsight/forecast/steps"]) < 0.05
     assert all(math.isfinite(v) for v in values.values())
 
 

@@ -1,6 +1,6 @@
 """Step-resolved memory: at optimizer-step boundaries, the floor (allocated right after
 ``optimizer.step()``) and the step's peak, kept per device as a bounded series indexed by
-step (``analysis.trend`` reads it).
+step (``analysis.trend`` reads it, in the sampler thread and the reader, never here).
 
 Torch's peak counters are never reset. The step's peak is exact when the lifetime peak rose
 since the previous row (the new lifetime peak happened in between); otherwise it is the
@@ -12,9 +12,8 @@ step when steps are slower than that, every k-th step when they are faster.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Callable
 
-from oomsight.analysis import trend
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
@@ -44,8 +43,6 @@ class StepMemory:
         self.rows: dict[int, list[list[float]]] = {}
         self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
-        self.leak_flagged_at: Optional[int] = None
-        """The step at which the series first read as a leak (None: never)."""
 
     def on_step(self, step: int) -> None:
         """After optimizer step ``step`` (training thread, inside the step hook's guard)."""
@@ -67,8 +64,6 @@ class StepMemory:
             peak = r.peak_allocated_bytes if exact else max(sampled or 0, r.allocated_bytes)
             row = [float(step), stamp, float(r.allocated_bytes), float(peak), float(r.reserved_bytes), float(exact)]
             self._append(dev.index, row)
-            if self.leak_flagged_at is None:
-                self._check_leak(dev.index, dev.limit or dev.total, step)
 
     def _append(self, index: int, row: list[float]) -> None:
         rows = self.rows.setdefault(index, [])
@@ -77,10 +72,5 @@ class StepMemory:
             half = MAX_ROWS // 2
             rows[:] = rows[:half:2] + rows[half:]
 
-    def _check_leak(self, index: int, capacity: int, step: int) -> None:
-        if capacity and trend.analyse(self.rows[index][-trend.RECENT_POINTS * 2 :], capacity).leak:
-            self.leak_flagged_at = step
-            self.sampler.publish_soon()
-
     def series(self, index: int) -> list[list[float]]:
-        return [list(r) for r in self.rows.get(index, [])]
+        return [list(r) for r in list(self.rows.get(index, []))]  # list(): one atomic copy under the GIL

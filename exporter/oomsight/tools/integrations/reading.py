@@ -22,13 +22,13 @@ yet, NVML off, no forecast) is left out, never NaN. The keys (``docs/integration
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import math
 import time
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
+from oomsight.analysis import trend
 from oomsight.metrics.family import headroom_bytes
 from oomsight.wire.schema import DeviceSnapshot, OomEvent, Snapshot
 from oomsight.wire.spool import SpoolReader
@@ -37,8 +37,6 @@ PREFIX = "oomsight/"
 GIB = float(1 << 30)
 DEFAULT_INTERVAL_SECONDS = 1.0
 """Read the spool at most this often (the hook publishes once a second by default)."""
-FORECAST_MODULE = "oomsight.analysis.forecast"
-"""Where an OOM forecast function may live (``forecast(device_snapshot)``); optional."""
 
 logger = logging.getLogger(__name__)
 
@@ -182,31 +180,19 @@ def oom_values(events: list[OomEvent]) -> dict[str, float]:
 
 
 def forecast_values(s: Snapshot) -> dict[str, float]:
-    """The OOM forecast's numbers: a ``forecast`` mapping in the snapshot (or its devices), or
-    what ``oomsight.analysis.forecast.forecast(device)`` returns where that exists. Nothing
-    when neither does: the forecast is optional and never blocks the other values."""
+    """The OOM forecast of the step-resolved memory (``analysis.trend``): steps and seconds to
+    OOM and the floor's slope, the soonest over the process's devices. Nothing without a rise."""
     found: dict[str, float] = {}
-    func = _forecast_function()
     for d in s["devices"]:
-        raw: Any = d.get("forecast") or s.get("forecast")
-        if raw is None and func is not None:
-            try:
-                raw = func(d)
-            except Exception as exc:
-                logger.debug("oomsight: forecast failed: %r", exc)
+        rows = d.get("steps_memory") or []
+        if not rows:
+            continue
+        t = trend.analyse(rows, int(d.get("limit_bytes") or d.get("total_bytes") or 0) or 1)
+        raw = {"steps": t.steps_to_oom, "seconds": t.seconds_to_oom, "floor_slope_bytes_per_step": t.floor_slope}
         for name, value in _numbers(raw).items():
             key = f"{PREFIX}forecast/{name}"
             found[key] = min(found.get(key, value), value)  # the soonest, the least room
     return found
-
-
-def _forecast_function() -> Optional[Callable[[DeviceSnapshot], Any]]:
-    try:
-        module = importlib.import_module(FORECAST_MODULE)
-    except ImportError:
-        return None
-    func = getattr(module, "forecast", None)
-    return func if callable(func) else None
 
 
 def _numbers(raw: Any) -> dict[str, float]:
