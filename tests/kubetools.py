@@ -234,5 +234,5 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     context = ServerContext(tempfile.mkdtemp())
     context.loaded = make_serving(make_ca("doc-ca", now), ["localhost"], now)
     reconciler = Reconciler(FileCertificates("tls.crt", "tls.key"), context)
-    admitter = Admitter(InjectionSettings(image="x"), 1024)
+    admitter = Admitter(InjectionSettings(image="x"))
     return [KubernetesCollector(None, Owner("Job", "train")), WebhookCollector(admitter, reconciler, None)]

@@ -10,7 +10,8 @@ import pytest
 
 from oomsight.config import ConfigError
 from oomsight.wire.requests import write_request
-from oomsight_sidecar.admin import AdminApp, AdminSettings
+from oomsight_sidecar.admin import AdminApp
+from oomsight_sidecar.settings import AdminSettings
 
 from spoolmaker import hooked_process
 

@@ -13,8 +13,17 @@ import re
 from collections.abc import Mapping
 from typing import Callable, Optional, TypeVar
 
-from oomsight.config import ConfigError
-from oomsight_sidecar.settings import DEFAULT_PORT, number_env
+from oomsight.config import (
+    DEFAULT_METRICS_PORT,
+    ConfigError,
+    ascii_bool,
+    ascii_int,
+    env_setting,
+    parse_bool,
+    parse_count,
+    parse_port,
+    parse_seconds,
+)
 
 ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
 ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"
@@ -45,6 +54,7 @@ ANN_PROFILE_EVERY = PREFIX + "profile-every-seconds"
 ANN_PROFILE_STEPS = PREFIX + "profile-steps"
 """Scheduled profiling windows (memory-only by default): set as OOMSIGHT_PROFILE_* in the target containers."""
 PROFILE_STEPS_MAX = 100
+PROFILE_EVERY_MAX_SECONDS = 7 * 86_400
 ANN_RESOURCES = {
     "cpu_request": PREFIX + "sidecar-cpu-request",
     "memory_request": PREFIX + "sidecar-memory-request",
@@ -59,8 +69,6 @@ NATIVE_SIDECARS_SINCE = (1, 29)
 
 _QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[mkMGTPE])?$")
 V = TypeVar("V")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +115,7 @@ class InjectionSettings:
     spool_size_limit: str = "256Mi"
     """``sizeLimit`` of the memory-backed spool ``emptyDir`` (it counts as the pod's memory)."""
 
-    metrics_port: int = DEFAULT_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
     """The sidecar's metrics port, named ``metrics``."""
 
     resources: Resources = dataclasses.field(default_factory=Resources)
@@ -153,13 +161,13 @@ class InjectionSettings:
             gpu_resources=tuple(x.strip() for x in e.get(ENV_GPU_RESOURCES, "").split(",") if x.strip())
             or d.gpu_resources,
             spool_size_limit=_quantity_env(e, ENV_SPOOL_SIZE, d.spool_size_limit) or d.spool_size_limit,
-            metrics_port=number_env(e, ENV_METRICS_PORT, d.metrics_port, int),
+            metrics_port=env_setting(e, ENV_METRICS_PORT, parse_port, d.metrics_port),
             resources=resources,
-            run_as_user=number_env(e, ENV_RUN_AS_USER, d.run_as_user, int),
-            scrape_annotations=_bool_env(e, ENV_SCRAPE_ANNOTATIONS, d.scrape_annotations),
-            events=_bool_env(e, ENV_EVENTS, d.events),
-            zero_code=_bool_env(e, ENV_ZERO_CODE, d.zero_code),
-            drain_seconds=number_env(e, ENV_DRAIN, d.drain_seconds, float),
+            run_as_user=env_setting(e, ENV_RUN_AS_USER, parse_count, d.run_as_user),
+            scrape_annotations=env_setting(e, ENV_SCRAPE_ANNOTATIONS, parse_bool, d.scrape_annotations),
+            events=env_setting(e, ENV_EVENTS, parse_bool, d.events),
+            zero_code=env_setting(e, ENV_ZERO_CODE, parse_bool, d.zero_code),
+            drain_seconds=env_setting(e, ENV_DRAIN, _drain_seconds, d.drain_seconds),
         )
         settings.validate()
         return settings
@@ -241,34 +249,33 @@ def native_sidecars_supported(git_version: str) -> Optional[bool]:
 
 
 def _bool_or_none(raw: str) -> Optional[bool]:
-    low = raw.lower()
-    return True if low in _TRUE else False if low in _FALSE else None
+    return ascii_bool(raw)
 
 
 def _quantity_or_none(raw: str) -> Optional[str]:
     return raw if _QUANTITY.match(raw) else None
 
 
+def _whole_or_none(raw: str, low: int, high: int) -> Optional[int]:
+    """ASCII digits only (``str.isdigit()`` takes ``²``, ``①`` and 4,300-digit numbers)."""
+    value = ascii_int(raw) if raw[:1] != "+" else None
+    return value if value is not None and low <= value <= high else None
+
+
 def _positive_or_none(raw: str) -> Optional[int]:
-    return int(raw) if raw.isdigit() and int(raw) >= 1 else None
+    return _whole_or_none(raw, 1, PROFILE_EVERY_MAX_SECONDS)
 
 
 def _steps_or_none(raw: str) -> Optional[int]:
-    return int(raw) if raw.isdigit() and 1 <= int(raw) <= PROFILE_STEPS_MAX else None
+    return _whole_or_none(raw, 1, PROFILE_STEPS_MAX)
 
 
 def _port_or_none(raw: str) -> Optional[int]:
-    return int(raw) if raw.isdigit() and 1 <= int(raw) <= 65535 else None
+    return _whole_or_none(raw, 1, 65535)
 
 
-def _bool_env(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = _bool_or_none(raw.strip())
-    if value is None:
-        raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false")
-    return value
+def _drain_seconds(name: str, raw: str) -> float:
+    return parse_seconds(name, raw, minimum=0.0, maximum=3600.0)
 
 
 def _quantity_env(env: Mapping[str, str], name: str, default: str) -> str:
