@@ -70,7 +70,8 @@ def run(
             "oomsight sidecar: spool %s not readable yet; /readyz answers 503 until it is", settings.spool_dir
         )
     loop = _start_event_loop(poster, kube.events_interval_seconds, stop)
-    stop.wait()
+    while not stop.wait(0.5):
+        pass  # a timed wait: a SIGTERM the kernel hands to another thread is seen here within 0.5 s
     if loop is not None and poster is not None:
         loop.join(timeout=10)
         poster.tick()  # post what the last moments of training left behind before the pod goes

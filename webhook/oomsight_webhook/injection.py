@@ -24,6 +24,7 @@ from oomsight.config import (
     parse_port,
     parse_seconds,
 )
+from oomsight_sidecar.settings import DEFAULT_ADMIN_PORT
 
 ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
 ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"
@@ -192,10 +193,22 @@ class PodOptions:
     events: bool
     profile_every_seconds: Optional[int] = None
     profile_steps: Optional[int] = None
+    admin_port: Optional[int] = DEFAULT_ADMIN_PORT
+    """The sidecar's ``OOMSIGHT_ADMIN_PORT``: 0 off (the pod uses the port), None ``auto``."""
+    host_network: bool = False
+    """The pod shares the node's network: the admin endpoint then requires a token."""
 
 
-def pod_options(settings: InjectionSettings, annotations: Mapping[str, str]) -> tuple[PodOptions, list[str]]:
-    """Apply ``oomsight.io/...`` annotations; a bad value is ignored with a warning."""
+def pod_options(
+    settings: InjectionSettings,
+    annotations: Mapping[str, str],
+    taken_ports: frozenset[int] = frozenset(),
+    host_network: bool = False,
+) -> tuple[PodOptions, list[str]]:
+    """Apply ``oomsight.io/...`` annotations; a bad value is ignored with a warning.
+
+    ``taken_ports``: the ports the pod's own containers declare. The sidecar's metrics and
+    admin ports never collide with them or with each other (docs/kubernetes.md, "Ports")."""
     ann = _Overrides(annotations)
     inject_python = ann.get(ANN_INJECT_PYTHON, False, _bool_or_none, "true or false")
     if inject_python and not settings.zero_code:
@@ -211,15 +224,38 @@ def pod_options(settings: InjectionSettings, annotations: Mapping[str, str]) -> 
     opts = PodOptions(
         native_sidecar=ann.get(ANN_NATIVE, settings.native_sidecar, _bool_or_none, "true or false"),
         container_names=tuple(n.strip() for n in names.split(",") if n.strip()) if isinstance(names, str) else None,
-        metrics_port=ann.get(ANN_METRICS_PORT, settings.metrics_port, _port_or_none, "a port number"),
+        metrics_port=ann.get(ANN_METRICS_PORT, settings.metrics_port, _port_or_none, "a port number (1 to 65535)"),
         spool_size_limit=ann.get(ANN_SPOOL_SIZE, settings.spool_size_limit, _quantity_or_none, "a quantity"),
         resources=resources,
         inject_python=inject_python,
         events=ann.get(ANN_EVENTS, settings.events, _bool_or_none, "true or false"),
         profile_every_seconds=ann.get(ANN_PROFILE_EVERY, None, _positive_or_none, "a whole number of seconds"),
         profile_steps=ann.get(ANN_PROFILE_STEPS, None, _steps_or_none, f"1 to {PROFILE_STEPS_MAX} steps"),
+        host_network=host_network,
     )
-    return opts, ann.warnings
+    return _free_ports(opts, settings, taken_ports, ann.warnings), ann.warnings
+
+
+def _free_ports(
+    opts: PodOptions, settings: InjectionSettings, taken: frozenset[int], warnings: list[str]
+) -> PodOptions:
+    """Metrics and admin ports moved off the pod's own ports (and off each other), with a warning."""
+    metrics = opts.metrics_port
+    if metrics in taken or metrics == DEFAULT_ADMIN_PORT:
+        if metrics != settings.metrics_port:
+            warnings.append(f"oomsight: ignored {ANN_METRICS_PORT}={metrics}: the pod or the admin endpoint uses it")
+        metrics = settings.metrics_port
+        busy = taken | {DEFAULT_ADMIN_PORT}
+        if metrics in busy:
+            metrics = next(p for p in range(metrics + 1, 65536) if p not in busy)
+            warnings.append(
+                f"oomsight: the pod uses port {settings.metrics_port}; the sidecar serves metrics on {metrics}"
+            )
+    admin: Optional[int] = None if opts.host_network else DEFAULT_ADMIN_PORT
+    if admin is not None and (admin in taken or admin == metrics):
+        warnings.append(f"oomsight: the pod uses port {admin}; the sidecar's admin endpoint is off")
+        admin = 0
+    return dataclasses.replace(opts, metrics_port=metrics, admin_port=admin)
 
 
 class _Overrides:

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
@@ -142,8 +143,11 @@ def run(
         registry.register(WebhookCollector(admitter, reconciler, server))
         metrics = serve_wsgi(make_wsgi_app(registry), settings.host, settings.metrics_port, settings.limits)
     logger.info("oomsight webhook: serving https://%s:%d/mutate", settings.host, server.server_address[1])
-    while not stop.wait(settings.tls_reconcile_seconds):
-        reconciler.reconcile()
+    due = time.monotonic() + settings.tls_reconcile_seconds
+    while not stop.wait(min(0.5, settings.tls_reconcile_seconds)):  # short waits: SIGTERM is seen at once
+        if time.monotonic() >= due:
+            reconciler.reconcile()
+            due = time.monotonic() + settings.tls_reconcile_seconds
     server.shutdown()
     server.server_close()
     server.close_limits()
