@@ -50,21 +50,26 @@ def skipped_response(status, body):
     return response
 
 
-def test_four_concurrent_reviews_of_a_20000_container_pod_stay_under_16_mib():
-    body = review_of(pod_with(20_000))
-    assert 1.0 * MIB < len(body) < 1.5 * MIB  # the size the reliability issue measured 130 MiB for, each
-    admitter = Admitter(InjectionSettings(image="ghcr.io/oomsight/oomsight:0.1.0"))
-    answers = []
+def concurrently(n, call):
+    """``call()`` in ``n`` threads at once: their results and the traced peak of memory (bytes)."""
+    results = []
     tracemalloc.start()
     try:
-        threads = [threading.Thread(target=lambda: answers.append(admitter.admit(body, JSON))) for _ in range(4)]
+        threads = [threading.Thread(target=lambda: results.append(call())) for _ in range(n)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
-        peak = tracemalloc.get_traced_memory()[1]
+        return results, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def test_four_concurrent_reviews_of_a_20000_container_pod_stay_under_16_mib():
+    body = review_of(pod_with(20_000))
+    assert 1.0 * MIB < len(body) < 1.5 * MIB  # the size the reliability issue measured 130 MiB for, each
+    admitter = Admitter(InjectionSettings(image="ghcr.io/oomsight/oomsight:0.1.0"))
+    answers, peak = concurrently(4, lambda: admitter.admit(body, JSON))
     assert len(answers) == 4 and all(skipped(a) for a in answers)
     assert peak < 16 * MIB, f"peak {peak / MIB:.1f} MiB"
     assert admitter.counts()["skipped"] == 4

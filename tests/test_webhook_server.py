@@ -197,23 +197,11 @@ def _sample(webhook, series):
 
 
 def test_four_concurrent_huge_reviews_over_https_are_admitted_unchanged_within_a_small_peak(webhook):
-    import tracemalloc
-
-    from test_webhook_limits import pod_with, review_of, skipped_response
+    from test_webhook_limits import concurrently, pod_with, review_of, skipped_response
 
     body = review_of(pod_with(20_000))  # 1.3 MiB: over max_review_bytes, under max_body_bytes
     before = _sample(webhook, 'oomsight_webhook_admissions_total{result="skipped"}')
-    statuses = []
-    tracemalloc.start()
-    try:
-        threads = [threading.Thread(target=lambda: statuses.append(webhook.post(body))) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    statuses, peak = concurrently(4, lambda: webhook.post(body))
     assert len(statuses) == 4 and all(skipped_response(status, text) for status, text in statuses)
     assert peak < 24 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB (client and server together)"
     assert _sample(webhook, 'oomsight_webhook_admissions_total{result="skipped"}') == before + 4
