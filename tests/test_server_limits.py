@@ -53,6 +53,8 @@ def test_connections_over_the_cap_get_503_at_once_and_the_cap_frees_up(tmp_path)
         for s in held:
             s.close()
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, timeout=5)
+        metrics = http_get(f"http://127.0.0.1:{port}/metrics")[1]
+        assert 'oomsight_sidecar_http_errors_total{reason="over_capacity"} 1.0' in metrics
 
 
 def test_a_client_trickling_its_request_is_cut_off_at_the_request_deadline(tmp_path):

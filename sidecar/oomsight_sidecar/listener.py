@@ -113,12 +113,33 @@ class CappedReader:
         return getattr(self.raw, name)
 
 
+ERROR_REASONS = ("request", "over_capacity", "out_of_descriptors", "deadline")
+"""What a server counts: a broken or timed-out connection, one refused over the cap, an
+``accept()`` at the descriptor limit, a request cut off at its deadline."""
+
+
+class ServerErrors:
+    """Counts by reason, shared by the servers of one process and exported by its collector."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter(dict.fromkeys(ERROR_REASONS, 0))
+        self._lock = threading.Lock()
+
+    def count(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[reason] += n
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
 class Deadlines:
     """One thread that shuts down sockets whose request deadline has passed."""
 
-    def __init__(self, tick_seconds: float = 0.25) -> None:
+    def __init__(self, errors: ServerErrors, tick_seconds: float = 0.25) -> None:
         self.tick_seconds = tick_seconds
-        self.expired = 0
+        self.errors = errors
         self._due: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -143,7 +164,8 @@ class Deadlines:
                 late = [s for s, due in self._due.items() if due <= now]
                 for sock in late:
                     del self._due[sock]
-                self.expired += len(late)
+            if late:
+                self.errors.count("deadline", len(late))
             for sock in late:
                 with contextlib.suppress(OSError):  # already closed by its handler
                     sock.shutdown(socket.SHUT_RDWR)  # the handler's blocked read returns, it cleans up
@@ -154,7 +176,7 @@ class BoundedServer(socketserver.ThreadingMixIn):
 
     Set ``limits`` (and ``busy_response``: bytes for plain HTTP, None to just close) in
     ``__init__`` before ``super().__init__``; call :meth:`close_limits` after
-    ``server_close()``. ``errors`` counts what was refused or cut off, by reason."""
+    ``server_close()``. ``errors`` counts what was refused or cut off (:data:`ERROR_REASONS`)."""
 
     daemon_threads = True
     block_on_close = False
@@ -162,17 +184,15 @@ class BoundedServer(socketserver.ThreadingMixIn):
     busy_response: Optional[bytes] = BUSY_RESPONSE
     accept_backoff_seconds = (0.05, 1.0)
 
-    def init_limits(self, limits: ServerLimits) -> None:
+    def init_limits(self, limits: ServerLimits, errors: Optional[ServerErrors] = None) -> None:
         self.limits = limits
         self.slots = threading.BoundedSemaphore(limits.max_connections)
-        self.deadlines = Deadlines()
-        self.errors: Counter[str] = Counter()
-        self._errors_lock = threading.Lock()
+        self.errors = errors or ServerErrors()
+        self.deadlines = Deadlines(self.errors)
         self._backoff = 0.0
 
     def count(self, reason: str) -> None:
-        with self._errors_lock:
-            self.errors[reason] += 1
+        self.errors.count(reason)
 
     def get_request(self) -> tuple[Any, Any]:
         try:

@@ -16,15 +16,18 @@ from oomsight_sidecar.admin import AdminApp, ensure_token
 from oomsight_sidecar.events import EventPoster
 from oomsight_sidecar.kube import KubeApi, KubeClient
 from oomsight_sidecar.kubemetrics import KubernetesCollector
+from oomsight_sidecar.listener import ServerErrors
 from oomsight_sidecar.owner import pod_owner
-from oomsight_sidecar.server import CollectWatch, MetricsApp, serve
+from oomsight_sidecar.server import CollectWatch, MetricsApp, ServerCollector, serve
 from oomsight_sidecar.server import stop as stop_server
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 
 logger = logging.getLogger(__name__)
 
 
-def build_app(settings: SidecarSettings, kube: Optional[KubernetesCollector] = None) -> MetricsApp:
+def build_app(
+    settings: SidecarSettings, kube: Optional[KubernetesCollector] = None, errors: Optional[ServerErrors] = None
+) -> MetricsApp:
     collector = SpoolCollector(
         settings.spool_dir,
         retention_seconds=settings.retention_seconds,
@@ -34,6 +37,8 @@ def build_app(settings: SidecarSettings, kube: Optional[KubernetesCollector] = N
     registry.register(collector)
     if kube is not None:
         registry.register(kube)
+    if errors is not None:
+        registry.register(ServerCollector(errors))
     return MetricsApp(collector, registry, CollectWatch(settings.hung_after_seconds))
 
 
@@ -61,9 +66,10 @@ def run(
     kube = kube or KubernetesSettings()
     poster = build_poster(settings, kube, client_factory)
     collector = KubernetesCollector(poster, pod_owner(kube)) if kube.pod_name else None
-    app = build_app(settings, collector)
-    server = serve(app, settings.host, settings.port, settings.limits)
-    admin_server = serve_admin(settings, admin) if admin is not None else None
+    errors = ServerErrors()
+    app = build_app(settings, collector, errors)
+    server = serve(app, settings.host, settings.port, settings.limits, errors)
+    admin_server = serve_admin(settings, admin, errors) if admin is not None else None
     logger.info("oomsight sidecar: serving %s on http://%s/metrics", settings.spool_dir, _hostport(server))
     if not app.check_ready():
         logger.warning(
@@ -84,14 +90,15 @@ def run(
     return 0
 
 
-def serve_admin(settings: SidecarSettings, admin: AdminSettings) -> Optional[WSGIServer]:
+def serve_admin(settings: SidecarSettings, admin: AdminSettings, errors: ServerErrors) -> Optional[WSGIServer]:
     """The admin endpoint, or None when it is off or its port is taken: the metrics go on
     without it (a second ``hostNetwork`` pod on a node must not crash over port 21401)."""
     if admin.port == 0:
         return None
     try:
         admin = ensure_token(admin)
-        server = serve(AdminApp(settings.spool_dir, admin.token), admin.host, admin.port or 0, settings.limits)
+        app = AdminApp(settings.spool_dir, admin.token)
+        server = serve(app, admin.host, admin.port or 0, settings.limits, errors)
     except (OSError, ConfigError) as exc:
         logger.warning("oomsight sidecar: admin endpoint off: cannot listen on %s:%s (%s)", admin.host, admin.port, exc)
         return None

@@ -19,14 +19,16 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from oomsight.metrics.collector import SpoolCollector
-from oomsight_sidecar.listener import BoundedServer, CappedReader, ServerLimits, address_family
+from oomsight_sidecar.listener import BoundedServer, CappedReader, ServerErrors, ServerLimits, address_family
 
 logger = logging.getLogger(__name__)
 
@@ -159,10 +161,31 @@ def _text(start_response: StartResponse, status: str, text: str) -> list[bytes]:
     return [body]
 
 
+class ServerCollector(Collector):
+    """``oomsight_sidecar_http_errors_total``: what the sidecar's servers refused or cut off."""
+
+    def __init__(self, errors: ServerErrors) -> None:
+        self.errors = errors
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "oomsight_sidecar_http_errors",
+            "Connections the sidecar's metrics and admin servers refused or cut off, by reason: request "
+            "(broken, timed out or too large), over_capacity, out_of_descriptors, deadline.",
+            labels=["reason"],
+        )
+        for reason, n in self.errors.counts().items():
+            family.add_metric([reason], n)
+        yield family
+
+
 class _Server(BoundedServer, WSGIServer):
-    def __init__(self, address: tuple[str, int], limits: ServerLimits) -> None:
+    def __init__(self, address: tuple[str, int], limits: ServerLimits, errors: Optional[ServerErrors]) -> None:
         self.address_family = address_family(address[0])
-        self.init_limits(limits)
+        self.init_limits(limits, errors)
         super().__init__(address, _QuietHandler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -182,9 +205,12 @@ class _QuietHandler(WSGIRequestHandler):
         pass  # one line per scrape is noise; errors surface as metrics
 
 
-def serve(app: WsgiApp, host: str, port: int, limits: Optional[ServerLimits] = None) -> WSGIServer:
-    """Bind and serve ``app`` in a daemon thread; the caller calls :func:`stop`."""
-    server = _Server((host, port), limits or ServerLimits())
+def serve(
+    app: WsgiApp, host: str, port: int, limits: Optional[ServerLimits] = None, errors: Optional[ServerErrors] = None
+) -> WSGIServer:
+    """Bind and serve ``app`` in a daemon thread; the caller calls :func:`stop`. ``errors``:
+    where it counts what it refuses (one :class:`ServerErrors` for all servers of a process)."""
+    server = _Server((host, port), limits or ServerLimits(), errors)
     server.set_app(app)
     threading.Thread(target=server.serve_forever, name="oomsight-http", daemon=True).start()
     return server

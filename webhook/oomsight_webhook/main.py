@@ -79,9 +79,7 @@ class WebhookCollector(Collector):
             "result",
             {result: counts.get(result, 0) for result in RESULTS},
         )
-        served = dict(self.server.errors) if self.server is not None else {}
-        if self.server is not None:
-            served["deadline"] = self.server.deadlines.expired
+        served = self.server.errors.counts() if self.server is not None else {}
         errors = {c: served.get(c, 0) for c in ERROR_COMPONENTS} | {"tls_reconcile": self.reconciler.failures}
         yield labelled_counter(
             "oomsight_webhook_errors",

@@ -39,7 +39,6 @@ class AdmissionServer(BoundedServer, ThreadingHTTPServer):
     ) -> None:
         self.address_family = address_family(address[0])
         self.init_limits(limits or ServerLimits(request_timeout_seconds=10.0))
-        self.errors.update(tls_handshake=0, request=0)
         super().__init__(address, _Handler)
         self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.admitter = admitter
