@@ -73,7 +73,7 @@ class ReviewLimits:
     max_containers: int = 500
     """Pods with more containers and init containers are admitted unchanged (``skipped``)."""
 
-    max_concurrent: int = 4
+    max_concurrent: int = 2
     """Reviews parsed and mutated at once (each costs about 8 times its body)."""
 
     wait_seconds: float = 5.0

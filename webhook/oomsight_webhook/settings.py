@@ -87,7 +87,7 @@ class WebhookSettings:
     """A pod with more containers and init containers than this is admitted unchanged with a
     warning (``skipped``) instead of being mutated."""
 
-    max_concurrent_reviews: int = 4
+    max_concurrent_reviews: int = 2
     """Reviews parsed and mutated at once; more wait (under their read deadline) for a turn.
     With the two limits above this bounds the webhook's memory (docs/kubernetes.md)."""
 
