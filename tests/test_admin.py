@@ -241,3 +241,29 @@ def test_a_required_token_is_made_private_and_every_request_needs_it(spool, tmp_
     assert call(app, "GET", "/admin/profiles", token=settings.token)[0] == 200
     with pytest.raises(ConfigError, match="OOMSIGHT_ADMIN_REQUIRE_TOKEN=1 needs"):
         AdminSettings.from_env({"OOMSIGHT_ADMIN_REQUIRE_TOKEN": "1"})
+
+
+def test_a_download_slower_than_the_request_deadline_is_not_cut_off(spool, monkeypatch):
+    import http.client
+    import time
+
+    from oomsight_sidecar.listener import ServerLimits
+    from oomsight_sidecar.server import serve, stop
+
+    hooked_process(spool, monkeypatch=monkeypatch)
+    size = 32 * 1024 * 1024
+    with open(os.path.join(spool, "artifacts", "x.oom-00004.pickle"), "wb") as fh:
+        fh.truncate(size)
+    limits = ServerLimits(idle_timeout_seconds=5, request_timeout_seconds=0.5)
+    server = serve(AdminApp(spool, None), "127.0.0.1", 0, limits)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=10)
+        conn.request("GET", "/admin/artifacts/x.oom-00004.pickle")
+        resp = conn.getresponse()
+        start, got = time.monotonic(), 0
+        while chunk := resp.read(256 * 1024):
+            got += len(chunk)
+            time.sleep(0.02)  # a slow client: 128 reads take longer than the deadline
+        assert time.monotonic() - start > 1.0 and got == size
+    finally:
+        stop(server)

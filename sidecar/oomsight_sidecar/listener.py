@@ -6,8 +6,8 @@ What the standard library's threading servers lack and a pod needs (docs/kuberne
 * a **connection cap**: a bounded number of handler threads; a connection over the cap
   gets ``503`` (plain HTTP) or is closed (TLS) at once, in the accept thread;
 * an **idle timeout** (a socket timeout: a connection silent that long is closed) and a
-  **request deadline** (a request, headers and body, that takes longer in all is cut off,
-  so a client trickling a byte every few seconds cannot hold a thread);
+  **request deadline** (a request, headers and body, that takes longer in all to arrive
+  is cut off, so a client trickling a byte every few seconds cannot hold a thread);
 * a **request-head cap**: request line and headers larger than ``max_head_bytes`` close
   the connection;
 * **back-off at the descriptor limit**: when ``accept()`` fails with ``EMFILE`` the
@@ -52,7 +52,9 @@ class ServerLimits:
     """A connection that sends nothing for this long is closed (the socket timeout)."""
 
     request_timeout_seconds: float = 30.0
-    """Longest time to receive one request, head and body, and answer it."""
+    """Longest time to receive one request, head and body (from the connection's start, or
+    from the previous answer on a kept-alive one). Writing the answer is not limited by it
+    (a large artifact download may take longer), only by the idle timeout per write."""
 
     max_head_bytes: int = 32 * 1024
     """Largest request line plus headers; larger requests close the connection."""
@@ -201,11 +203,14 @@ class BoundedServer(socketserver.ThreadingMixIn):
             if exc.errno in _OUT_OF_DESCRIPTORS:
                 self.count("out_of_descriptors")
                 low, high = self.accept_backoff_seconds
-                self._backoff = min(high, max(low, self._backoff * 2))
-                if self._backoff == low or self._backoff == high:
+                if not self._backoff:  # once per episode: it is counted every time
                     logger.warning(
-                        "oomsight: cannot accept a connection (%s); pausing %.2f s", exc.strerror, self._backoff
+                        "oomsight: cannot accept connections (%s): out of file descriptors; "
+                        "pausing up to %.0f s between attempts",
+                        exc.strerror,
+                        high,
                     )
+                self._backoff = min(high, max(low, self._backoff * 2))
                 time.sleep(self._backoff)
             raise
         self._backoff = 0.0

@@ -201,6 +201,12 @@ class _QuietHandler(WSGIRequestHandler):
         super().setup()
         self.rfile = CappedReader(self.rfile, self.server.limits.max_head_bytes)  # type: ignore[assignment]
 
+    def parse_request(self) -> bool:
+        received = super().parse_request()
+        if received:  # requests here have no body: the deadline no longer applies to this one
+            self.server.deadlines.forget(self.connection)
+        return received
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per scrape is noise; errors surface as metrics
 

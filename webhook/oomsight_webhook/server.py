@@ -77,6 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length is None:
             return
         body = self._read_body(length)
+        self.server.deadlines.forget(self.connection)  # received: answering is not under the read deadline
         if body is None:
             self.close_connection = True
             return self._send(400, b"body shorter than Content-Length\n", "text/plain")
