@@ -424,3 +424,16 @@ def test_a_host_network_pod_gets_an_auto_admin_port_and_a_required_token():
     env = env_of(sidecar)
     assert env["OOMSIGHT_ADMIN_PORT"] == "auto" and env["OOMSIGHT_ADMIN_REQUIRE_TOKEN"] == "1"
     assert env["OOMSIGHT_ADMIN_TOKEN_FILE"].startswith(SPOOL_PATH + "/")
+
+
+def test_the_cluster_admin_port_is_set_in_the_sidecar_and_kept_off_the_metrics_port():
+    settings = InjectionSettings.from_env({"OOMSIGHT_INJECT_IMAGE": "i", "OOMSIGHT_INJECT_ADMIN_PORT": "21500"})
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/metrics-port": "21500"}
+    patched, m = inject(pod, settings)
+    sidecar = by_name(patched["spec"]["initContainers"], SIDECAR_NAME)
+    assert env_of(sidecar)["OOMSIGHT_ADMIN_PORT"] == "21500" and sidecar["ports"][0]["containerPort"] == 21400
+    assert any("ignored oomsight.io/metrics-port=21500" in w for w in m.warnings)
+    off = InjectionSettings.from_env({"OOMSIGHT_INJECT_IMAGE": "i", "OOMSIGHT_INJECT_ADMIN_PORT": "0"})
+    patched, _ = inject(fixture("cpu-pod.yaml"), off)
+    assert env_of(by_name(patched["spec"]["initContainers"], SIDECAR_NAME))["OOMSIGHT_ADMIN_PORT"] == "0"

@@ -18,7 +18,6 @@ from oomsight.config import (
     DEFAULT_METRICS_PORT,
     ENV_DIR,
     ConfigError,
-    ascii_int,
     default_spool_dir,
     env_setting,
     parse_bool,
@@ -146,7 +145,7 @@ class AdminSettings:
                 raise ConfigError(f"{ENV_ADMIN_TOKEN_FILE}: cannot read the token file ({exc})") from None
         settings = cls(
             host=(e.get(ENV_ADMIN_HOST) or "127.0.0.1").strip(),
-            port=_admin_port(e.get(ENV_ADMIN_PORT)),
+            port=env_setting(e, ENV_ADMIN_PORT, parse_admin_port, cls().port),
             token=token,
             token_file=token_file,
             require_token=env_setting(e, ENV_ADMIN_REQUIRE_TOKEN, parse_bool, False),
@@ -166,15 +165,9 @@ class AdminSettings:
             raise ConfigError(f"{ENV_ADMIN_REQUIRE_TOKEN}=1 needs {ENV_ADMIN_TOKEN} or {ENV_ADMIN_TOKEN_FILE}")
 
 
-def _admin_port(raw: Optional[str]) -> Optional[int]:
-    if raw is None or not raw.strip():
-        return DEFAULT_ADMIN_PORT
-    if raw.strip().lower() == ADMIN_PORT_AUTO:
-        return None
-    value = ascii_int(raw.strip())
-    if value is None or not 0 <= value <= 65535:
-        raise ConfigError(f"{ENV_ADMIN_PORT}={raw!r} is not a TCP port (0 to 65535) or {ADMIN_PORT_AUTO}")
-    return value
+def parse_admin_port(name: str, raw: str) -> Optional[int]:
+    """A port for the admin endpoint: 0 (off), 1-65535, or ``auto`` (None: the system picks)."""
+    return None if raw.strip().lower() == ADMIN_PORT_AUTO else parse_port(name, raw)
 
 
 def loopback(host: str) -> bool:

@@ -24,7 +24,7 @@ from oomsight.config import (
     parse_port,
     parse_seconds,
 )
-from oomsight_sidecar.settings import DEFAULT_ADMIN_PORT
+from oomsight_sidecar.settings import DEFAULT_ADMIN_PORT, parse_admin_port
 
 ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
 ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"
@@ -43,6 +43,7 @@ ENV_SCRAPE_ANNOTATIONS = "OOMSIGHT_INJECT_SCRAPE_ANNOTATIONS"
 ENV_EVENTS = "OOMSIGHT_INJECT_EVENTS"
 ENV_ZERO_CODE = "OOMSIGHT_INJECT_ZERO_CODE"
 ENV_DRAIN = "OOMSIGHT_INJECT_DRAIN_SECONDS"
+ENV_ADMIN_PORT = "OOMSIGHT_INJECT_ADMIN_PORT"
 
 PREFIX = "oomsight.io/"
 ANN_INJECT_PYTHON = PREFIX + "inject-python"
@@ -137,6 +138,10 @@ class InjectionSettings:
     drain_seconds: float = 0.0
     """The sidecar's ``OOMSIGHT_DRAIN_SECONDS``: serve this long after SIGTERM for a last scrape."""
 
+    admin_port: Optional[int] = DEFAULT_ADMIN_PORT
+    """The sidecar's admin port on its loopback: 0 off, None (``auto``) the system picks one.
+    ``hostNetwork`` pods always get ``auto`` and a required token."""
+
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None, native_sidecar: bool = True) -> InjectionSettings:
         e = os.environ if env is None else env
@@ -169,6 +174,7 @@ class InjectionSettings:
             events=env_setting(e, ENV_EVENTS, parse_bool, d.events),
             zero_code=env_setting(e, ENV_ZERO_CODE, parse_bool, d.zero_code),
             drain_seconds=env_setting(e, ENV_DRAIN, _drain_seconds, d.drain_seconds),
+            admin_port=env_setting(e, ENV_ADMIN_PORT, parse_admin_port, d.admin_port),
         )
         settings.validate()
         return settings
@@ -241,18 +247,18 @@ def _free_ports(
 ) -> PodOptions:
     """Metrics and admin ports moved off the pod's own ports (and off each other), with a warning."""
     metrics = opts.metrics_port
-    if metrics in taken or metrics == DEFAULT_ADMIN_PORT:
+    if metrics in taken or metrics == settings.admin_port:
         if metrics != settings.metrics_port:
             warnings.append(f"oomsight: ignored {ANN_METRICS_PORT}={metrics}: the pod or the admin endpoint uses it")
         metrics = settings.metrics_port
-        busy = taken | {DEFAULT_ADMIN_PORT}
+        busy = taken | {settings.admin_port or 0}
         if metrics in busy:
             metrics = next(p for p in range(metrics + 1, 65536) if p not in busy)
             warnings.append(
                 f"oomsight: the pod uses port {settings.metrics_port}; the sidecar serves metrics on {metrics}"
             )
-    admin: Optional[int] = None if opts.host_network else DEFAULT_ADMIN_PORT
-    if admin is not None and (admin in taken or admin == metrics):
+    admin: Optional[int] = None if opts.host_network else settings.admin_port
+    if admin and (admin in taken or admin == metrics):
         warnings.append(f"oomsight: the pod uses port {admin}; the sidecar's admin endpoint is off")
         admin = 0
     return dataclasses.replace(opts, metrics_port=metrics, admin_port=admin)

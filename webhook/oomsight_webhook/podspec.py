@@ -107,7 +107,8 @@ def admin_env(opts: PodOptions) -> list[Json]:
             {"name": ENV_ADMIN_TOKEN_FILE, "value": ADMIN_TOKEN_FILE},
         ]
     if opts.admin_port != DEFAULT_ADMIN_PORT:
-        return [{"name": ENV_ADMIN_PORT, "value": str(opts.admin_port)}]
+        value = ADMIN_PORT_AUTO if opts.admin_port is None else str(opts.admin_port)
+        return [{"name": ENV_ADMIN_PORT, "value": value}]
     return []
 
 
