@@ -2,6 +2,7 @@
 connections closed, a connection cap, a request deadline against trickling clients, a
 request-head cap, no busy loop at the descriptor limit, IPv6 listen addresses."""
 
+import contextlib
 import os
 import resource
 import signal
@@ -11,6 +12,9 @@ import sys
 import time
 
 import pytest
+
+from oomsight_sidecar.listener import ServerLimits
+from oomsight_sidecar.server import serve, stop
 
 from procs import free_port, http_get, sidecar, wait_for
 
@@ -92,46 +96,44 @@ def test_a_request_head_over_the_cap_is_refused(tmp_path):
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
 
 
-def _cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def ok(environ, start_response):
+    start_response("200 OK", [("Content-Length", "3")])
+    return [b"ok\n"]
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
-def test_at_the_descriptor_limit_the_accept_loop_backs_off_instead_of_spinning(tmp_path):
-    port = free_port()
+def _process_cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
-    def few_descriptors():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (48, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    env = sidecar_env(max_connections=1000, idle_timeout_seconds=60, request_timeout_seconds=60)
-    cmd = [sys.executable, "-m", "oomsight", "sidecar", "--spool", str(tmp_path), "--host", "127.0.0.1"]
-    proc = subprocess.Popen(
-        [*cmd, "--port", str(port)],
-        env=env,
-        preexec_fn=few_descriptors,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    clients = []
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_at_the_descriptor_limit_the_accept_loop_backs_off_instead_of_spinning():
+    server = serve(ok, "127.0.0.1", 0, ServerLimits(idle_timeout_seconds=30))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    clients = [socket.create_connection(("127.0.0.1", server.server_port))]  # one served: a thread waits on it
+    fillers = []
     try:
-        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200)
-        for _ in range(80):  # more than it has descriptors for; connecting without waiting, the backlog holds some
-            client = socket.socket()
-            client.setblocking(False)
-            client.connect_ex(("127.0.0.1", port))
-            clients.append(client)
-        time.sleep(1.0)
-        before = _cpu_seconds(proc.pid)
-        time.sleep(2.0)
-        used = _cpu_seconds(proc.pid) - before
-        assert used < 0.5, f"the sidecar used {used:.2f} s of CPU in 2 s at the descriptor limit"
+        time.sleep(0.2)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 2, hard))
+        with contextlib.suppress(OSError):
+            while True:  # fill every free descriptor number below the limit
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+        os.close(fillers.pop())
+        clients.append(socket.create_connection(("127.0.0.1", server.server_port)))  # the last descriptor
+        time.sleep(0.3)  # it waits in the backlog: the server has no descriptor left to accept it with
+        before = _process_cpu_seconds()
+        time.sleep(1.5)
+        used = _process_cpu_seconds() - before
     finally:
-        for s in clients:
-            s.close()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for client in clients:
+            client.close()
+    assert server.errors.counts()["out_of_descriptors"] >= 1  # the limit was reached
+    assert used < 0.3, f"{used:.2f} s of CPU in 1.5 s at the descriptor limit"
+    assert http_get(f"http://127.0.0.1:{server.server_port}/")[0] == 200  # and it serves again after
+    stop(server)
 
 
 def _ipv6_loopback():

@@ -182,6 +182,7 @@ class BoundedServer(socketserver.ThreadingMixIn):
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 64  # the listen backlog: socketserver's 5 drops a burst of scrapes' SYNs
     limits: ServerLimits = ServerLimits()
     busy_response: Optional[bytes] = BUSY_RESPONSE
     accept_backoff_seconds = (0.05, 1.0)
