@@ -176,9 +176,10 @@ class Deadlines:
 class BoundedServer(socketserver.ThreadingMixIn):
     """Mixed in before an ``HTTPServer``/``WSGIServer``: capped threads, deadlines, back-off.
 
-    Set ``limits`` (and ``busy_response``: bytes for plain HTTP, None to just close) in
-    ``__init__`` before ``super().__init__``; call :meth:`close_limits` after
-    ``server_close()``. ``errors`` counts what was refused or cut off (:data:`ERROR_REASONS`)."""
+    Call :meth:`init_limits` in ``__init__`` before ``super().__init__`` (set
+    ``busy_response`` to None where a plain 503 cannot be sent, on a TLS port); call
+    :meth:`close_limits` after ``server_close()``. ``errors`` counts what was refused or
+    cut off (:data:`ERROR_REASONS`)."""
 
     daemon_threads = True
     block_on_close = False
