@@ -223,7 +223,9 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     import tempfile
 
     from oomsight_sidecar.kubemetrics import KubernetesCollector
+    from oomsight_sidecar.listener import ServerErrors
     from oomsight_sidecar.owner import Owner
+    from oomsight_sidecar.server import ServerCollector
     from oomsight_webhook.admission import Admitter
     from oomsight_webhook.certs import make_ca, make_serving
     from oomsight_webhook.injection import InjectionSettings
@@ -234,5 +236,9 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     context = ServerContext(tempfile.mkdtemp())
     context.loaded = make_serving(make_ca("doc-ca", now), ["localhost"], now)
     reconciler = Reconciler(FileCertificates("tls.crt", "tls.key"), context)
-    admitter = Admitter(InjectionSettings(image="x"), 1024)
-    return [KubernetesCollector(None, Owner("Job", "train")), WebhookCollector(admitter, reconciler, None)]
+    admitter = Admitter(InjectionSettings(image="x"))
+    return [
+        KubernetesCollector(None, Owner("Job", "train")),
+        WebhookCollector(admitter, reconciler, None),
+        ServerCollector(ServerErrors()),
+    ]

@@ -10,7 +10,8 @@ import pytest
 
 from oomsight.config import ConfigError
 from oomsight.wire.requests import write_request
-from oomsight_sidecar.admin import AdminApp, AdminSettings
+from oomsight_sidecar.admin import AdminApp, ensure_token
+from oomsight_sidecar.settings import AdminSettings
 
 from spoolmaker import hooked_process
 
@@ -151,3 +152,118 @@ def test_old_unanswered_requests_stop_blocking(spool, monkeypatch):
     with open(path, "w") as fh:
         json.dump(doc, fh)
     assert call(AdminApp(spool, None), "POST", "/admin/profile", "steps=3")[0] == 202
+
+
+def test_an_artifact_that_is_a_symbolic_link_out_of_the_spool_is_not_served(spool, monkeypatch, tmp_path):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"node credentials")
+    os.symlink(secret, os.path.join(spool, "artifacts", "x.oom-00002.pickle"))
+    status, body = call(AdminApp(spool, None), "GET", "/admin/artifacts/x.oom-00002.pickle")
+    assert status == 404 and b"credentials" not in body
+
+
+def test_an_artifacts_folder_that_is_a_symbolic_link_serves_nothing(spool, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "passwd").write_bytes(b"root:x:0:0")
+    os.makedirs(spool)
+    os.symlink(elsewhere, os.path.join(spool, "artifacts"))
+    assert call(AdminApp(spool, None), "GET", "/admin/artifacts/passwd")[0] == 404
+
+
+def test_a_fifo_by_an_artifacts_name_is_refused_without_blocking(spool, monkeypatch):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    os.mkfifo(os.path.join(spool, "artifacts", "x.trace.json"))
+    assert call(AdminApp(spool, None), "GET", "/admin/artifacts/x.trace.json")[0] == 404
+
+
+def test_a_large_artifact_is_streamed_in_chunks_not_read_whole(spool, monkeypatch):
+    import tracemalloc
+
+    hooked_process(spool, monkeypatch=monkeypatch)
+    size = 32 * 1024 * 1024
+    with open(os.path.join(spool, "artifacts", "x.oom-00003.pickle"), "wb") as fh:
+        fh.truncate(size)
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/admin/artifacts/x.oom-00003.pickle", "QUERY_STRING": ""}
+    headers = {}
+    tracemalloc.start()
+    try:
+        body = AdminApp(spool, None)(environ, lambda status, h: headers.update(h))
+        total = largest = 0
+        for chunk in body:
+            total, largest = total + len(chunk), max(largest, len(chunk))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (total, headers["Content-Length"]) == (size, str(size))
+    assert largest <= 64 * 1024 and peak < 2 * 1024 * 1024
+
+
+def test_a_taken_admin_port_turns_only_the_admin_endpoint_off(tmp_path):
+    import socket
+
+    from procs import http_get, sidecar
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "OOMSIGHT_ADMIN_PORT": str(taken.getsockname()[1])}
+        with sidecar(str(tmp_path), env=env) as (proc, port):
+            assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+            assert proc.poll() is None
+
+
+def test_auto_picks_a_free_admin_port_and_logs_it(tmp_path):
+    import re
+
+    from procs import http_get, sidecar
+
+    env = {**os.environ, "OOMSIGHT_ADMIN_PORT": "auto"}
+    with sidecar(str(tmp_path), env=env) as (proc, _):
+        line = proc.stdout.readline()  # logged before the metrics server's line, which came before /healthz
+        admin = re.search(r"admin endpoint on http://127\.0\.0\.1:(\d+)/admin/", line)
+        assert admin and int(admin.group(1)) not in (0, 21401), line
+        assert http_get(f"http://127.0.0.1:{admin.group(1)}/admin/profiles")[0] == 200
+
+
+def test_a_required_token_is_made_private_and_every_request_needs_it(spool, tmp_path):
+    token_file = str(tmp_path / ".admin-token")
+    env = {"OOMSIGHT_ADMIN_REQUIRE_TOKEN": "1", "OOMSIGHT_ADMIN_TOKEN_FILE": token_file}
+    settings = ensure_token(AdminSettings.from_env(env))
+    assert settings.token and os.stat(token_file).st_mode & 0o777 == 0o600
+    with open(token_file) as fh:
+        assert fh.read().strip() == settings.token
+    assert ensure_token(AdminSettings.from_env(env)).token == settings.token  # a restart keeps it
+    os.makedirs(spool)
+    app = AdminApp(spool, settings.token)
+    assert call(app, "GET", "/admin/profiles")[0] == 401
+    assert call(app, "GET", "/admin/profiles", token=settings.token)[0] == 200
+    with pytest.raises(ConfigError, match="OOMSIGHT_ADMIN_REQUIRE_TOKEN=1 needs"):
+        AdminSettings.from_env({"OOMSIGHT_ADMIN_REQUIRE_TOKEN": "1"})
+
+
+def test_a_download_slower_than_the_request_deadline_is_not_cut_off(spool, monkeypatch):
+    import http.client
+    import time
+
+    from oomsight_sidecar.listener import ServerLimits
+    from oomsight_sidecar.server import serve, stop
+
+    hooked_process(spool, monkeypatch=monkeypatch)
+    size = 32 * 1024 * 1024
+    with open(os.path.join(spool, "artifacts", "x.oom-00004.pickle"), "wb") as fh:
+        fh.truncate(size)
+    limits = ServerLimits(idle_timeout_seconds=5, request_timeout_seconds=0.5)
+    server = serve(AdminApp(spool, None), "127.0.0.1", 0, limits)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=10)
+        conn.request("GET", "/admin/artifacts/x.oom-00004.pickle")
+        resp = conn.getresponse()
+        start, got = time.monotonic(), 0
+        while chunk := resp.read(256 * 1024):
+            got += len(chunk)
+            time.sleep(0.02)  # a slow client: 128 reads take longer than the deadline
+        assert time.monotonic() - start > 1.0 and got == size
+    finally:
+        stop(server)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oomsight_webhook.admission import Admitter, BadRequest, parse_review
+from oomsight_webhook.admission import Admitter, BadRequest, ReviewLimits, parse_review
 from oomsight_webhook.injection import InjectionSettings
 
 from kubetools import apply, fixture, validate
@@ -18,7 +18,7 @@ JSON = "application/json"
 
 
 def admitter():
-    return Admitter(InjectionSettings(image="ghcr.io/oomsight/oomsight:0.1.0"), LIMIT)
+    return Admitter(InjectionSettings(image="ghcr.io/oomsight/oomsight:0.1.0"), ReviewLimits(max_body_bytes=LIMIT))
 
 
 def review(obj, operation="CREATE", kind="Pod", resource="pods", api_version="admission.k8s.io/v1", **extra):

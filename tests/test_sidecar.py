@@ -38,7 +38,7 @@ def test_a_bad_setting_fails_at_start_with_a_clear_message(tmp_path):
         timeout=30,
     )
     assert result.returncode == 2
-    assert "OOMSIGHT_RETENTION_SECONDS='forever' is not a valid float" in result.stderr
+    assert "OOMSIGHT_RETENTION_SECONDS='forever' is not a number of seconds" in result.stderr
 
 
 def test_openmetrics_is_served_when_asked_for(tmp_path, monkeypatch):

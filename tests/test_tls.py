@@ -3,6 +3,7 @@ the webhook configuration's caBundle; renewal, replica races and upgrades that w
 
 import base64
 import datetime
+import os
 import socket
 import ssl
 import threading
@@ -200,3 +201,20 @@ def test_a_failing_certificate_source_is_counted_logged_once_and_the_old_certifi
     assert reconciler.failures == 3 and context.loaded == loaded
     assert sum("certificate not refreshed" in r.getMessage() for r in caplog.records) == 1
     assert reconciler.reconcile() is True  # the API is back
+
+
+def test_the_private_key_is_created_0600_and_never_depends_on_a_later_chmod(tmp_path, monkeypatch):
+    import oomsight_webhook.tls as tls
+
+    calls = []
+    monkeypatch.setattr(tls.os, "chmod", lambda *args, **kw: calls.append(args))  # as if a crash came before it
+    monkeypatch.setattr(tls.os, "fchmod", lambda *args, **kw: calls.append(args), raising=False)
+    old = os.umask(0o022)
+    try:
+        ctx = ServerContext(str(tmp_path / "certs"))
+        ctx.load(make_serving(make_ca("test-ca", NOW), ["svc"], datetime.datetime.now(datetime.timezone.utc)))
+    finally:
+        os.umask(old)
+    key = tmp_path / "certs" / "tls.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert [p for p in os.listdir(tmp_path / "certs") if "tmp" in p] == []

@@ -360,3 +360,80 @@ def test_any_pod_shaped_object_gets_a_patch_that_applies_and_a_second_pass_adds_
     assert pod == original  # the input is never modified
     patched = apply(pod, m.patch)
     assert mutate(patched, s).patch == []
+
+
+@pytest.mark.parametrize(
+    "key", ["oomsight.io/metrics-port", "oomsight.io/profile-every-seconds", "oomsight.io/profile-steps"]
+)
+@pytest.mark.parametrize("value", ["²", "①", "\u0661\u0662", "9" * 4301, "+7", "1_0"])
+def test_numbers_that_are_not_ascii_digits_are_ignored_with_a_warning_and_the_pod_still_injected(key, value):
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {key: value}
+    patched, m = inject(pod)
+    validate(patched)
+    sidecar = by_name(patched["spec"]["initContainers"], SIDECAR_NAME)
+    assert sidecar["ports"][0]["containerPort"] == 21400
+    assert "OOMSIGHT_PROFILE_STEPS" not in env_of(patched["spec"]["containers"][0])
+    assert [w for w in m.warnings if w.startswith(f"oomsight: ignored {key}=")] != []
+    assert all(len(w) < 300 for w in m.warnings)
+
+
+def test_a_metrics_port_annotation_on_the_admin_port_is_ignored_with_a_warning():
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/metrics-port": "21401"}
+    patched, m = inject(pod)
+    sidecar = by_name(patched["spec"]["initContainers"], SIDECAR_NAME)
+    assert sidecar["ports"][0]["containerPort"] == 21400
+    assert env_of(sidecar)["OOMSIGHT_SIDECAR_PORT"] == "21400"
+    assert any("ignored oomsight.io/metrics-port=21401" in w for w in m.warnings)
+
+
+def test_ports_the_pod_uses_move_the_metrics_port_and_switch_the_admin_endpoint_off():
+    pod = fixture("cpu-pod.yaml")
+    pod["spec"]["containers"][0]["ports"] = [
+        {"containerPort": 21400, "protocol": "TCP"},
+        {"containerPort": 21401, "protocol": "TCP"},
+        {"containerPort": 21402, "protocol": "TCP"},
+    ]
+    patched, m = inject(pod)
+    validate(patched)
+    sidecar = by_name(patched["spec"]["initContainers"], SIDECAR_NAME)
+    env = env_of(sidecar)
+    assert sidecar["ports"][0]["containerPort"] == 21403 and env["OOMSIGHT_SIDECAR_PORT"] == "21403"
+    assert patched["metadata"]["annotations"]["prometheus.io/port"] == "21403"
+    assert env["OOMSIGHT_ADMIN_PORT"] == "0"
+    assert sum("the pod uses port" in w for w in m.warnings) == 2
+
+
+def test_an_annotated_metrics_port_the_pod_uses_falls_back_to_the_default():
+    pod = fixture("cpu-pod.yaml")
+    pod["spec"]["containers"][0]["ports"] = [{"containerPort": 8080}]
+    pod["metadata"]["annotations"] = {"oomsight.io/metrics-port": "8080"}
+    patched, m = inject(pod)
+    assert by_name(patched["spec"]["initContainers"], SIDECAR_NAME)["ports"][0]["containerPort"] == 21400
+    assert any("ignored oomsight.io/metrics-port=8080" in w for w in m.warnings)
+    assert "OOMSIGHT_ADMIN_PORT" not in env_of(by_name(patched["spec"]["initContainers"], SIDECAR_NAME))
+
+
+def test_a_host_network_pod_gets_an_auto_admin_port_and_a_required_token():
+    pod = fixture("job-pod.yaml")
+    pod["spec"]["hostNetwork"] = True
+    patched, _ = inject(pod)
+    validate(patched)
+    sidecar = by_name(patched["spec"].get("initContainers", []) + patched["spec"]["containers"], SIDECAR_NAME)
+    env = env_of(sidecar)
+    assert env["OOMSIGHT_ADMIN_PORT"] == "auto" and env["OOMSIGHT_ADMIN_REQUIRE_TOKEN"] == "1"
+    assert env["OOMSIGHT_ADMIN_TOKEN_FILE"].startswith(SPOOL_PATH + "/")
+
+
+def test_the_cluster_admin_port_is_set_in_the_sidecar_and_kept_off_the_metrics_port():
+    settings = InjectionSettings.from_env({"OOMSIGHT_INJECT_IMAGE": "i", "OOMSIGHT_INJECT_ADMIN_PORT": "21500"})
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/metrics-port": "21500"}
+    patched, m = inject(pod, settings)
+    sidecar = by_name(patched["spec"]["initContainers"], SIDECAR_NAME)
+    assert env_of(sidecar)["OOMSIGHT_ADMIN_PORT"] == "21500" and sidecar["ports"][0]["containerPort"] == 21400
+    assert any("ignored oomsight.io/metrics-port=21500" in w for w in m.warnings)
+    off = InjectionSettings.from_env({"OOMSIGHT_INJECT_IMAGE": "i", "OOMSIGHT_INJECT_ADMIN_PORT": "0"})
+    patched, _ = inject(fixture("cpu-pod.yaml"), off)
+    assert env_of(by_name(patched["spec"]["initContainers"], SIDECAR_NAME))["OOMSIGHT_ADMIN_PORT"] == "0"

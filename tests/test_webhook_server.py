@@ -9,6 +9,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 
 import pytest
 
@@ -193,3 +194,71 @@ def _sample(webhook, series):
     _, body = http_get(f"http://127.0.0.1:{webhook.metrics_port}/metrics")
     line = next(line for line in body.splitlines() if line.startswith(series + " "))
     return float(line.split()[-1])
+
+
+def test_four_concurrent_huge_reviews_over_https_are_admitted_unchanged_within_a_small_peak(webhook):
+    from test_webhook_limits import concurrently, pod_with, review_of, skipped_response
+
+    body = review_of(pod_with(20_000))  # 1.3 MiB: over max_review_bytes, under max_body_bytes
+    before = _sample(webhook, 'oomsight_webhook_admissions_total{result="skipped"}')
+    statuses, peak = concurrently(4, lambda: webhook.post(body))
+    assert len(statuses) == 4 and all(skipped_response(status, text) for status, text in statuses)
+    assert peak < 24 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB (client and server together)"
+    assert _sample(webhook, 'oomsight_webhook_admissions_total{result="skipped"}') == before + 4
+
+
+@pytest.fixture
+def strict_webhook(tmp_path):
+    import dataclasses
+
+    from oomsight_sidecar.listener import ServerLimits
+
+    hook = Webhook(tmp_path)
+    limits = ServerLimits(max_connections=2, idle_timeout_seconds=5, request_timeout_seconds=1)
+    hook.settings = dataclasses.replace(hook.settings, limits=limits)
+    stop = threading.Event()
+    source = FileCertificates(hook.settings.cert_file, hook.settings.key_file)
+    thread = threading.Thread(target=run, args=(hook.settings, INJECTION, source, stop), daemon=True)
+    thread.start()
+    wait_for(lambda: http_get(f"http://127.0.0.1:{hook.metrics_port}/metrics")[0] == 200)
+    yield hook
+    stop.set()
+    thread.join(10)
+
+
+def test_a_trickled_body_is_cut_off_at_the_read_deadline(strict_webhook):
+    sock = strict_webhook.client_context.wrap_socket(
+        socket.create_connection(("localhost", strict_webhook.port)), server_hostname="localhost"
+    )
+    sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+    sock.settimeout(0.3)
+    start, cut = time.monotonic(), False
+    while time.monotonic() - start < 8 and not cut:
+        try:
+            sock.send(b" ")
+            cut = sock.recv(100) == b""
+        except TimeoutError:
+            continue
+        except (OSError, ssl.SSLError):
+            cut = True
+    sock.close()
+    assert cut and time.monotonic() - start < 4
+    wait_for(lambda: _sample(strict_webhook, 'oomsight_webhook_errors_total{component="deadline"}') >= 1)
+
+
+def test_connections_over_the_webhook_cap_are_closed_and_reviews_go_on_after(strict_webhook):
+    held = [socket.create_connection(("127.0.0.1", strict_webhook.port)) for _ in range(2)]
+    time.sleep(0.3)
+    extra = socket.create_connection(("127.0.0.1", strict_webhook.port), timeout=5)
+    assert closed_by_peer(extra)
+    for s in held:
+        s.close()
+    wait_for(lambda: _sample(strict_webhook, 'oomsight_webhook_errors_total{component="over_capacity"}') == 1)
+    admitted(strict_webhook, fixture("cpu-pod.yaml"))
+
+
+def closed_by_peer(sock):
+    try:
+        return sock.recv(10) == b""
+    except ConnectionResetError:
+        return True

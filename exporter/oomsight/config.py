@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 ENV_DIR = "OOMSIGHT_DIR"
 ENV_DISABLED = "OOMSIGHT_DISABLED"
@@ -55,8 +56,6 @@ ALL_ENV_VARS = (
 )
 
 HISTORY_MODES = ("all", "state")
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
 
 T = TypeVar("T")
 
@@ -151,23 +150,25 @@ class Settings:
         d = cls()
         settings = cls(
             spool_dir=env.get(ENV_DIR) or d.spool_dir,
-            disabled=_read(env, ENV_DISABLED, _bool, d.disabled),
-            sample_interval_seconds=_read(env, ENV_SAMPLE_INTERVAL, _seconds, d.sample_interval_seconds),
-            publish_interval_seconds=_read(env, ENV_PUBLISH_INTERVAL, _seconds, d.publish_interval_seconds),
-            window_seconds=_read(env, ENV_WINDOW, _seconds, d.window_seconds),
-            nvml=_read(env, ENV_NVML, _bool, d.nvml),
-            step_hook=_read(env, ENV_STEP_HOOK, _bool, d.step_hook),
-            step_peaks=_read(env, ENV_STEP_PEAKS, _bool, d.step_peaks),
-            categories_interval_seconds=_read(env, ENV_CATEGORIES_INTERVAL, _seconds, d.categories_interval_seconds),
-            oom_observer=_read(env, ENV_OOM_OBSERVER, _bool, d.oom_observer),
-            record_history=_read(env, ENV_RECORD_HISTORY, _bool, d.record_history),
-            history_max_entries=_read(env, ENV_HISTORY_MAX_ENTRIES, _count, d.history_max_entries),
+            disabled=_read(env, ENV_DISABLED, parse_bool, d.disabled),
+            sample_interval_seconds=_read(env, ENV_SAMPLE_INTERVAL, parse_seconds, d.sample_interval_seconds),
+            publish_interval_seconds=_read(env, ENV_PUBLISH_INTERVAL, parse_seconds, d.publish_interval_seconds),
+            window_seconds=_read(env, ENV_WINDOW, parse_seconds, d.window_seconds),
+            nvml=_read(env, ENV_NVML, parse_bool, d.nvml),
+            step_hook=_read(env, ENV_STEP_HOOK, parse_bool, d.step_hook),
+            step_peaks=_read(env, ENV_STEP_PEAKS, parse_bool, d.step_peaks),
+            categories_interval_seconds=_read(
+                env, ENV_CATEGORIES_INTERVAL, parse_seconds, d.categories_interval_seconds
+            ),
+            oom_observer=_read(env, ENV_OOM_OBSERVER, parse_bool, d.oom_observer),
+            record_history=_read(env, ENV_RECORD_HISTORY, parse_bool, d.record_history),
+            history_max_entries=_read(env, ENV_HISTORY_MAX_ENTRIES, parse_count, d.history_max_entries),
             history_mode=_read(env, ENV_HISTORY_MODE, _choice(HISTORY_MODES), d.history_mode),
             profile_every_seconds=_read(env, ENV_PROFILE_EVERY, _seconds_or_off, d.profile_every_seconds),
-            profile_steps=_read(env, ENV_PROFILE_STEPS, _count, d.profile_steps),
-            profile_scheduled_cuda_time=_read(env, ENV_PROFILE_CUDA_TIME, _bool, d.profile_scheduled_cuda_time),
-            artifacts_max_bytes=_read(env, ENV_ARTIFACTS_MAX_BYTES, _count, d.artifacts_max_bytes),
-            max_oom_events=_read(env, ENV_MAX_OOM_EVENTS, _count, d.max_oom_events),
+            profile_steps=_read(env, ENV_PROFILE_STEPS, parse_count, d.profile_steps),
+            profile_scheduled_cuda_time=_read(env, ENV_PROFILE_CUDA_TIME, parse_bool, d.profile_scheduled_cuda_time),
+            artifacts_max_bytes=_read(env, ENV_ARTIFACTS_MAX_BYTES, parse_count, d.artifacts_max_bytes),
+            max_oom_events=_read(env, ENV_MAX_OOM_EVENTS, parse_count, d.max_oom_events),
             termination_message_path=env.get(ENV_TERMINATION_MESSAGE_PATH, d.termination_message_path),
         )
         settings.validate()
@@ -205,25 +206,6 @@ def _read(env: Mapping[str, str], name: str, parse: Callable[[str, str], T], def
     return parse(name, raw.strip())
 
 
-def _bool(name: str, raw: str) -> bool:
-    low = raw.lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0")
-
-
-def _seconds(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not 0.001 <= value <= 86_400:
-        raise ConfigError(f"{name}={raw!r} must be between 0.001 and 86400 seconds")
-    return value
-
-
 def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         if raw not in choices:
@@ -234,14 +216,79 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
 
 
 def _seconds_or_off(name: str, raw: str) -> float:
-    return 0.0 if raw in ("0", "0.0", "") else _seconds(name, raw)
+    return 0.0 if raw in ("0", "0.0", "") else parse_seconds(name, raw)
 
 
-def _count(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-    if value < 1:
-        raise ConfigError(f"{name}={raw!r} must be at least 1")
+# The one parser of settings (docs/configuration.md, "Values"): every component's
+# ``from_env`` reads booleans, durations, counts and ports through these functions, so
+# ``OOMSIGHT_X=yes`` means the same everywhere and a bad value names its variable.
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+DEFAULT_METRICS_PORT = 21400
+"""The sidecar's (and ``oomsight run``'s) metrics port, outside the 9100-9999 exporter range."""
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+_DECIMAL = re.compile(r"[+-]?([0-9]{1,18}(\.[0-9]{0,18})?|\.[0-9]{1,18})([eE][+-]?[0-9]{1,3})?")
+
+
+def ascii_int(raw: str) -> Optional[int]:
+    """A whole number written in ASCII digits (at most 18), else None.
+
+    ``str.isdigit()`` and ``int()`` accept ``²``, ``①`` or Arabic-Indic digits and
+    thousands of digits; settings and annotations accept only what a person types."""
+    return int(raw) if _INTEGER.fullmatch(raw) else None
+
+
+def ascii_bool(raw: str) -> Optional[bool]:
+    """``1/true/yes/on`` -> True, ``0/false/no/off`` -> False (any case), else None."""
+    low = raw.strip().lower()
+    return True if low in TRUE_WORDS else False if low in FALSE_WORDS else None
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    """A boolean setting; the empty string is false (``OOMSIGHT_X=`` switches X off)."""
+    value = ascii_bool(raw) if raw.strip() else False
+    if value is None:
+        raise ConfigError(f"{name}={raw!r} is not a boolean; use 1 or 0")
     return value
+
+
+def parse_seconds(name: str, raw: str, minimum: float = 0.001, maximum: float = 86_400.0) -> float:
+    """A duration in seconds (a decimal number) between ``minimum`` and ``maximum``."""
+    if not _DECIMAL.fullmatch(raw.strip()):
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds")
+    value = float(raw)
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name}={raw!r} must be between {minimum:g} and {maximum:g} seconds")
+    return value
+
+
+def parse_count(name: str, raw: str, minimum: int = 1, maximum: Optional[int] = None) -> int:
+    """A whole number (ASCII digits) of at least ``minimum`` and at most ``maximum``."""
+    value = ascii_int(raw.strip())
+    if value is None:
+        raise ConfigError(f"{name}={raw!r} is not a whole number")
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name}={raw!r} must be at most {maximum}")
+    return value
+
+
+def parse_port(name: str, raw: str) -> int:
+    """A TCP port, 0 to 65535 (0: off, or "let the system pick", as the setting says)."""
+    value = ascii_int(raw.strip())
+    if value is None or not 0 <= value <= 65535:
+        raise ConfigError(f"{name}={raw!r} is not a TCP port (0 to 65535)")
+    return value
+
+
+def env_setting(env: Mapping[str, str], name: str, parse: Callable[[str, str], T], default: T) -> T:
+    """``parse(name, value)`` of ``env[name]``; ``default`` when it is unset or blank.
+
+    ``parse`` is one of the ``parse_*`` functions (or a ``functools.partial`` of one with
+    its limits); it raises :class:`ConfigError` naming ``name``."""
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    return parse(name, raw.strip())

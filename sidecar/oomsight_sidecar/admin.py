@@ -3,76 +3,37 @@ artifacts (memory snapshots, profiler tables and traces).
 
 Bound to 127.0.0.1 by default — reach it with ``kubectl port-forward pod/<pod> 21401``.
 Listening on any other address requires a bearer token (``OOMSIGHT_ADMIN_TOKEN`` or
-``OOMSIGHT_ADMIN_TOKEN_FILE``); with a token set, every request must carry it.
+``OOMSIGHT_ADMIN_TOKEN_FILE``); with a token set, every request must carry it. In a
+``hostNetwork`` pod (loopback is the node's) the webhook sets
+``OOMSIGHT_ADMIN_REQUIRE_TOKEN=1`` and ``OOMSIGHT_ADMIN_PORT=auto``: a token is made and
+written to the token file, and the port picked is logged (docs/profiling.md).
+
+Artifacts are served only as regular files directly in the spool's ``artifacts``
+folder, never through a symbolic link, and streamed in 64 KiB chunks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
-import ipaddress
 import json
 import os
 import re
+import secrets
+import stat
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional
 
 from oomsight.analysis.profile_plan import submit
 from oomsight.config import ConfigError
 from oomsight.wire.spool import ARTIFACTS, SpoolReader
+from oomsight_sidecar.settings import ENV_ADMIN_TOKEN_FILE, AdminSettings
 
-ENV_ADMIN_HOST = "OOMSIGHT_ADMIN_HOST"
-ENV_ADMIN_PORT = "OOMSIGHT_ADMIN_PORT"
-ENV_ADMIN_TOKEN = "OOMSIGHT_ADMIN_TOKEN"
-ENV_ADMIN_TOKEN_FILE = "OOMSIGHT_ADMIN_TOKEN_FILE"
-DEFAULT_ADMIN_PORT = 21401
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+CHUNK_BYTES = 64 * 1024
 StartResponse = Callable[..., Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class AdminSettings:
-    host: str = "127.0.0.1"
-    """Listen address; anything but loopback needs a token."""
-    port: int = DEFAULT_ADMIN_PORT
-    """Admin port; 0 turns the endpoint off."""
-    token: Optional[str] = None
-    """Bearer token every request must carry (required when not on loopback)."""
-
-    @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> AdminSettings:
-        e = os.environ if env is None else env
-        token = e.get(ENV_ADMIN_TOKEN) or None
-        if not token and e.get(ENV_ADMIN_TOKEN_FILE):
-            try:
-                with open(e[ENV_ADMIN_TOKEN_FILE], encoding="utf-8") as fh:
-                    token = fh.read().strip() or None
-            except OSError as exc:
-                raise ConfigError(f"{ENV_ADMIN_TOKEN_FILE}: cannot read the token file ({exc})") from None
-        try:
-            port = int(e.get(ENV_ADMIN_PORT, DEFAULT_ADMIN_PORT))
-        except ValueError:
-            raise ConfigError(f"{ENV_ADMIN_PORT}={e.get(ENV_ADMIN_PORT)!r} is not a port number") from None
-        settings = cls(host=e.get(ENV_ADMIN_HOST) or "127.0.0.1", port=port, token=token)
-        settings.validate()
-        return settings
-
-    def validate(self) -> None:
-        if self.port and not _loopback(self.host) and not self.token:
-            raise ConfigError(
-                f"the admin endpoint would listen on {self.host} without a token: set {ENV_ADMIN_TOKEN} "
-                f"(or {ENV_ADMIN_TOKEN_FILE}), or keep {ENV_ADMIN_HOST}=127.0.0.1 and use kubectl port-forward"
-            )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class AdminApp:
@@ -112,21 +73,67 @@ class AdminApp:
     def _artifact(self, name: str, start_response: StartResponse) -> Iterable[bytes]:
         if not _NAME.match(name):
             return _json(start_response, 400, {"error": "bad artifact name"})
-        path = os.path.join(self.spool_dir, ARTIFACTS, name)
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError:
+        fd = open_artifact(self.spool_dir, name)
+        if fd is None:
             return _json(start_response, 404, {"error": f"no artifact {name}"})
+        size = os.fstat(fd).st_size
         start_response(
             "200 OK",
             [
                 ("Content-Type", "application/octet-stream"),
-                ("Content-Length", str(len(data))),
+                ("Content-Length", str(size)),
                 ("Content-Disposition", f'attachment; filename="{name}"'),
             ],
         )
-        return [data]
+        return _chunks(fd, size)
+
+
+def open_artifact(spool_dir: str, name: str) -> Optional[int]:
+    """A read-only descriptor of the regular file ``name`` directly in the spool's artifacts
+    folder, or None: no symbolic link is followed (``O_NOFOLLOW``), and the folder itself
+    must resolve to the spool's own ``artifacts`` (a link there to elsewhere is refused)."""
+    folder = os.path.join(spool_dir, ARTIFACTS)
+    if os.path.realpath(folder) != os.path.join(os.path.realpath(spool_dir), ARTIFACTS):
+        return None
+    try:
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # missing, a symbolic link (ELOOP), or unreadable
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)  # a FIFO, device or folder by that name
+        return None
+    return fd
+
+
+def _chunks(fd: int, size: int) -> Iterator[bytes]:
+    """At most ``size`` bytes of ``fd`` in chunks of ``CHUNK_BYTES``; closes ``fd``."""
+    try:
+        left = size
+        while left > 0:
+            data = os.read(fd, min(CHUNK_BYTES, left))
+            if not data:
+                return  # the file shrank; the client sees a short body
+            left -= len(data)
+            yield data
+    finally:
+        os.close(fd)
+
+
+def ensure_token(settings: AdminSettings) -> AdminSettings:
+    """With ``require_token`` and no token yet: make one and write it to ``token_file`` (0600)."""
+    if settings.token or not settings.require_token or not settings.port:
+        return settings
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(settings.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST:
+            raise ConfigError(f"{ENV_ADMIN_TOKEN_FILE}: cannot write {settings.token_file} ({exc})") from None
+        with open(settings.token_file, encoding="utf-8") as fh:  # made in the meantime (a restart)
+            return dataclasses.replace(settings, token=fh.read().strip() or None)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(token + "\n")
+    return dataclasses.replace(settings, token=token)
 
 
 _REASONS = {

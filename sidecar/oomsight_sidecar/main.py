@@ -6,23 +6,28 @@ import logging
 import signal
 import threading
 from typing import Any, Callable, Optional
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry
 
 from oomsight.config import ConfigError
 from oomsight.metrics.collector import SpoolCollector
-from oomsight_sidecar.admin import AdminApp, AdminSettings
+from oomsight_sidecar.admin import AdminApp, ensure_token
 from oomsight_sidecar.events import EventPoster
 from oomsight_sidecar.kube import KubeApi, KubeClient
 from oomsight_sidecar.kubemetrics import KubernetesCollector
+from oomsight_sidecar.listener import ServerErrors
 from oomsight_sidecar.owner import pod_owner
-from oomsight_sidecar.server import MetricsApp, serve
-from oomsight_sidecar.settings import KubernetesSettings, SidecarSettings
+from oomsight_sidecar.server import CollectWatch, MetricsApp, ServerCollector, serve
+from oomsight_sidecar.server import stop as stop_server
+from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 
 logger = logging.getLogger(__name__)
 
 
-def build_app(settings: SidecarSettings, kube: Optional[KubernetesCollector] = None) -> MetricsApp:
+def build_app(
+    settings: SidecarSettings, kube: Optional[KubernetesCollector] = None, errors: Optional[ServerErrors] = None
+) -> MetricsApp:
     collector = SpoolCollector(
         settings.spool_dir,
         retention_seconds=settings.retention_seconds,
@@ -32,7 +37,9 @@ def build_app(settings: SidecarSettings, kube: Optional[KubernetesCollector] = N
     registry.register(collector)
     if kube is not None:
         registry.register(kube)
-    return MetricsApp(collector, registry)
+    if errors is not None:
+        registry.register(ServerCollector(errors))
+    return MetricsApp(collector, registry, CollectWatch(settings.hung_after_seconds))
 
 
 def build_poster(
@@ -59,21 +66,18 @@ def run(
     kube = kube or KubernetesSettings()
     poster = build_poster(settings, kube, client_factory)
     collector = KubernetesCollector(poster, pod_owner(kube)) if kube.pod_name else None
-    app = build_app(settings, collector)
-    server = serve(app, settings.host, settings.port)
-    admin_server = None
-    if admin is not None and admin.port:
-        admin_server = serve(AdminApp(settings.spool_dir, admin.token), admin.host, admin.port)
-        logger.info("oomsight sidecar: admin endpoint on http://%s:%d/admin/", admin.host, admin_server.server_port)
-    logger.info(
-        "oomsight sidecar: serving %s on http://%s:%d/metrics", settings.spool_dir, settings.host, server.server_port
-    )
+    errors = ServerErrors()
+    app = build_app(settings, collector, errors)
+    server = serve(app, settings.host, settings.port, settings.limits, errors)
+    admin_server = serve_admin(settings, admin, errors) if admin is not None else None
+    logger.info("oomsight sidecar: serving %s on http://%s/metrics", settings.spool_dir, _hostport(server))
     if not app.check_ready():
         logger.warning(
             "oomsight sidecar: spool %s not readable yet; /readyz answers 503 until it is", settings.spool_dir
         )
     loop = _start_event_loop(poster, kube.events_interval_seconds, stop)
-    stop.wait()
+    while not stop.wait(0.5):
+        pass  # a timed wait: a SIGTERM the kernel hands to another thread is seen here within 0.5 s
     if loop is not None and poster is not None:
         loop.join(timeout=10)
         poster.tick()  # post what the last moments of training left behind before the pod goes
@@ -82,9 +86,30 @@ def run(
         threading.Event().wait(settings.drain_seconds)
     for srv in (server, admin_server):
         if srv is not None:
-            srv.shutdown()
-            srv.server_close()
+            stop_server(srv)
     return 0
+
+
+def serve_admin(settings: SidecarSettings, admin: AdminSettings, errors: ServerErrors) -> Optional[WSGIServer]:
+    """The admin endpoint, or None when it is off or its port is taken: the metrics go on
+    without it (a second ``hostNetwork`` pod on a node must not crash over port 21401)."""
+    if admin.port == 0:
+        return None
+    try:
+        admin = ensure_token(admin)
+        app = AdminApp(settings.spool_dir, admin.token)
+        server = serve(app, admin.host, admin.port or 0, settings.limits, errors)
+    except (OSError, ConfigError) as exc:
+        logger.warning("oomsight sidecar: admin endpoint off: cannot listen on %s:%s (%s)", admin.host, admin.port, exc)
+        return None
+    where = f" (token in {admin.token_file})" if admin.require_token and admin.token_file else ""
+    logger.info("oomsight sidecar: admin endpoint on http://%s/admin/%s", _hostport(server), where)
+    return server
+
+
+def _hostport(server: WSGIServer) -> str:
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _start_event_loop(

@@ -1,43 +1,91 @@
 """HTTP endpoints of the sidecar: ``/metrics``, ``/healthz``, ``/readyz`` and a landing page.
 
 ``/metrics`` is prometheus_client's own WSGI app (content negotiation, OpenMetrics,
-gzip); the other paths are a few lines of WSGI around it.
+gzip); the other paths are a few lines of WSGI around it. ``HEAD`` is answered on
+every path with the headers ``GET`` would have.
+
+Probes follow what ``/metrics`` can do (docs/kubernetes.md, "Probes"):
+
+* ``/readyz`` is 503 until the spool was read once, while the last collect raised,
+  and while a collect has been running longer than ``hung_after_seconds``;
+* ``/healthz`` is 500 while a collect has been running longer than
+  ``hung_after_seconds`` (a reader stuck on a hung filesystem): the kubelet restarts
+  the sidecar instead of Prometheus timing out on it forever.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
-from collections.abc import Iterable
-from socketserver import ThreadingMixIn
-from typing import Any, Callable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable, Optional
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from oomsight.metrics.collector import SpoolCollector
+from oomsight_sidecar.listener import BoundedServer, CappedReader, ServerErrors, ServerLimits, address_family
+
+logger = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 LANDING = b"""<html><head><title>oomsight sidecar</title></head><body>
 <h1>oomsight sidecar</h1><p><a href="/metrics">/metrics</a> | <a href="/healthz">/healthz</a> |
 <a href="/readyz">/readyz</a></p></body></html>"""
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class CollectWatch:
+    """Which collects are running since when, and whether the last one raised."""
 
+    def __init__(self, hung_after_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.hung_after_seconds = hung_after_seconds
+        self.clock = clock
+        self.last_error: Optional[str] = None
+        self._running: dict[int, float] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per scrape is noise; errors surface as metrics
+    def run(self, collect: Callable[[], Any]) -> Any:
+        """``collect()``, timed; its exception is recorded and raised again."""
+        with self._lock:
+            key = next(self._ids)
+            self._running[key] = self.clock()
+        try:
+            result = collect()
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        else:
+            self.last_error = None
+            return result
+        finally:
+            with self._lock:
+                del self._running[key]
+
+    def hung_seconds(self) -> float:
+        """How long the oldest running collect has run, when over the limit; else 0."""
+        with self._lock:
+            oldest = min(self._running.values(), default=None)
+        age = 0.0 if oldest is None else self.clock() - oldest
+        return age if age > self.hung_after_seconds else 0.0
 
 
 class MetricsApp:
     """The WSGI application. Ready once the spool has been read successfully."""
 
-    def __init__(self, collector: SpoolCollector, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, collector: SpoolCollector, registry: CollectorRegistry, watch: Optional[CollectWatch] = None
+    ) -> None:
         self.collector = collector
+        self.registry = registry
         self.metrics = make_wsgi_app(registry)
+        self.watch = watch or CollectWatch(hung_after_seconds=20.0)
         self.ready = threading.Event()
 
     def check_ready(self) -> bool:
@@ -46,36 +94,141 @@ class MetricsApp:
         return self.ready.is_set()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            return head(self._route, environ, start_response)
+        return self._route(environ, start_response)
+
+    def _route(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            result: Iterable[bytes] = self.metrics(environ, start_response)
-            if self.collector.last_inventory is not None and self.collector.last_inventory.readable:
-                self.ready.set()
-            return result
+            return self._metrics(environ, start_response)
         if path == "/healthz":
-            return _text(start_response, "200 OK", b"ok\n")
+            hung = self.watch.hung_seconds()
+            if hung:
+                return _text(start_response, "500 Internal Server Error", f"a collect is hung for {hung:.0f} s\n")
+            return _text(start_response, "200 OK", "ok\n")
         if path == "/readyz":
-            if self.check_ready():
-                return _text(start_response, "200 OK", b"ready\n")
-            return _text(start_response, "503 Service Unavailable", b"spool not readable yet\n")
+            reason = self._not_ready_reason()
+            if reason:
+                return _text(start_response, "503 Service Unavailable", reason + "\n")
+            return _text(start_response, "200 OK", "ready\n")
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [LANDING]
-        return _text(start_response, "404 Not Found", b"not found\n")
+        return _text(start_response, "404 Not Found", "not found\n")
+
+    def _metrics(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        try:
+            result: Iterable[bytes] = self.watch.run(lambda: self.metrics(environ, start_response))
+        except Exception:
+            logger.exception("oomsight sidecar: collecting metrics failed; /readyz answers 503 until one succeeds")
+            raise
+        if self.collector.last_inventory is not None and self.collector.last_inventory.readable:
+            self.ready.set()
+        return result
+
+    def _not_ready_reason(self) -> str:
+        hung = self.watch.hung_seconds()
+        if hung:
+            return f"a collect is running for {hung:.0f} s"
+        if not self.check_ready():
+            return "spool not readable yet"
+        if self.watch.last_error is not None:
+            try:  # collect once more here: the probe must see a recovery without waiting for a scrape
+                self.watch.run(lambda: list(self.registry.collect()))
+            except Exception:
+                return f"the last collect failed: {self.watch.last_error}"
+        return ""
 
 
-def _text(start_response: StartResponse, status: str, body: bytes) -> list[bytes]:
+def head(app: WsgiApp, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+    """``HEAD``: the answer ``GET`` would get, with its length, without its body."""
+    seen: dict[str, Any] = {}
+
+    def keep(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+        seen["status"], seen["headers"] = status, headers
+        return lambda _data: None
+
+    body = b"".join(app({**environ, "REQUEST_METHOD": "GET"}, keep))
+    headers = [(k, v) for k, v in seen["headers"] if k.lower() != "content-length"]
+    start_response(seen["status"], [*headers, ("Content-Length", str(len(body)))])
+    return []
+
+
+def _text(start_response: StartResponse, status: str, text: str) -> list[bytes]:
+    body = text.encode()
     start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
     return [body]
 
 
-def serve(app: Callable[..., Iterable[bytes]], host: str, port: int) -> WSGIServer:
-    """Bind and serve in a daemon thread; the caller calls ``shutdown()``."""
-    return serve_wsgi(app, host, port)
+class ServerCollector(Collector):
+    """``oomsight_sidecar_http_errors_total``: what the sidecar's servers refused or cut off."""
+
+    def __init__(self, errors: ServerErrors) -> None:
+        self.errors = errors
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "oomsight_sidecar_http_errors",
+            "Connections the sidecar's metrics and admin servers refused or cut off, by reason: request "
+            "(broken, timed out or too large), over_capacity, out_of_descriptors, deadline.",
+            labels=["reason"],
+        )
+        for reason, n in self.errors.counts().items():
+            family.add_metric([reason], n)
+        yield family
 
 
-def serve_wsgi(app: Callable[..., Iterable[bytes]], host: str, port: int) -> WSGIServer:
-    """Any WSGI app (the webhook's ``/metrics``) on the same quiet threading server."""
-    server = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+class _Server(BoundedServer, WSGIServer):
+    def __init__(self, address: tuple[str, int], limits: ServerLimits, errors: Optional[ServerErrors]) -> None:
+        self.address_family = address_family(address[0])
+        self.init_limits(limits, errors)
+        super().__init__(address, _QuietHandler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away, timed out or sent too much: count, log at debug, carry on."""
+        self.count("request")
+        logger.debug("oomsight sidecar: connection from %s failed", client_address, exc_info=True)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = CappedReader(self.rfile, self.server.limits.max_head_bytes)  # type: ignore[assignment]
+
+    def parse_request(self) -> bool:
+        received = super().parse_request()
+        if received:  # requests here have no body: the deadline no longer applies to this one
+            self.server.deadlines.forget(self.connection)
+        return received
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape is noise; errors surface as metrics
+
+
+def serve(
+    app: WsgiApp, host: str, port: int, limits: Optional[ServerLimits] = None, errors: Optional[ServerErrors] = None
+) -> WSGIServer:
+    """Bind and serve ``app`` in a daemon thread; the caller calls :func:`stop`. ``errors``:
+    where it counts what it refuses (one :class:`ServerErrors` for all servers of a process)."""
+    server = _Server((host, port), limits or ServerLimits(), errors)
+    server.set_app(app)
     threading.Thread(target=server.serve_forever, name="oomsight-http", daemon=True).start()
     return server
+
+
+serve_wsgi = serve
+"""Any WSGI app (the webhook's ``/metrics``) on the same bounded server."""
+
+
+def stop(server: WSGIServer) -> None:
+    """Stop serving and close the listening socket and the deadline thread."""
+    server.shutdown()
+    server.server_close()
+    if isinstance(server, BoundedServer):
+        server.close_limits()

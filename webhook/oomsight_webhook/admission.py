@@ -5,6 +5,13 @@ Bodies that are not an AdmissionReview (wrong content type, too large, not JSON,
 Ignore`` the API server then creates the pod unchanged. A well-formed review is
 always answered ``allowed: true``: for anything but a pod CREATE, or a pod the
 mutation cannot handle, without a patch. Nothing here raises past :func:`admit`.
+
+Memory is bounded (docs/kubernetes.md, "Webhook limits"): a body over
+``max_review_bytes`` is never parsed — only its first 64 KiB are kept, where the API
+server writes ``apiVersion`` and ``request.uid``, and it is answered ``allowed`` without
+the sidecar and with a warning (fail-open, counted as ``skipped``); so is a pod with
+more than ``max_containers`` containers, and a review that waited too long for one of
+the ``max_concurrent`` turns to parse and mutate.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import base64
 import dataclasses
 import json
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -26,7 +34,10 @@ logger = logging.getLogger(__name__)
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 MAX_WARNINGS = 10
 WARNING_MAX_CHARS = 240
-RESULTS = ("injected", "unchanged", "rejected", "error")
+RESULTS = ("injected", "unchanged", "skipped", "rejected", "error")
+HEAD_BYTES = 64 * 1024
+"""Of a body too large to parse, this much is kept to find its ``apiVersion`` and uid."""
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
 
 
 class BadRequest(Exception):
@@ -50,17 +61,41 @@ class AdmissionRequest:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReviewLimits:
+    """What one admission review may cost; the webhook's settings fill it."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Larger bodies are refused (413) by their Content-Length, unread."""
+
+    max_review_bytes: int = 1024 * 1024
+    """Larger bodies are answered ``allowed`` unchanged (``skipped``) without being parsed."""
+
+    max_containers: int = 500
+    """Pods with more containers and init containers are admitted unchanged (``skipped``)."""
+
+    max_concurrent: int = 2
+    """Reviews parsed and mutated at once (each costs about 8 times its body)."""
+
+    wait_seconds: float = 5.0
+    """How long a review waits for a turn before it is admitted unchanged (``skipped``)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Answer:
     status: int
     body: bytes
     content_type: str
 
 
-def parse_review(body: bytes, content_type: Optional[str], max_bytes: int) -> AdmissionRequest:
-    """Check and read an AdmissionReview body; raise :class:`BadRequest` otherwise."""
+def _check_media(content_type: Optional[str]) -> None:
     media = (content_type or "").split(";")[0].strip().lower()
     if media != "application/json":
         raise BadRequest(415, f"content type {content_type!r} is not application/json")
+
+
+def parse_review(body: bytes, content_type: Optional[str], max_bytes: int) -> AdmissionRequest:
+    """Check and read an AdmissionReview body; raise :class:`BadRequest` otherwise."""
+    _check_media(content_type)
     if len(body) > max_bytes:
         raise BadRequest(413, f"body of {len(body)} bytes is over the limit of {max_bytes}")
     try:
@@ -86,6 +121,49 @@ def parse_review(body: bytes, content_type: Optional[str], max_bytes: int) -> Ad
     )
 
 
+def review_identity(head: bytes) -> Optional[tuple[str, str]]:
+    """``(apiVersion, request.uid)`` from the start of an AdmissionReview, without parsing it
+    all: a scan of its JSON tokens that stops once both are found (None if they are not)."""
+    depth, key, last, in_request = 0, None, None, False
+    api_version = uid = None
+    for match in _TOKEN.finditer(head):
+        token = match.group()
+        if token in (b"{", b"["):
+            in_request = in_request or (depth == 1 and key == "request" and token == b"{")
+            depth, key = depth + 1, None
+        elif token in (b"}", b"]"):
+            depth -= 1
+            in_request = in_request and depth >= 2
+        elif token == b":":
+            key = last
+        elif token == b",":
+            key = None
+        elif token[:1] == b'"':
+            try:
+                text = json.loads(token)
+            except ValueError:
+                return None
+            if key is None:
+                last = text
+                continue
+            if depth == 1 and key == "apiVersion":
+                api_version = text
+            elif depth == 2 and in_request and key == "uid":
+                uid = text
+            key = None
+        if api_version and uid:
+            return (api_version, uid) if api_version in API_VERSIONS else None
+    return None
+
+
+def container_count(obj: Any) -> int:
+    """Containers and init containers of a pod object (0 for anything else)."""
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    if not isinstance(spec, dict):
+        return 0
+    return sum(len(v) for v in (spec.get("containers"), spec.get("initContainers")) if isinstance(v, list))
+
+
 def review_response(req: AdmissionRequest, patch: list[dict[str, Any]], warnings: list[str]) -> dict[str, Any]:
     """An ``allowed`` AdmissionReview answer in the request's API version, with ``patch`` if any."""
     response: dict[str, Any] = {"uid": req.uid, "allowed": True}
@@ -100,11 +178,13 @@ def review_response(req: AdmissionRequest, patch: list[dict[str, Any]], warnings
 class Admitter:
     """Answers admission requests and counts them by result (``injected``, ``unchanged``, ...)."""
 
-    def __init__(self, settings: InjectionSettings, max_body_bytes: int) -> None:
+    def __init__(self, settings: InjectionSettings, limits: Optional[ReviewLimits] = None) -> None:
         self.settings = settings
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits or ReviewLimits()
+        self.max_body_bytes = self.limits.max_body_bytes
         self.results: Counter[str] = Counter(dict.fromkeys(RESULTS, 0))
         self._lock = threading.Lock()
+        self._turns = threading.BoundedSemaphore(self.limits.max_concurrent)
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -119,17 +199,52 @@ class Admitter:
         self._count("rejected")
         logger.warning("oomsight webhook: rejected a body of %d bytes (limit %d)", length, self.max_body_bytes)
 
-    def admit(self, body: bytes, content_type: Optional[str]) -> Answer:
+    def admit(self, body: bytes, content_type: Optional[str], length: Optional[int] = None) -> Answer:
+        """Answer a review. ``length``: the whole body's size when ``body`` is only its head
+        (the server keeps :data:`HEAD_BYTES` of a body over ``max_review_bytes``)."""
+        length = len(body) if length is None else length
         try:
-            req = parse_review(body, content_type, self.max_body_bytes)
+            _check_media(content_type)
+            if length > self.max_body_bytes:
+                raise BadRequest(413, f"body of {length} bytes is over the limit of {self.max_body_bytes}")
+            if length > self.limits.max_review_bytes:
+                return self._skip(body, f"the admission review ({length} bytes) is over the webhook's limit")
+            if not self._turns.acquire(timeout=self.limits.wait_seconds):
+                return self._skip(body, "the webhook was too busy")
+            try:
+                return self._answer(parse_review(body, content_type, self.max_body_bytes))
+            finally:
+                self._turns.release()
         except BadRequest as exc:
-            self._count("rejected")
-            logger.warning("oomsight webhook: rejected a request (%d): %s", exc.status, exc)
-            return Answer(exc.status, (str(exc) + "\n").encode(), "text/plain; charset=utf-8")
+            return self._reject(exc)
+
+    def _answer(self, req: AdmissionRequest) -> Answer:
+        containers = container_count(req.obj)
+        if containers > self.limits.max_containers:
+            self._count("skipped")
+            reason = f"the pod has {containers} containers, over the webhook's limit of {self.limits.max_containers}"
+            logger.warning("oomsight webhook: admitted a pod in %s unchanged: %s", req.namespace, reason)
+            return _allowed(req.api_version, req.uid, [f"oomsight: sidecar not injected: {reason}"])
         patch, warnings, result = self._mutation(req)
         self._count(result)
         out = json.dumps(review_response(req, patch, warnings), separators=(",", ":")).encode()
         return Answer(200, out, "application/json")
+
+    def _skip(self, head: bytes, reason: str) -> Answer:
+        """Fail open: ``allowed`` without a patch, when the review's identity can be found."""
+        identity = review_identity(head[:HEAD_BYTES])
+        if identity is None:
+            raise BadRequest(
+                400, f"{reason}, and its apiVersion and request.uid are not in its first {HEAD_BYTES} bytes"
+            )
+        self._count("skipped")
+        logger.warning("oomsight webhook: admitted a pod unchanged: %s", reason)
+        return _allowed(identity[0], identity[1], [f"oomsight: sidecar not injected: {reason}"])
+
+    def _reject(self, exc: BadRequest) -> Answer:
+        self._count("rejected")
+        logger.warning("oomsight webhook: rejected a request (%d): %s", exc.status, exc)
+        return Answer(exc.status, (str(exc) + "\n").encode(), "text/plain; charset=utf-8")
 
     def _mutation(self, req: AdmissionRequest) -> tuple[list[dict[str, Any]], list[str], str]:
         if (req.operation, req.kind, req.resource, req.sub_resource) != ("CREATE", "Pod", "pods", ""):
@@ -140,6 +255,12 @@ class Admitter:
             logger.exception("oomsight webhook: injection failed for a pod in %s; admitted unchanged", req.namespace)
             return [], ["oomsight: internal error, sidecar not injected (see the webhook's log)"], "error"
         return m.patch, m.warnings, "injected" if m.patch else "unchanged"
+
+
+def _allowed(api_version: str, uid: str, warnings: list[str]) -> Answer:
+    req = AdmissionRequest(api_version, uid, "", "", "", "", "", None)
+    out = json.dumps(review_response(req, [], warnings), separators=(",", ":")).encode()
+    return Answer(200, out, "application/json")
 
 
 def _get(value: Any, key: str) -> Any:

@@ -13,8 +13,18 @@ import re
 from collections.abc import Mapping
 from typing import Callable, Optional, TypeVar
 
-from oomsight.config import ConfigError
-from oomsight_sidecar.settings import DEFAULT_PORT, number_env
+from oomsight.config import (
+    DEFAULT_METRICS_PORT,
+    ConfigError,
+    ascii_bool,
+    ascii_int,
+    env_setting,
+    parse_bool,
+    parse_count,
+    parse_port,
+    parse_seconds,
+)
+from oomsight_sidecar.settings import DEFAULT_ADMIN_PORT, parse_admin_port
 
 ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
 ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"
@@ -33,6 +43,7 @@ ENV_SCRAPE_ANNOTATIONS = "OOMSIGHT_INJECT_SCRAPE_ANNOTATIONS"
 ENV_EVENTS = "OOMSIGHT_INJECT_EVENTS"
 ENV_ZERO_CODE = "OOMSIGHT_INJECT_ZERO_CODE"
 ENV_DRAIN = "OOMSIGHT_INJECT_DRAIN_SECONDS"
+ENV_ADMIN_PORT = "OOMSIGHT_INJECT_ADMIN_PORT"
 
 PREFIX = "oomsight.io/"
 ANN_INJECT_PYTHON = PREFIX + "inject-python"
@@ -45,6 +56,7 @@ ANN_PROFILE_EVERY = PREFIX + "profile-every-seconds"
 ANN_PROFILE_STEPS = PREFIX + "profile-steps"
 """Scheduled profiling windows (memory-only by default): set as OOMSIGHT_PROFILE_* in the target containers."""
 PROFILE_STEPS_MAX = 100
+PROFILE_EVERY_MAX_SECONDS = 7 * 86_400
 ANN_RESOURCES = {
     "cpu_request": PREFIX + "sidecar-cpu-request",
     "memory_request": PREFIX + "sidecar-memory-request",
@@ -59,8 +71,6 @@ NATIVE_SIDECARS_SINCE = (1, 29)
 
 _QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[mkMGTPE])?$")
 V = TypeVar("V")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +117,7 @@ class InjectionSettings:
     spool_size_limit: str = "256Mi"
     """``sizeLimit`` of the memory-backed spool ``emptyDir`` (it counts as the pod's memory)."""
 
-    metrics_port: int = DEFAULT_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
     """The sidecar's metrics port, named ``metrics``."""
 
     resources: Resources = dataclasses.field(default_factory=Resources)
@@ -127,6 +137,10 @@ class InjectionSettings:
 
     drain_seconds: float = 0.0
     """The sidecar's ``OOMSIGHT_DRAIN_SECONDS``: serve this long after SIGTERM for a last scrape."""
+
+    admin_port: Optional[int] = DEFAULT_ADMIN_PORT
+    """The sidecar's admin port on its loopback: 0 off, None (``auto``) the system picks one.
+    ``hostNetwork`` pods always get ``auto`` and a required token."""
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None, native_sidecar: bool = True) -> InjectionSettings:
@@ -153,13 +167,14 @@ class InjectionSettings:
             gpu_resources=tuple(x.strip() for x in e.get(ENV_GPU_RESOURCES, "").split(",") if x.strip())
             or d.gpu_resources,
             spool_size_limit=_quantity_env(e, ENV_SPOOL_SIZE, d.spool_size_limit) or d.spool_size_limit,
-            metrics_port=number_env(e, ENV_METRICS_PORT, d.metrics_port, int),
+            metrics_port=env_setting(e, ENV_METRICS_PORT, parse_port, d.metrics_port),
             resources=resources,
-            run_as_user=number_env(e, ENV_RUN_AS_USER, d.run_as_user, int),
-            scrape_annotations=_bool_env(e, ENV_SCRAPE_ANNOTATIONS, d.scrape_annotations),
-            events=_bool_env(e, ENV_EVENTS, d.events),
-            zero_code=_bool_env(e, ENV_ZERO_CODE, d.zero_code),
-            drain_seconds=number_env(e, ENV_DRAIN, d.drain_seconds, float),
+            run_as_user=env_setting(e, ENV_RUN_AS_USER, parse_count, d.run_as_user),
+            scrape_annotations=env_setting(e, ENV_SCRAPE_ANNOTATIONS, parse_bool, d.scrape_annotations),
+            events=env_setting(e, ENV_EVENTS, parse_bool, d.events),
+            zero_code=env_setting(e, ENV_ZERO_CODE, parse_bool, d.zero_code),
+            drain_seconds=env_setting(e, ENV_DRAIN, _drain_seconds, d.drain_seconds),
+            admin_port=env_setting(e, ENV_ADMIN_PORT, parse_admin_port, d.admin_port),
         )
         settings.validate()
         return settings
@@ -184,10 +199,22 @@ class PodOptions:
     events: bool
     profile_every_seconds: Optional[int] = None
     profile_steps: Optional[int] = None
+    admin_port: Optional[int] = DEFAULT_ADMIN_PORT
+    """The sidecar's ``OOMSIGHT_ADMIN_PORT``: 0 off (the pod uses the port), None ``auto``."""
+    host_network: bool = False
+    """The pod shares the node's network: the admin endpoint then requires a token."""
 
 
-def pod_options(settings: InjectionSettings, annotations: Mapping[str, str]) -> tuple[PodOptions, list[str]]:
-    """Apply ``oomsight.io/...`` annotations; a bad value is ignored with a warning."""
+def pod_options(
+    settings: InjectionSettings,
+    annotations: Mapping[str, str],
+    taken_ports: frozenset[int] = frozenset(),
+    host_network: bool = False,
+) -> tuple[PodOptions, list[str]]:
+    """Apply ``oomsight.io/...`` annotations; a bad value is ignored with a warning.
+
+    ``taken_ports``: the ports the pod's own containers declare. The sidecar's metrics and
+    admin ports never collide with them or with each other (docs/kubernetes.md, "Ports")."""
     ann = _Overrides(annotations)
     inject_python = ann.get(ANN_INJECT_PYTHON, False, _bool_or_none, "true or false")
     if inject_python and not settings.zero_code:
@@ -203,15 +230,38 @@ def pod_options(settings: InjectionSettings, annotations: Mapping[str, str]) -> 
     opts = PodOptions(
         native_sidecar=ann.get(ANN_NATIVE, settings.native_sidecar, _bool_or_none, "true or false"),
         container_names=tuple(n.strip() for n in names.split(",") if n.strip()) if isinstance(names, str) else None,
-        metrics_port=ann.get(ANN_METRICS_PORT, settings.metrics_port, _port_or_none, "a port number"),
+        metrics_port=ann.get(ANN_METRICS_PORT, settings.metrics_port, _port_or_none, "a port number (1 to 65535)"),
         spool_size_limit=ann.get(ANN_SPOOL_SIZE, settings.spool_size_limit, _quantity_or_none, "a quantity"),
         resources=resources,
         inject_python=inject_python,
         events=ann.get(ANN_EVENTS, settings.events, _bool_or_none, "true or false"),
         profile_every_seconds=ann.get(ANN_PROFILE_EVERY, None, _positive_or_none, "a whole number of seconds"),
         profile_steps=ann.get(ANN_PROFILE_STEPS, None, _steps_or_none, f"1 to {PROFILE_STEPS_MAX} steps"),
+        host_network=host_network,
     )
-    return opts, ann.warnings
+    return _free_ports(opts, settings, taken_ports, ann.warnings), ann.warnings
+
+
+def _free_ports(
+    opts: PodOptions, settings: InjectionSettings, taken: frozenset[int], warnings: list[str]
+) -> PodOptions:
+    """Metrics and admin ports moved off the pod's own ports (and off each other), with a warning."""
+    metrics = opts.metrics_port
+    if metrics in taken or metrics == settings.admin_port:
+        if metrics != settings.metrics_port:
+            warnings.append(f"oomsight: ignored {ANN_METRICS_PORT}={metrics}: the pod or the admin endpoint uses it")
+        metrics = settings.metrics_port
+        busy = taken | {settings.admin_port or 0}
+        if metrics in busy:
+            metrics = next(p for p in range(metrics + 1, 65536) if p not in busy)
+            warnings.append(
+                f"oomsight: the pod uses port {settings.metrics_port}; the sidecar serves metrics on {metrics}"
+            )
+    admin: Optional[int] = None if opts.host_network else settings.admin_port
+    if admin and (admin in taken or admin == metrics):
+        warnings.append(f"oomsight: the pod uses port {admin}; the sidecar's admin endpoint is off")
+        admin = 0
+    return dataclasses.replace(opts, metrics_port=metrics, admin_port=admin)
 
 
 class _Overrides:
@@ -241,34 +291,33 @@ def native_sidecars_supported(git_version: str) -> Optional[bool]:
 
 
 def _bool_or_none(raw: str) -> Optional[bool]:
-    low = raw.lower()
-    return True if low in _TRUE else False if low in _FALSE else None
+    return ascii_bool(raw)
 
 
 def _quantity_or_none(raw: str) -> Optional[str]:
     return raw if _QUANTITY.match(raw) else None
 
 
+def _whole_or_none(raw: str, low: int, high: int) -> Optional[int]:
+    """ASCII digits only (``str.isdigit()`` takes ``²``, ``①`` and 4,300-digit numbers)."""
+    value = ascii_int(raw) if raw[:1] != "+" else None
+    return value if value is not None and low <= value <= high else None
+
+
 def _positive_or_none(raw: str) -> Optional[int]:
-    return int(raw) if raw.isdigit() and int(raw) >= 1 else None
+    return _whole_or_none(raw, 1, PROFILE_EVERY_MAX_SECONDS)
 
 
 def _steps_or_none(raw: str) -> Optional[int]:
-    return int(raw) if raw.isdigit() and 1 <= int(raw) <= PROFILE_STEPS_MAX else None
+    return _whole_or_none(raw, 1, PROFILE_STEPS_MAX)
 
 
 def _port_or_none(raw: str) -> Optional[int]:
-    return int(raw) if raw.isdigit() and 1 <= int(raw) <= 65535 else None
+    return _whole_or_none(raw, 1, 65535)
 
 
-def _bool_env(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    value = _bool_or_none(raw.strip())
-    if value is None:
-        raise ConfigError(f"{name}={raw!r} is not a boolean; use true or false")
-    return value
+def _drain_seconds(name: str, raw: str) -> float:
+    return parse_seconds(name, raw, minimum=0.0, maximum=3600.0)
 
 
 def _quantity_env(env: Mapping[str, str], name: str, default: str) -> str:

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
@@ -24,7 +25,8 @@ from oomsight.config import ConfigError
 from oomsight_sidecar.kube import KubeApi, KubeClient
 from oomsight_sidecar.kubemetrics import labelled_counter
 from oomsight_sidecar.server import serve_wsgi
-from oomsight_webhook.admission import RESULTS, Admitter
+from oomsight_sidecar.server import stop as stop_server
+from oomsight_webhook.admission import RESULTS, Admitter, ReviewLimits
 from oomsight_webhook.injection import ENV_KUBE_VERSION_HINT, ENV_NATIVE, InjectionSettings, native_sidecars_supported
 from oomsight_webhook.server import AdmissionServer, serve
 from oomsight_webhook.settings import WebhookSettings
@@ -32,7 +34,7 @@ from oomsight_webhook.tls import CertificateSource, FileCertificates, SelfManage
 
 logger = logging.getLogger(__name__)
 
-ERROR_COMPONENTS = ("tls_reconcile", "tls_handshake", "request")
+ERROR_COMPONENTS = ("tls_reconcile", "tls_handshake", "request", "over_capacity", "out_of_descriptors", "deadline")
 
 
 class Reconciler:
@@ -77,11 +79,13 @@ class WebhookCollector(Collector):
             "result",
             {result: counts.get(result, 0) for result in RESULTS},
         )
-        served = dict(self.server.errors) if self.server is not None else {}
+        served = self.server.errors.counts() if self.server is not None else {}
         errors = {c: served.get(c, 0) for c in ERROR_COMPONENTS} | {"tls_reconcile": self.reconciler.failures}
         yield labelled_counter(
             "oomsight_webhook_errors",
-            "Errors the webhook caught and carried on from, by component.",
+            "Errors the webhook caught and carried on from, by component: over_capacity (a connection "
+            "over the cap, closed), out_of_descriptors (accept failed at the descriptor limit), deadline "
+            "(a request cut off at its read deadline).",
             "component",
             errors,
         )
@@ -128,23 +132,37 @@ def run(
     while not reconciler.reconcile():
         if stop.wait(min(5.0, settings.tls_reconcile_seconds)):
             return 1
-    admitter = Admitter(injection, settings.max_body_bytes)
-    server = AdmissionServer((settings.host, settings.port), context.context, admitter)
+    admitter = Admitter(injection, review_limits(settings))
+    server = AdmissionServer((settings.host, settings.port), context.context, admitter, settings.limits)
     serve(server)
     metrics = None
     if settings.metrics_port:
         registry = CollectorRegistry()
         registry.register(WebhookCollector(admitter, reconciler, server))
-        metrics = serve_wsgi(make_wsgi_app(registry), settings.host, settings.metrics_port)
+        metrics = serve_wsgi(make_wsgi_app(registry), settings.host, settings.metrics_port, settings.limits)
     logger.info("oomsight webhook: serving https://%s:%d/mutate", settings.host, server.server_address[1])
-    while not stop.wait(settings.tls_reconcile_seconds):
-        reconciler.reconcile()
+    due = time.monotonic() + settings.tls_reconcile_seconds
+    while not stop.wait(min(0.5, settings.tls_reconcile_seconds)):  # short waits: SIGTERM is seen at once
+        if time.monotonic() >= due:
+            reconciler.reconcile()
+            due = time.monotonic() + settings.tls_reconcile_seconds
     server.shutdown()
     server.server_close()
+    server.close_limits()
     if metrics is not None:
-        metrics.shutdown()
-        metrics.server_close()
+        stop_server(metrics)
     return 0
+
+
+def review_limits(settings: WebhookSettings) -> ReviewLimits:
+    """The admitter's limits: a review waits for a turn at most half its read deadline."""
+    return ReviewLimits(
+        max_body_bytes=settings.max_body_bytes,
+        max_review_bytes=settings.max_review_bytes,
+        max_containers=settings.max_containers,
+        max_concurrent=settings.max_concurrent_reviews,
+        wait_seconds=settings.limits.request_timeout_seconds / 2,
+    )
 
 
 def main(

@@ -52,7 +52,7 @@ def mutate(pod: Any, settings: InjectionSettings) -> Mutation:
     if not isinstance(meta, Mapping):
         return Mutation([], ["oomsight: the pod has no metadata; nothing injected"])
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None
-    opts, warnings = pod_options(settings, annotations or {})
+    opts, warnings = pod_options(settings, annotations or {}, pod_ports(spec), spec.get("hostNetwork") is True)
     b = PatchBuilder()
     targets, note = target_containers(containers, settings, opts)
     warnings += note
@@ -66,6 +66,19 @@ def mutate(pod: Any, settings: InjectionSettings) -> Mutation:
     if b.ops:
         b.put(pointer("metadata", "annotations"), annotations, ANN_STATUS, "injected")
     return Mutation(b.ops, warnings)
+
+
+def pod_ports(spec: Mapping[str, Any]) -> frozenset[int]:
+    """Every ``containerPort`` (and ``hostPort``) the pod's containers declare, ours excepted."""
+    found: set[int] = set()
+    for key in ("containers", "initContainers"):
+        for container in _list(spec.get(key)) or []:
+            if not isinstance(container, Mapping) or container.get("name") == SIDECAR_NAME:
+                continue
+            for port in _list(container.get("ports")) or []:
+                if isinstance(port, Mapping):
+                    found.update(p for p in (port.get("containerPort"), port.get("hostPort")) if isinstance(p, int))
+    return frozenset(found)
 
 
 def target_containers(

@@ -12,6 +12,11 @@ from typing import Any, Optional
 from oomsight.config import ENV_DIR
 from oomsight_sidecar.owner import Owner, owner_env
 from oomsight_sidecar.settings import (
+    ADMIN_PORT_AUTO,
+    DEFAULT_ADMIN_PORT,
+    ENV_ADMIN_PORT,
+    ENV_ADMIN_REQUIRE_TOKEN,
+    ENV_ADMIN_TOKEN_FILE,
     ENV_DRAIN,
     ENV_EVENTS,
     ENV_POD_NAME,
@@ -29,6 +34,8 @@ SPOOL_PATH = "/var/run/oomsight"
 STARTUP_PATH = "/var/run/oomsight-startup"
 STARTUP_SIZE_LIMIT = "32Mi"
 METRICS_PORT_NAME = "metrics"
+ADMIN_TOKEN_FILE = SPOOL_PATH + "/.admin-token"
+"""In ``hostNetwork`` pods the sidecar writes its admin token here (0600, its own UID)."""
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where Kubernetes mounts the service account token; the sidecar needs it to post Events."""
 
@@ -71,6 +78,7 @@ def sidecar_container(
     ]
     if settings.drain_seconds:
         env.append({"name": ENV_DRAIN, "value": f"{settings.drain_seconds:g}"})
+    env += admin_env(opts)
     container: Json = {
         "name": SIDECAR_NAME,
         "image": settings.image,
@@ -88,6 +96,20 @@ def sidecar_container(
     if opts.native_sidecar:
         container["restartPolicy"] = "Always"
     return container
+
+
+def admin_env(opts: PodOptions) -> list[Json]:
+    """The admin endpoint's port when it is not the default; a token in ``hostNetwork`` pods."""
+    if opts.host_network:
+        return [
+            {"name": ENV_ADMIN_PORT, "value": ADMIN_PORT_AUTO},
+            {"name": ENV_ADMIN_REQUIRE_TOKEN, "value": "1"},
+            {"name": ENV_ADMIN_TOKEN_FILE, "value": ADMIN_TOKEN_FILE},
+        ]
+    if opts.admin_port != DEFAULT_ADMIN_PORT:
+        value = ADMIN_PORT_AUTO if opts.admin_port is None else str(opts.admin_port)
+        return [{"name": ENV_ADMIN_PORT, "value": value}]
+    return []
 
 
 def token_mount(spec: Any) -> Optional[Json]:

@@ -1,9 +1,11 @@
 """The webhook's HTTPS endpoint: ``POST /mutate`` (AdmissionReview), ``GET /healthz``.
 
-A threading HTTP/1.1 server (the API server keeps connections alive) whose sockets
-do their TLS handshake in the request thread, under the request timeout, so a slow
-or plain-text client never stalls the accept loop. Request bodies need a
-``Content-Length`` and are refused unread above the limit.
+A bounded threading HTTP/1.1 server (:mod:`oomsight_sidecar.listener`: connection cap,
+idle timeout, a read deadline per request, a request-head cap, back-off at the
+descriptor limit) whose sockets do their TLS handshake in the request thread, under the
+deadline, so a slow or plain-text client never stalls the accept loop. Request bodies
+need a ``Content-Length`` and are refused unread above ``max_body_bytes``; a body over
+``max_review_bytes`` is read through in chunks, only its head kept (fail-open answer).
 """
 
 from __future__ import annotations
@@ -13,31 +15,36 @@ import socket
 import ssl
 import sys
 import threading
-from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Optional
 
-from oomsight_webhook.admission import Admitter
+from oomsight_sidecar.listener import BoundedServer, CappedReader, ServerLimits, address_family
+from oomsight_webhook.admission import HEAD_BYTES, Admitter
 
 logger = logging.getLogger(__name__)
 
 MUTATE_PATH = "/mutate"
-REQUEST_TIMEOUT_SECONDS = 10.0
+READ_CHUNK_BYTES = 64 * 1024
 
 
-class AdmissionServer(ThreadingHTTPServer):
-    daemon_threads = True
+class AdmissionServer(BoundedServer, ThreadingHTTPServer):
+    busy_response = None  # over the cap a TLS connection is closed: there is no plain-text 503
 
-    def __init__(self, address: tuple[str, int], context: ssl.SSLContext, admitter: Admitter) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        context: ssl.SSLContext,
+        admitter: Admitter,
+        limits: Optional[ServerLimits] = None,
+    ) -> None:
+        self.address_family = address_family(address[0])
+        self.init_limits(limits or ServerLimits(request_timeout_seconds=10.0))
         super().__init__(address, _Handler)
         self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.admitter = admitter
-        self.errors: Counter[str] = Counter(tls_handshake=0, request=0)
-        self._lock = threading.Lock()
 
     def count_error(self, component: str) -> None:
-        with self._lock:
-            self.errors[component] += 1
+        self.count(component)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A failed handshake or broken connection: count it, log at debug, carry on."""
@@ -49,9 +56,18 @@ class AdmissionServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: AdmissionServer
     protocol_version = "HTTP/1.1"
-    timeout = REQUEST_TIMEOUT_SECONDS
     server_version = "oomsight-webhook"
     sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = CappedReader(self.rfile, self.server.limits.max_head_bytes)  # type: ignore[assignment]
+
+    def handle_one_request(self) -> None:
+        self.rfile.reset()  # type: ignore[attr-defined]
+        super().handle_one_request()
+        limits = self.server.limits  # the next request on this kept-alive connection gets its own deadline
+        self.server.deadlines.watch(self.connection, limits.idle_timeout_seconds + limits.request_timeout_seconds)
 
     def do_POST(self) -> None:
         if self.path.split("?")[0] != MUTATE_PATH:
@@ -60,11 +76,12 @@ class _Handler(BaseHTTPRequestHandler):
         length = self._content_length()
         if length is None:
             return
-        body = self.rfile.read(length)
-        if len(body) != length:
+        body = self._read_body(length)
+        self.server.deadlines.forget(self.connection)  # received: answering is not under the read deadline
+        if body is None:
             self.close_connection = True
             return self._send(400, b"body shorter than Content-Length\n", "text/plain")
-        answer = self.server.admitter.admit(body, self.headers.get("Content-Type"))
+        answer = self.server.admitter.admit(body, self.headers.get("Content-Type"), length)
         self._send(answer.status, answer.body, answer.content_type)
 
     def do_GET(self) -> None:
@@ -73,9 +90,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"not found\n", "text/plain")
 
     def _content_length(self) -> int | None:
-        raw = self.headers.get("Content-Length")
+        raw = (self.headers.get("Content-Length") or "").strip()
         limit = self.server.admitter.max_body_bytes
-        if raw is None or not raw.strip().isdigit():
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 12):
             self.close_connection = True
             self._send(411, b"Content-Length required\n", "text/plain")
             return None
@@ -86,6 +103,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413, f"body of {length} bytes is over the limit of {limit}\n".encode(), "text/plain")
             return None
         return length
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The body in chunks; of a body over ``max_review_bytes`` only the head is kept.
+        None when the client stops short (or the request deadline cut the connection)."""
+        keep = length if length <= self.server.admitter.limits.max_review_bytes else HEAD_BYTES
+        parts: list[bytes] = []
+        kept, left = 0, length
+        while left > 0:
+            try:
+                chunk = self.rfile.read(min(READ_CHUNK_BYTES, left))
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            left -= len(chunk)
+            if kept < keep:
+                parts.append(chunk[: keep - kept])
+                kept += len(parts[-1])
+        return b"".join(parts)
 
     def _discard_body(self) -> None:
         self.close_connection = True

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 
-from oomsight.config import ConfigError
-from oomsight_sidecar.settings import number_env, with_flags
+from oomsight.config import ConfigError, env_setting, parse_count, parse_port, parse_seconds
+from oomsight_sidecar.listener import ServerLimits
+from oomsight_sidecar.settings import with_flags
 
 ENV_WEBHOOK_PORT = "OOMSIGHT_WEBHOOK_PORT"
 ENV_WEBHOOK_METRICS_PORT = "OOMSIGHT_WEBHOOK_METRICS_PORT"
@@ -21,6 +23,11 @@ ENV_WEBHOOK_SECRET = "OOMSIGHT_WEBHOOK_SECRET"
 ENV_WEBHOOK_CONFIGURATION = "OOMSIGHT_WEBHOOK_CONFIGURATION"
 ENV_WEBHOOK_RECONCILE = "OOMSIGHT_WEBHOOK_TLS_RECONCILE_SECONDS"
 ENV_WEBHOOK_MAX_BODY = "OOMSIGHT_WEBHOOK_MAX_BODY_BYTES"
+ENV_WEBHOOK_MAX_REVIEW = "OOMSIGHT_WEBHOOK_MAX_REVIEW_BYTES"
+ENV_WEBHOOK_MAX_CONTAINERS = "OOMSIGHT_WEBHOOK_MAX_CONTAINERS"
+ENV_WEBHOOK_MAX_REVIEWS = "OOMSIGHT_WEBHOOK_MAX_CONCURRENT_REVIEWS"
+LIMITS_PREFIX = "OOMSIGHT_WEBHOOK"
+MIB = 1024 * 1024
 
 WEBHOOK_PORT = 21443
 WEBHOOK_METRICS_PORT = 21401
@@ -68,16 +75,36 @@ class WebhookSettings:
     tls_reconcile_seconds: float = 60.0
     """How often ``self`` mode re-checks the Secret (renewal) and ``caBundle`` (restored after an upgrade)."""
 
-    max_body_bytes: int = 4 * 1024 * 1024
-    """Larger AdmissionReview bodies are refused (413) unread."""
+    max_body_bytes: int = 4 * MIB
+    """Larger bodies are refused (413) unread. The API server keeps objects under 3 MiB, so
+    every real AdmissionReview fits and is answered by the fail-open limits below."""
+
+    max_review_bytes: int = 1 * MIB
+    """A review body larger than this is not parsed: it is answered ``allowed`` without the
+    sidecar and with a warning (fail-open, counted as ``skipped``), its uid found by a scan."""
+
+    max_containers: int = 500
+    """A pod with more containers and init containers than this is admitted unchanged with a
+    warning (``skipped``) instead of being mutated."""
+
+    max_concurrent_reviews: int = 2
+    """Reviews parsed and mutated at once; more wait (under their read deadline) for a turn.
+    With the two limits above this bounds the webhook's memory (docs/kubernetes.md)."""
+
+    limits: ServerLimits = dataclasses.field(
+        default_factory=lambda: ServerLimits(
+            max_connections=16, idle_timeout_seconds=30.0, request_timeout_seconds=10.0
+        )
+    )
+    """Connections, idle timeout, the read deadline of a request (trickled bodies) and head size."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **flags: object) -> WebhookSettings:
         e = os.environ if env is None else env
         d = cls()
         values: dict[str, object] = {
-            "port": number_env(e, ENV_WEBHOOK_PORT, d.port, int),
-            "metrics_port": number_env(e, ENV_WEBHOOK_METRICS_PORT, d.metrics_port, int),
+            "port": env_setting(e, ENV_WEBHOOK_PORT, parse_port, d.port),
+            "metrics_port": env_setting(e, ENV_WEBHOOK_METRICS_PORT, parse_port, d.metrics_port),
             "tls_mode": e.get(ENV_WEBHOOK_TLS_MODE, d.tls_mode).strip(),
             "cert_file": e.get(ENV_WEBHOOK_CERT_FILE, d.cert_file),
             "key_file": e.get(ENV_WEBHOOK_KEY_FILE, d.key_file),
@@ -86,8 +113,12 @@ class WebhookSettings:
             "service": e.get(ENV_WEBHOOK_SERVICE, d.service),
             "secret": e.get(ENV_WEBHOOK_SECRET, d.secret),
             "configuration": e.get(ENV_WEBHOOK_CONFIGURATION, d.configuration),
-            "tls_reconcile_seconds": number_env(e, ENV_WEBHOOK_RECONCILE, d.tls_reconcile_seconds, float),
-            "max_body_bytes": number_env(e, ENV_WEBHOOK_MAX_BODY, d.max_body_bytes, int),
+            "tls_reconcile_seconds": env_setting(e, ENV_WEBHOOK_RECONCILE, parse_seconds, d.tls_reconcile_seconds),
+            "max_body_bytes": env_setting(e, ENV_WEBHOOK_MAX_BODY, _bytes, d.max_body_bytes),
+            "max_review_bytes": env_setting(e, ENV_WEBHOOK_MAX_REVIEW, _bytes, d.max_review_bytes),
+            "max_containers": env_setting(e, ENV_WEBHOOK_MAX_CONTAINERS, parse_count, d.max_containers),
+            "max_concurrent_reviews": env_setting(e, ENV_WEBHOOK_MAX_REVIEWS, _reviews, d.max_concurrent_reviews),
+            "limits": ServerLimits.from_env(e, LIMITS_PREFIX, d.limits),
         }
         return with_flags(cls, values, flags)
 
@@ -111,3 +142,9 @@ class WebhookSettings:
                 raise ConfigError(f"webhook {name} {port} is not a TCP port")
         if self.tls_reconcile_seconds <= 0 or self.max_body_bytes <= 0:
             raise ConfigError(f"{ENV_WEBHOOK_RECONCILE} and {ENV_WEBHOOK_MAX_BODY} must be positive")
+        if self.max_review_bytes > self.max_body_bytes:
+            raise ConfigError(f"{ENV_WEBHOOK_MAX_REVIEW} must not be above {ENV_WEBHOOK_MAX_BODY}")
+
+
+_bytes = functools.partial(parse_count, minimum=1024, maximum=64 * MIB)
+_reviews = functools.partial(parse_count, maximum=64)

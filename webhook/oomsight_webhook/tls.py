@@ -18,6 +18,7 @@ import base64
 import datetime
 import os
 import ssl
+import threading
 from typing import Any, Callable, Optional, Protocol
 
 from oomsight.wire.spool import write_atomic
@@ -147,6 +148,24 @@ def _pairs(secret: Optional[Json]) -> tuple[Optional[KeyPair], Optional[KeyPair]
     return ca, serving
 
 
+def write_private(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in a file created 0600 (never readable by others, not
+    even between its creation and a chmod), then renamed into place."""
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        os.unlink(tmp)
+        raise
+
+
 class ServerContext:
     """An ``ssl.SSLContext`` whose certificate can be swapped while the server runs."""
 
@@ -163,8 +182,7 @@ class ServerContext:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
         cert, key = os.path.join(self.folder, "tls.crt"), os.path.join(self.folder, "tls.key")
         write_atomic(cert, pair.cert_pem, durable=False)
-        write_atomic(key, pair.key_pem, durable=False)
-        os.chmod(key, 0o600)
+        write_private(key, pair.key_pem)
         self.context.load_cert_chain(cert, key)  # raises ssl.SSLError if they do not match
         self.loaded = pair
         return True
