@@ -162,6 +162,9 @@ class FakeCuda:
     def autocast_enabled(self) -> bool:
         return self.autocast
 
+    def open_contexts(self) -> dict[str, bool]:
+        return {"autocast": self.autocast, "checkpointing": False}
+
     def saved_tensor_hooks_active(self) -> bool:
         return False
 

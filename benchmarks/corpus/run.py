@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--only", default="")
+    ap.add_argument("--no-remedy", action="store_true", help="only the plain runs (re-record tapes)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     wanted = set(filter(None, args.only.split(",")))
@@ -80,7 +81,8 @@ def main() -> int:
     capped = [n for n, _ in todo if n not in ALONE]
     alone = [n for n, _ in todo if n in ALONE]
     batch([(n, False) for n in capped], args.jobs)
-    batch([(n, True) for n in capped if labels[n] != "none"], args.jobs)
+    if not args.no_remedy:
+        batch([(n, True) for n in capped if labels[n] != "none"], args.jobs)
     for n in alone:
         batch([(n, False)], 1)
         batch([(n, True)], 1)

@@ -78,6 +78,12 @@ class OomFacts(TypedDict, total=False):
     job: Optional[Mapping[str, Any]]
     model_states: Optional[ModelStates]
     world_size: int
+    stack: Sequence[str]  # "file:line in function" of the failing thread, innermost last
+
+
+CHECKPOINT_FRAME = "torch/utils/checkpoint.py"
+"""A frame of torch's checkpointing on the failing stack: the OOM came in a checkpointed block
+(forward, or its recomputation in backward), so the job uses activation checkpointing."""
 
 
 def diagnose(f: OomFacts) -> Diagnosis:
@@ -103,7 +109,7 @@ class _Evidence:
         self.cached_free = max(self.reserved - self.allocated, 0)
         self.usable = self.reserved + self.free
         self.need = self.allocated + self.requested
-        self.job = f.get("job") or {}
+        self.job = _job(f)
         rows = list(f.get("steps_memory") or [])
         self.trend = trend.analyse(rows, self.total)
         self.prior_peak = max((int(r[trend.PEAK]) for r in rows if len(r) > trend.PEAK), default=None)
@@ -271,6 +277,14 @@ def _fallback(ev: _Evidence) -> Diagnosis:
     )
 
 
+def _job(f: OomFacts) -> dict[str, Any]:
+    """The job's setup as the hook saw it, completed by what the failing stack shows."""
+    job = dict(f.get("job") or {})
+    if not job.get("checkpointing") and any(CHECKPOINT_FRAME in str(frame) for frame in f.get("stack") or []):
+        job["checkpointing"] = True
+    return job
+
+
 def _states(f: OomFacts) -> Optional[int]:
     """Parameters + gradients + optimizer state (the expected state where known), else None."""
     ms = f.get("model_states")
@@ -341,4 +355,5 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         job=event.get("job"),
         model_states=event.get("model_states"),
         world_size=int(event.get("process", {}).get("world_size") or 1),
+        stack=[str(x) for x in event.get("stack") or []],
     )

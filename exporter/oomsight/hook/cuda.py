@@ -101,6 +101,7 @@ class CudaApi(Protocol):
     def largest_free_block(self, device: int) -> int | None: ...
     def in_backward(self) -> bool: ...
     def autocast_enabled(self) -> bool: ...
+    def open_contexts(self) -> dict[str, bool]: ...
     def saved_tensor_hooks_active(self) -> bool: ...
     def compiled(self) -> bool: ...
 
@@ -114,6 +115,11 @@ def expandable_segments_enabled(environ: Mapping[str, str] | None = None) -> boo
             if key.strip() == "expandable_segments":
                 return value.strip().lower() == "true"
     return False
+
+
+CHECKPOINT_TYPES = frozenset({"_CheckpointFrame", "CheckpointFunctionBackward"})
+"""What ``torch.utils.checkpoint`` keeps alive between a checkpointed forward and its backward
+(non-reentrant, reentrant)."""
 
 
 class TorchCuda:
@@ -258,25 +264,44 @@ class TorchCuda:
         return task is not None and int(task()) != -1
 
     def autocast_enabled(self) -> bool:
-        """Whether CUDA autocast is on in this thread (``is_autocast_enabled("cuda")`` from 2.4).
-
-        Inside an op that autocast wraps (a matmul casting its inputs), autocast excludes its own
-        dispatch key while the kernel runs, so ``is_autocast_enabled`` reads False exactly where an
-        OOM is most likely. The autocast context's nesting count (thread-local, raised by every
-        ``torch.autocast`` block) still says a block is open."""
+        """Whether CUDA autocast is on in this thread now (``is_autocast_enabled("cuda")`` from 2.4).
+        Exact between ops (a module's forward hook); inside an op autocast wraps it reads False."""
         check = self.torch.is_autocast_enabled
         try:
-            if check("cuda"):
-                return True
+            return bool(check("cuda"))
         except TypeError:
-            if check():
-                return True
+            return bool(check())
+
+    def open_contexts(self) -> dict[str, bool]:
+        """At an OOM: what the job has open now, from one scan of the garbage collector (an OOM is
+        rare; the scan is not cheap). ``autocast``: an enabled CUDA autocast block is open in this
+        thread. Inside an op that autocast wraps (a matmul casting its inputs) autocast excludes its
+        own dispatch key while the kernel runs, so :meth:`autocast_enabled` reads False exactly
+        where an OOM is most likely; the thread's nesting count says a block is open, and a live,
+        enabled CUDA autocast object that it is not an ``enabled=False`` one. ``checkpointing``:
+        activations saved by ``torch.utils.checkpoint`` are waiting for their backward (a
+        non-reentrant checkpoint frame or a reentrant checkpoint's backward node is alive)."""
+        import gc
+        import sys
+
+        found = {"autocast": self.autocast_enabled(), "checkpointing": False}
         increment = getattr(self.torch, "autocast_increment_nesting", None)
-        if increment is None:
-            return False
-        nesting = int(increment()) - 1
-        self.torch.autocast_decrement_nesting()
-        return nesting > 0
+        nesting = 0
+        if increment is not None:
+            nesting = int(increment()) - 1
+            self.torch.autocast_decrement_nesting()
+        want_autocast = not found["autocast"] and nesting > 0
+        want_checkpoint = f"{self.torch.__name__}.utils.checkpoint" in sys.modules
+        if not (want_autocast or want_checkpoint):
+            return found
+        kind = self.torch.amp.autocast_mode.autocast
+        for o in gc.get_objects():
+            t = type(o)  # type(), not isinstance(): no lazy object's __class__ property runs
+            if want_autocast and issubclass(t, kind):
+                found["autocast"] |= getattr(o, "device", "") == "cuda" and bool(getattr(o, "_enabled", False))
+            elif want_checkpoint and t.__name__ in CHECKPOINT_TYPES:
+                found["checkpointing"] = True
+        return found
 
     def saved_tensor_hooks_active(self) -> bool:
         """Whether saved-tensor hooks are on in this thread (non-reentrant checkpointing or offloading)."""

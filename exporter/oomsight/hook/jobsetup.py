@@ -55,8 +55,12 @@ class JobProbe:
         self._next = -1.0
         self._seen: Optional[dict[str, Any]] = None
 
+    def due(self, step: int) -> bool:
+        """Cheap, at every step boundary: whether :meth:`on_step` has a window to close or open."""
+        return self._seen is not None or (step >= FIRST_WINDOW_STEP and self.clock() >= self._next)
+
     def on_step(self, torch: Any, step: int, optimizers: list[Any], param_dtype: Optional[str]) -> None:
-        """At every optimizer-step boundary: close an open window, maybe open the next."""
+        """At a step boundary where :meth:`due`: close an open window, maybe open the next."""
         if self._seen is not None:
             with self.errors.guard("job_probe"):
                 self._close()

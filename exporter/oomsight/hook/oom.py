@@ -111,6 +111,7 @@ class OomRecorder:
         phase = self._phase()
         block = self._guarded("largest_free_block", lambda: self.cuda.largest_free_block(device))
         job = self._job_at_oom(ctx.job(), phase)
+        stack = _user_stack()
         model_states = self._guarded("model_states", lambda: ctx.model_states(device))
         facts = OomFacts(
             requested_bytes=requested,
@@ -130,6 +131,7 @@ class OomRecorder:
             job=job,
             model_states=model_states,
             world_size=int(self.sampler.process.get("world_size") or 1),
+            stack=stack,
         )
         event = OomEvent(
             schema_version=SCHEMA_VERSION,
@@ -150,7 +152,7 @@ class OomRecorder:
             nvml=nvml,
             categories=categories,
             allocator_summary=self._summary(device),
-            stack=_user_stack(),
+            stack=stack,
             diagnosis=diagnose(facts),
             snapshot_artifact=None,
             outcome=OUTCOME_PENDING,
@@ -189,15 +191,16 @@ class OomRecorder:
         return self.unwritten + len(self.unwritten_events)
 
     def _job_at_oom(self, job: Optional[dict[str, Any]], phase: str) -> Optional[dict[str, Any]]:
-        """The job's setup, with what the failing thread shows now (an OOM before the first
-        detection window still sees autocast and checkpointing in a forward pass)."""
-        if job is None or phase != "forward":
+        """The job's setup, with what is open at the OOM (one before the first detection window
+        still sees autocast and checkpointing, in forward and backward alike)."""
+        if job is None:
             return job
         job = dict(job)
-        if self._guarded("autocast", self.cuda.autocast_enabled):
-            job["autocast"] = True
-        if self._guarded("checkpointing", self.cuda.saved_tensor_hooks_active):
+        if phase == "forward" and self._guarded("checkpointing", self.cuda.saved_tensor_hooks_active):
             job["checkpointing"] = True
+        for key, seen in (self._guarded("open_contexts", self.cuda.open_contexts) or {}).items():
+            if seen:
+                job[key] = True
         return job
 
     def _phase(self) -> str:

@@ -144,7 +144,7 @@ class Hook:
         steps = self.steps
         if steps is not None:
             self.step_memory.on_step(steps.count)
-            if self.torch is not None:
+            if self.torch is not None and self.job.due(steps.count):
                 self.job.on_step(self.torch, steps.count, steps.optimizers, dominant_dtype(steps.param_dtypes))
         if self._leak_due is not None:
             self._scan_leak()

@@ -12,7 +12,7 @@ step when steps are slower than that, every k-th step when they are faster.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
@@ -40,7 +40,7 @@ class StepMemory:
         self.min_interval = min_interval_seconds
         self.clock = clock
         self.wall = wall
-        self.rows: dict[int, list[list[float]]] = {}
+        self.rows: dict[int, list[list[Any]]] = {}
         self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
 
@@ -62,10 +62,10 @@ class StepMemory:
             self._lifetime[dev.index] = r.peak_allocated_bytes
             exact = previous is None or r.peak_allocated_bytes > previous
             peak = r.peak_allocated_bytes if exact else max(sampled or 0, r.allocated_bytes)
-            row = [float(step), stamp, float(r.allocated_bytes), float(peak), float(r.reserved_bytes), float(exact)]
+            row = [step, stamp, r.allocated_bytes, peak, r.reserved_bytes, int(exact)]  # ints encode fast
             self._append(dev.index, row)
 
-    def _append(self, index: int, row: list[float]) -> None:
+    def _append(self, index: int, row: list[Any]) -> None:
         rows = self.rows.setdefault(index, [])
         rows.append(row)
         if len(rows) > MAX_ROWS:
@@ -73,4 +73,5 @@ class StepMemory:
             rows[:] = rows[:half:2] + rows[half:]
 
     def series(self, index: int) -> list[list[float]]:
+        """The rows of a device, oldest first (a copy: the training thread appends meanwhile)."""
         return [list(r) for r in list(self.rows.get(index, []))]  # list(): one atomic copy under the GIL

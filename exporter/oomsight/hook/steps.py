@@ -50,6 +50,7 @@ class StepTracker:
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handle: Any = None
         self._pre_handle: Any = None
+        self._last_optimizer: Any = None
         self.in_step = False
         """True inside ``optimizer.step()`` (between the pre- and post-step hooks)."""
         self.param_dtypes: dict[str, int] = {}
@@ -78,6 +79,11 @@ class StepTracker:
     def pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The global pre-step hook: one attribute write; the first time, learn the optimizer."""
         self.in_step = True
+        if optimizer is not self._last_optimizer:
+            self._learn(optimizer)
+
+    def _learn(self, optimizer: Any) -> None:
+        self._last_optimizer = optimizer  # most jobs step one optimizer: skip the WeakSet lookup
         if optimizer not in self._optimizers:
             self._optimizers.add(optimizer)
             self._next_walk = 0.0
@@ -99,9 +105,8 @@ class StepTracker:
             self._last = now
             self.count += 1
             self.last_step_wall = self.wall()
-            if optimizer not in self._optimizers:
-                self._optimizers.add(optimizer)
-                self._next_walk = 0.0
+            if optimizer is not self._last_optimizer:
+                self._learn(optimizer)
             if self.settings.step_peaks:
                 self._read_peaks()
             if now >= self._next_walk:
