@@ -124,8 +124,11 @@ step(16384)
     assert result.returncode == 1, result.stderr
     (event,) = SpoolReader(spool).read().events
     d = event["diagnosis"]
-    assert d["cause"] == "activations", d
-    assert "checkpoint" in d["remedies"][0]
+    # step(1024) then step(16384): the batch grew 16-fold, more than any earlier step's peak (H200:
+    # 3.94 GiB needed against a 706 MiB earlier peak), so this is growing demand; checkpointing is
+    # still advised, after bounding the input
+    assert d["cause"] == "growing_demand", d
+    assert any("checkpoint" in r for r in d["remedies"])
     cats = event["categories"]
     assert (
         cats["activations_bytes"] > cats["parameters_bytes"] + cats["gradients_bytes"] + cats["optimizer_state_bytes"]
