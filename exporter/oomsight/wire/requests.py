@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any, Optional
 
+from oomsight.wire import decoding
 from oomsight.wire.schema import SCHEMA_VERSION
 from oomsight.wire.spool import REQUESTS, write_atomic
 
@@ -75,10 +76,9 @@ def pending_requests(spool_dir: str, since: float, handled: set[str]) -> list[Pr
     for name in names:
         if name.startswith(".") or not name.endswith(".json"):
             continue
-        try:
-            with open(os.path.join(folder, name), "rb") as fh:
-                req = parse_request(json.loads(fh.read(4096)))
-        except (OSError, ValueError):
+        try:  # never blocks: a FIFO swapped in here must not hang the hook's sampler
+            req = parse_request(decoding.load(os.path.join(folder, name), 4096))
+        except (OSError, decoding.Unusable):
             continue
         if req is not None and req.id not in handled and req.created_at >= since:
             found.append(req)
