@@ -75,8 +75,10 @@ def test_json_nested_1000_deep_is_corrupt_before_it_reaches_the_parser():
         decoding.decode(deep(1000))
     assert exc.value.reason == "corrupt"
     assert isinstance(decoding.decode(deep(decoding.MAX_DEPTH)), list)  # as deep as allowed reads
-    assert decoding.nesting_within('{"a": "[[[[[[[[", "b": [1, {"c": []}]}', 4)
-    assert not decoding.nesting_within('{"a": [1, {"c": []}]}', 2)
+    assert decoding.nesting_within(b'{"a": "[[[[\\"[[[\\\\", "b": [1, {"c": []}]}', 4)
+    assert not decoding.nesting_within(b'{"a": [1, {"c": []}]}', 3)
+    assert not decoding.nesting_within(b"[" * 5000 + b"]" * 5000, 32)  # the regex passes, on long input
+    assert not decoding.nesting_within(b"[[]", 32) and not decoding.nesting_within(b"][", 32)
 
 
 def test_a_device_without_its_optional_nvml_key_scrapes(spool):

@@ -98,6 +98,22 @@ def _is_text(v: Any) -> bool:
     return True
 
 
+def _is_json(v: Any) -> bool:
+    """Any JSON value whose numbers are in range and whose strings are text (walked, not recursed)."""
+    stack = [v]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            if not all(_is_text(k) for k in item):
+                return False
+            stack.extend(item.values())
+        elif type(item) is list:
+            stack.extend(item)
+        elif not (item is None or type(item) is bool or _is_number(item) or _is_text(item)):
+            return False
+    return True
+
+
 def _is_row(v: Any) -> bool:
     return type(v) is list and all(type(x) is bool or _is_number(x) for x in v)
 
@@ -108,7 +124,7 @@ _SCALARS = {
     "time": lambda v: _is_number(v) and -TIME_MAX <= v <= TIME_MAX,
     "str": _is_text,
     "bool": lambda v: type(v) is bool,
-    "any": lambda v: True,
+    "any": _is_json,
     "row": _is_row,
 }
 
