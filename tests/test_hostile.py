@@ -214,3 +214,20 @@ def test_an_event_that_breaks_the_poster_is_counted_failed_and_the_loop_goes_on(
     results, errors = poster.counts()
     assert results["failed"] == 1 and results["posted"] == 1 and errors["events_document"] == 1
     assert poster.tick() == 0  # the broken one is not retried for ever
+
+
+def test_a_fifo_among_the_requests_or_timelines_blocks_neither_the_hook_nor_the_report(spool):
+    from oomsight.wire.requests import pending_requests
+    from oomsight.wire.spool import read_timeline
+
+    for rel in ("requests/profile-x.json", "timelines/1-aa.jsonl"):
+        os.makedirs(os.path.dirname(os.path.join(spool, rel)), exist_ok=True)
+        os.mkfifo(os.path.join(spool, rel))
+    done = {}
+    worker = threading.Thread(
+        target=lambda: done.update(req=pending_requests(spool, 0.0, set()), rows=read_timeline(spool, "1-aa")),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and done == {"req": [], "rows": ([], 0)}
