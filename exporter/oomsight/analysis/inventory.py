@@ -136,10 +136,12 @@ def _ranks(s: Snapshot) -> tuple[int, int]:
 
 def _view(s: Snapshot, now: float, stale_after: float) -> ProcessView:
     s = _unique_devices(s)
-    if not math.isfinite(s["time"]) or s["time"] > now + stale_after:
-        # not a time this clock can have written: no age, never up, gone at once (it would
-        # otherwise stay "up" for ever and shadow the rank's restarted process)
-        return ProcessView(s, False, math.inf, "vanished")
+    if not math.isfinite(s["time"]):
+        return ProcessView(s, False, math.inf, "vanished")  # no age: gone at once
+    if s["time"] > now + stale_after:
+        # not a time this clock wrote: never "up" (a dead process would stay up for ever and
+        # shadow its rank's restarted process), shown as gone while retention lasts
+        return ProcessView(s, False, 0.0, "vanished")
     age = max(now - s["time"], 0.0)
     if s["state"] == "exited":
         return ProcessView(s, False, age, s.get("exit_reason") or "exited")
