@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,7 +17,7 @@ from test_events import POD
 
 from oomsight.analysis.inventory import take_inventory
 from oomsight.metrics.collector import SpoolCollector
-from oomsight.tools import report
+from oomsight.tools import report, report_html
 from oomsight.wire.spool import SpoolReader
 from oomsight_sidecar.events import EventPoster
 
@@ -198,3 +199,20 @@ def test_the_fault_model_can_lower_a_counter_without_the_ledger():
         assert [t.fatal for t in inv.ooms.values()] == [0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+HTML_EXAMPLES = 10
+"""500 documents: the HTML report draws its charts with matplotlib (about 1.5 s a spool)."""
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels found")
+@settings(max_examples=HTML_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.lists(hostile_document(), min_size=DOCS_PER_EXAMPLE, max_size=DOCS_PER_EXAMPLE))
+def test_fuzzed_documents_never_break_the_html_report(batch):
+    spool = tempfile.mkdtemp(prefix="oomsight-fuzz-html-")
+    try:
+        for i, (rel, data) in enumerate(batch):
+            put(spool, rel.replace(".json", f"{i % 7}.json") if i % 2 else rel, data)
+        assert report_html.build(spool, NOW, retention_seconds=1e9).rstrip().endswith("</html>")
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
