@@ -157,3 +157,16 @@ def test_a_value_out_of_its_range_or_type_is_invalid(path, value):
     target[path[-1]] = value
     with pytest.raises(SchemaError):
         validate(doc)
+
+
+def test_a_profile_request_is_read_off_its_table_too(tmp_path):
+    from oomsight.wire.requests import parse_request, write_request
+
+    path = write_request(str(tmp_path), "r-1", steps=3, start_step=10)
+    with open(path) as fh:
+        doc = json.load(fh)
+    assert validate(dict(doc)) == "profile_request"
+    assert parse_request({**doc, "priority": "high"}).start_step == 10  # an unknown key reads
+    assert parse_request({**doc, "schema_version": 2}) is None  # a future version is not ours
+    assert parse_request({**doc, "created_at": float("nan")}) is None
+    assert parse_request({k: v for k, v in doc.items() if k not in ("schema_version", "cuda_time")}).cuda_time

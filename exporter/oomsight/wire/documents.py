@@ -25,6 +25,7 @@ __all__ = [
     "ProcessInfo",
     "Profile",
     "ProfileOp",
+    "ProfileRequestDocument",
     "Snapshot",
     "StepInfo",
     "StepPeak",
@@ -419,3 +420,22 @@ class Profile(TypedDict):
     table_artifact: NotRequired[Optional[str]]
     #: the gzipped Chrome trace, in artifacts/
     trace_artifact: NotRequired[Optional[str]]
+
+
+class ProfileRequestDocument(TypedDict):
+    """A request for a profiling window (requests/profile-<id>.json), by the admin endpoint or oomsight profile."""
+
+    #: 1
+    schema_version: NotRequired[int]
+    #: "profile_request"
+    kind: str
+    #: letters, digits and -
+    id: str
+    #: the window's length in optimizer steps, 1 to 100
+    steps: int
+    #: start after this optimizer step (or at once when already past it)
+    start_step: NotRequired[int]
+    #: when it was written; a process handles requests created after it started
+    created_at: float
+    #: false asks for a memory-only window
+    cuda_time: NotRequired[bool]

@@ -344,7 +344,23 @@ OOM_EVENT = Table(
     kind="oom_event",
 )
 
-DOCUMENTS: dict[str, Table] = {t.kind: t for t in (SNAPSHOT, OOM_EVENT, PROFILE) if t.kind}
+PROFILE_REQUEST = Table(
+    "ProfileRequestDocument",
+    "A request for a profiling window (requests/profile-<id>.json), by the admin endpoint or oomsight profile.",
+    (
+        opt("schema_version", "int", "1", default=1),
+        req("kind", "str", '"profile_request"', choices=("profile_request",)),
+        req("id", "str", "letters, digits and -"),
+        req("steps", "int", "the window's length in optimizer steps, 1 to 100"),
+        opt("start_step", "int", "start after this optimizer step (or at once when already past it)", default=0),
+        req("created_at", "time", "when it was written; a process handles requests created after it started"),
+        opt("cuda_time", "bool", "false asks for a memory-only window", default=True),
+    ),
+    since=LATER,
+    kind="profile_request",
+)
+
+DOCUMENTS: dict[str, Table] = {t.kind: t for t in (SNAPSHOT, OOM_EVENT, PROFILE, PROFILE_REQUEST) if t.kind}
 """Top-level tables by ``kind``."""
 
 

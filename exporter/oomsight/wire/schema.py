@@ -29,6 +29,7 @@ from oomsight.wire.documents import (
     ProcessInfo,
     Profile,
     ProfileOp,
+    ProfileRequestDocument,
     Snapshot,
     StepInfo,
     StepPeak,
@@ -49,6 +50,7 @@ __all__ = [
     "ProcessInfo",
     "Profile",
     "ProfileOp",
+    "ProfileRequestDocument",
     "SchemaError",
     "Snapshot",
     "StepInfo",
@@ -184,8 +186,8 @@ def validate(doc: Any, fill_defaults: bool = False) -> str:
     """Check a parsed document against its kind's table; return its kind. Raise
     :class:`SchemaError` otherwise. ``fill_defaults`` sets every absent optional key to the
     table's default, so readers can index any key of the table."""
-    if type(doc) is not dict or not _is_int(doc.get("schema_version")) or not _is_text(doc.get("kind")):
-        raise SchemaError("document has no schema_version/kind")
+    if type(doc) is not dict or not _is_text(doc.get("kind")):
+        raise SchemaError("document has no kind")
     kind = doc["kind"]
     table = DOCUMENTS.get(kind)
     if table is None:
