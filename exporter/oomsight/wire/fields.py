@@ -17,6 +17,7 @@ Rules (``docs/spool-format.md``, "Versioning"):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Optional
 
@@ -66,6 +67,13 @@ class Table:
 
     def field_since(self, f: Field) -> str:
         return f.since or self.since
+
+
+def default_of(f: Field) -> Any:
+    """What a reader sees when the optional key ``f`` is absent (a fresh copy)."""
+    if f.default is not None:
+        return copy.copy(f.default)
+    return {"list": [], "map": {}}.get(f.kind) if not f.nullable else None
 
 
 def req(name: str, kind: str, doc: str, **kw: Any) -> Field:

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from typing import Any, Optional
 
-from oomsight.wire.fields import DOCUMENTS, Field, Table, tables
+from oomsight.wire.fields import DOCUMENTS, Field, Table, default_of, tables
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DOCUMENTS_PY = os.path.join(os.path.dirname(__file__), "documents.py")
@@ -132,9 +132,9 @@ def _md_type(f: Field) -> str:
 
 
 def markdown_table(t: Table) -> str:
-    rows = ["| key | type | required | since | meaning |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| key | type | required (else: the default) | since | meaning |", "| --- | --- | --- | --- | --- |"]
     for f in t.fields:
-        need = "yes" if f.required else "no"
+        need = "yes" if f.required else f"no: `{json.dumps(default_of(f))}`"
         kind, meaning = _md_type(f).replace("|", "\\|"), f.doc.replace("|", "\\|")
         rows.append(f"| `{f.name}` | {kind} | {need} | {t.field_since(f)} | {meaning} |")
     return "\n".join(rows)

@@ -11,7 +11,6 @@ document that lacks a required key or has one of the wrong type or out of range.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -34,7 +33,7 @@ from oomsight.wire.documents import (
     StepInfo,
     StepPeak,
 )
-from oomsight.wire.fields import DOCUMENTS, Field, Table
+from oomsight.wire.fields import DOCUMENTS, Field, Table, default_of
 
 __all__ = [
     "AllocatorSample",
@@ -55,6 +54,7 @@ __all__ = [
     "Snapshot",
     "StepInfo",
     "StepPeak",
+    "default_of",
     "validate",
 ]
 
@@ -129,13 +129,6 @@ _SCALARS = {
     "any": _is_json,
     "row": _is_row,
 }
-
-
-def default_of(f: Field) -> Any:
-    """What a reader sees when the optional key ``f`` is absent."""
-    if f.default is not None:
-        return copy.copy(f.default)
-    return {"list": [], "map": {}}.get(f.kind) if not f.nullable else None
 
 
 def _check_value(f: Field, value: Any, where: str, fill: bool) -> None:
