@@ -132,15 +132,18 @@ def test_a_dead_process_with_a_future_dated_snapshot_does_not_shadow_the_restart
 
 def test_temp_files_of_killed_writers_are_swept_only_when_old_and_only_when_asked(spool):
     old = put(spool, "snapshots/.1-aa.json.tmp-7-8", b"{half")
+    old_pickle = put(spool, "artifacts/.1-aa.oom-00001.pickle.tmp-7-8", b"\x80")
     young = put(spool, "snapshots/.2-aa.json.tmp-7-8", b"{half")
     other = put(spool, "snapshots/.hidden", b"x")
     an_hour_ago = time.time() - 3600
     os.utime(old, (an_hour_ago, an_hour_ago))
+    os.utime(old_pickle, (an_hour_ago, an_hour_ago))
     os.utime(other, (an_hour_ago, an_hour_ago))
     SpoolReader(spool).read()
     assert os.path.exists(old)
     SpoolReader(spool, sweep_temp_after_seconds=600).read()
-    assert not os.path.exists(old) and os.path.exists(young) and os.path.exists(other)
+    assert not os.path.exists(old) and not os.path.exists(old_pickle)
+    assert os.path.exists(young) and os.path.exists(other)
 
 
 def test_series_stay_when_file_descriptors_run_out(spool, monkeypatch):

@@ -224,6 +224,7 @@ class SpoolReader:
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
         self._bad_dirs: set[str] = set()
         self._transient: set[str] = set()
+        self._swept_at = 0.0
         self._lock = threading.Lock()
 
     def read(self) -> SpoolState:
@@ -246,6 +247,7 @@ class SpoolReader:
                         out[kind].append(doc)
             for gone in set(self._seen) - present:
                 del self._seen[gone]
+            self._sweep_all()
             return SpoolState(
                 out[KIND_SNAPSHOT],
                 out[KIND_OOM_EVENT],
@@ -269,20 +271,31 @@ class SpoolReader:
                 self._skip(folder, "unreadable", str(exc))
             return None
         self._bad_dirs.discard(folder)
-        if self.sweep_temp_after_seconds is not None:
-            self._sweep(folder, [n for n in names if n.startswith(".") and ".tmp-" in n])
         return [os.path.join(folder, n) for n in names if not n.startswith(".")]  # dot files: writes in flight
 
-    def _sweep(self, folder: str, temps: list[str]) -> None:
-        assert self.sweep_temp_after_seconds is not None
-        cutoff = time.time() - self.sweep_temp_after_seconds
-        for name in temps:
-            path = os.path.join(folder, name)
-            with contextlib.suppress(OSError):
-                st = os.lstat(path)
-                if stat_mod.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
-                    os.unlink(path)
-                    logger.info("oomsight: removed %s, a temp file of a writer killed mid-write", path)
+    def _sweep_all(self) -> None:
+        """At most once a minute, when asked: remove every folder's old writers' temp files."""
+        now = time.time()
+        if self.sweep_temp_after_seconds is None or now - self._swept_at < 60:
+            return
+        self._swept_at = now
+        cutoff = now - self.sweep_temp_after_seconds
+        for sub in (*SUBDIRS, "sidecar"):
+            folder = os.path.join(self.root, sub)
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                if name.startswith(".") and ".tmp-" in name:
+                    self._sweep(os.path.join(folder, name), cutoff)
+
+    def _sweep(self, path: str, cutoff: float) -> None:
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat_mod.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                os.unlink(path)
+                logger.info("oomsight: removed %s, a temp file of a writer killed mid-write", path)
 
     def _load(self, path: str, kind: str) -> Document | None:
         seen = self._seen.get(path)
