@@ -10,6 +10,7 @@ from dashboards import queries as q
 T = c.THRESHOLDS
 HEADROOM = p.steps((p.RED, None), (p.ORANGE, T.near_capacity_warning_ratio), (p.GREEN, T.forecast_headroom_ratio))
 FORENSICS_LINK = c.FORENSICS_LINK
+TIME_TO_OOM = p.steps((p.RED, None), (p.ORANGE, 1800), (p.GREEN, 6 * 3600))
 
 timeline = [
     (
@@ -22,7 +23,7 @@ timeline = [
             f"{T.forecast_horizon_minutes} minutes: where it crosses capacity, an OOM is coming.",
             q.TIMELINE,
         ),
-        18,
+        14,
     ),
     (
         p.stat(
@@ -33,7 +34,19 @@ timeline = [
             "percentunit",
             HEADROOM,
         ),
-        6,
+        5,
+    ),
+    (
+        p.stat(
+            "Time to OOM (forecast)",
+            "At the leak or growth the hook fitted on its step-resolved memory (floor and peak at every "
+            "optimizer step), the time until the step peak reaches capacity; +Inf (shown as ∞) while "
+            "memory does not rise (docs/diagnosis.md).",
+            q.TIME_TO_OOM,
+            "s",
+            TIME_TO_OOM,
+        ),
+        5,
     ),
 ]
 
@@ -41,9 +54,10 @@ peaks = [
     (
         p.timeseries(
             "Step peaks and the between-steps floor",
-            "Peak allocated bytes of each optimizer step (with OOMSIGHT_STEP_PEAKS=1; otherwise the sampled "
-            "peak of each window), the lowest allocated bytes of each window (what survives between steps: a "
-            "floor that keeps rising is a leak) and the lifetime peak.",
+            "Peak allocated bytes of the optimizer steps the hook read (step-resolved, torch's peaks never "
+            "reset), allocated right after optimizer.step() (the between-steps floor: what survives between "
+            "steps; a floor that keeps rising is a leak; older hooks: the lowest sample of each window) and "
+            "the lifetime peak.",
             q.STEP_PEAKS,
         ),
         12,

@@ -172,6 +172,7 @@ TIMELINE = [
         f"forecast of peak allocated, {T.forecast_horizon_minutes} min ahead, {ID}",
     ),
 ]
+TIME_TO_OOM = [Query(f"min by ({c.DEVICE}) (oomsight_oom_forecast_seconds{DEV})", ID, instant=True)]
 HEADROOM_NOW = [Query(f"oomsight_gpu_headroom_bytes{DEV} / {capacity(DEV)}", ID, instant=True)]
 STEP_PEAKS = [
     Query(
@@ -179,7 +180,11 @@ STEP_PEAKS = [
         f"or on ({c.DEVICE}) {peak('oomsight_torch_window_peak_allocated_bytes' + DEV)}",
         f"step peak {ID}",
     ),
-    Query(low(f"oomsight_torch_window_min_allocated_bytes{DEV}"), f"between-steps floor {ID}"),
+    Query(
+        f"{low('oomsight_step_floor_allocated_bytes' + DEV)}\n"
+        f"or on ({c.DEVICE}) {low('oomsight_torch_window_min_allocated_bytes' + DEV)}",
+        f"between-steps floor {ID}",
+    ),
     Query(peak(f"oomsight_torch_peak_allocated_bytes{DEV}"), f"lifetime peak {ID}"),
 ]
 FRAGMENTATION = [Query(f"oomsight_torch_inactive_split_bytes{DEV} / oomsight_torch_reserved_bytes{DEV}", ID)]

@@ -119,7 +119,7 @@ def test_an_api_server_hiccup_is_retried_on_the_next_tick(spool, monkeypatch):
     assert poster.tick() == 0 and poster.tick() == 1
     assert poster.counts() == (
         {"posted": 1, "failed": 0, "suppressed": 0},
-        {"events_api": 1, "events_state": 0, "kubernetes_client": 0},
+        {"events_api": 1, "events_state": 0, "events_document": 0, "kubernetes_client": 0},
     )
 
 

@@ -26,6 +26,7 @@ from collections import Counter
 from typing import Callable, Optional
 
 from oomsight.analysis.units import format_bytes as fb
+from oomsight.wire import decoding
 from oomsight.wire.schema import OomEvent
 from oomsight.wire.spool import SpoolReader, write_atomic
 from oomsight_sidecar.kube import Json, KubeApi, KubeError
@@ -44,7 +45,8 @@ MAX_ATTEMPTS = 3
 STATE_DIR = "sidecar"
 STATE_FILE = "events-posted.json"
 RESULTS = ("posted", "failed", "suppressed")
-ERROR_COMPONENTS = ("events_api", "events_state", "kubernetes_client")
+ERROR_COMPONENTS = ("events_api", "events_state", "events_document", "kubernetes_client")
+STATE_MAX_BYTES = 4 * 1024 * 1024
 
 
 def oom_id(ev: OomEvent) -> str:
@@ -120,17 +122,19 @@ class PostedState:
 
     def load(self) -> set[str]:
         """The handled ids; empty on this pod's first start. Raises ``ValueError``/``OSError``
-        when the file is there but unusable (the poster counts it; stable names prevent doubles)."""
+        when the file is there but unusable (the poster counts it; stable names prevent doubles).
+        The file is as untrusted as any in the spool (``oomsight.wire.decoding``)."""
         try:
-            with open(self.path, "rb") as fh:
-                doc = json.loads(fh.read(4 * 1024 * 1024))
+            doc = decoding.load(self.path, STATE_MAX_BYTES)
         except FileNotFoundError:
             return set()
+        except decoding.Unusable as exc:
+            raise ValueError(f"{self.path} is unusable ({exc})") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("done"), list):
             raise ValueError(f"{self.path} is not a posted-events file")
         if doc.get("pod_uid") != self.pod_uid:
             return set()  # a spool carried over from another pod: its Events were about that pod
-        return {str(x) for x in doc["done"]}
+        return {x for x in doc["done"] if isinstance(x, str)}
 
     def save(self, done: set[str]) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -167,13 +171,40 @@ class EventPoster:
             return dict(self.results), dict(self.errors)
 
     def tick(self) -> int:
-        """Post what is new; return how many Events were posted now. Never raises."""
+        """Post what is new; return how many Events were posted now. Never raises: the loop
+        that calls it must outlive any document."""
         with self._lock:
-            new = [ev for ev in self.reader.read().events if oom_id(ev) not in self.done]
-            posted = sum(self._handle(ev) for ev in sorted(new, key=lambda e: e["time"]))
+            try:
+                new = [ev for ev in self.reader.read().events if oom_id(ev) not in self.done]
+                posted = sum(self._handle_safely(ev) for ev in sorted(new, key=lambda e: e["time"]))
+            except Exception as exc:  # a defect of ours: counted, and the next tick tries again
+                self._count_failure("tick", exc)
+                return 0
             if new:
                 self._save()
             return posted
+
+    def _handle_safely(self, ev: OomEvent) -> bool:
+        """:meth:`_handle`, with a document that breaks it counted as failed (never retried)."""
+        try:
+            return self._handle(ev)
+        except Exception as exc:
+            self._count_failure("document", exc)
+            try:
+                return self._finish(oom_id(ev), "failed")
+            except Exception:
+                return False
+
+    def _count_failure(self, what: str, exc: Exception) -> None:
+        self.errors["events_document"] += 1
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning(
+                "oomsight sidecar: an OOM event could not become a Kubernetes Event (%s: %s); it is counted "
+                "in oomsight_sidecar_errors_total{component=\"events_document\"} and the poster carries on",
+                type(exc).__name__,
+                exc,
+            )
 
     def _handle(self, ev: OomEvent) -> bool:
         oid = oom_id(ev)

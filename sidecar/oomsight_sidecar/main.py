@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from oomsight.config import ConfigError
 from oomsight.metrics.collector import SpoolCollector
+from oomsight.wire.spool import TEMP_MAX_AGE_SECONDS, SpoolReader
 from oomsight_sidecar.admin import AdminApp, ensure_token
 from oomsight_sidecar.events import EventPoster
 from oomsight_sidecar.kube import KubeApi, KubeClient
@@ -32,6 +33,7 @@ def build_app(
         settings.spool_dir,
         retention_seconds=settings.retention_seconds,
         stale_after_seconds=settings.stale_after_seconds,
+        reader=SpoolReader(settings.spool_dir, sweep_temp_after_seconds=TEMP_MAX_AGE_SECONDS),
     )
     registry = CollectorRegistry()
     registry.register(collector)

@@ -110,9 +110,10 @@ def analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
 
 
 def _leak(rows: Sequence[Sequence[float]], capacity: int) -> tuple[bool, Sequence[Sequence[float]]]:
-    """A steady floor rise with a flat transient, in the recent window or over the whole series."""
+    """A steady floor rise with a flat transient over the whole series (the fullest evidence), or in
+    the recent window (a leak that started late)."""
     recent = rows[-RECENT_POINTS:]
-    for judged in (recent, rows):
+    for judged in (rows, recent):
         if len(judged) >= MIN_POINTS and _is_leak(judged, capacity):
             return True, judged
     return False, recent

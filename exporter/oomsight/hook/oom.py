@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from oomsight.analysis.diagnosis import OomFacts, diagnose
 from oomsight.analysis.units import format_bytes
@@ -33,6 +33,7 @@ from oomsight.wire.schema import (
     OUTCOME_RECOVERED,
     SCHEMA_VERSION,
     Categories,
+    JobSetup,
     OomEvent,
 )
 from oomsight.wire.spool import SpoolWriter
@@ -162,7 +163,7 @@ class OomRecorder:
             steps_memory=steps_memory,
             phase=phase,
             largest_free_block_bytes=block,
-            job=job,
+            job=cast(Optional[JobSetup], job),
             model_states=model_states,
         )
         self.events[self._seq] = event

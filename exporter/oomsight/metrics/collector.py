@@ -27,6 +27,7 @@ from oomsight.analysis.inventory import (
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_STALE_AFTER_SECONDS,
     Inventory,
+    Ledger,
     ProcessView,
     take_inventory,
 )
@@ -69,12 +70,15 @@ class SpoolCollector(Collector):
         self.stale_after_seconds = stale_after_seconds
         self.clock = clock
         self.last_inventory: Optional[Inventory] = None
+        self.ledger = Ledger()
+        """OOM counters never go backwards while this collector lives (``Ledger``)."""
 
     def describe(self) -> list[Metric]:
         return []  # collect() reads files: do not run it at registration
 
     def inventory(self) -> Inventory:
-        inv = take_inventory(self.reader.read(), self.clock(), self.retention_seconds, self.stale_after_seconds)
+        state = self.reader.read()
+        inv = take_inventory(state, self.clock(), self.retention_seconds, self.stale_after_seconds, self.ledger)
         self.last_inventory = inv
         return inv
 
@@ -96,7 +100,7 @@ def _self_health(inv: Inventory) -> Iterator[Metric]:
         "1 if a data source works. The sidecar's own sources have no rank.",
         labels=[*PROC, "source"],
     )
-    up.add_metric(["", "", "spool"], float(inv.readable))
+    up.add_metric(["", "", "spool"], float(inv.readable and not inv.error))
     skipped = CounterMetricFamily(
         "oomsight_spool_skipped_files",
         "Spool files that could not be used, by reason; each distinct file counted once.",

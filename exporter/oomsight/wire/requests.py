@@ -10,7 +10,8 @@ import os
 import time
 from typing import Any, Optional
 
-from oomsight.wire.schema import SCHEMA_VERSION
+from oomsight.wire import decoding
+from oomsight.wire.schema import SCHEMA_VERSION, ProfileRequestDocument, SchemaError, validate
 from oomsight.wire.spool import REQUESTS, write_atomic
 
 KIND_PROFILE_REQUEST = "profile_request"
@@ -29,21 +30,19 @@ class ProfileRequest:
 
 
 def parse_request(doc: Any) -> Optional[ProfileRequest]:
-    """A request document, or None if it is not a valid one."""
+    """A request document, or None if it is not a valid one (its table in ``oomsight.wire.fields``,
+    then what the table cannot say: the id's characters and the window's length)."""
     if not isinstance(doc, dict) or doc.get("kind") != KIND_PROFILE_REQUEST:
         return None
-    rid, steps, start, created = doc.get("id"), doc.get("steps"), doc.get("start_step", 0), doc.get("created_at")
-    cuda_time = doc.get("cuda_time", True)  # absent: written before memory-only windows existed
-    valid = (
-        isinstance(rid, str)
-        and rid.replace("-", "").isalnum()
-        and isinstance(steps, int)
-        and 1 <= steps <= MAX_STEPS
-        and isinstance(start, int)
-        and isinstance(created, (int, float))
-        and isinstance(cuda_time, bool)
-    )
-    return ProfileRequest(rid, steps, start, float(created), cuda_time) if valid else None  # type: ignore[arg-type]
+    try:
+        validate(doc, fill_defaults=True)
+    except SchemaError:
+        return None
+    req: ProfileRequestDocument = doc  # type: ignore[assignment]
+    rid, steps = req["id"], req["steps"]
+    if req["schema_version"] > SCHEMA_VERSION or not rid.replace("-", "").isalnum() or not 1 <= steps <= MAX_STEPS:
+        return None
+    return ProfileRequest(rid, steps, req["start_step"], float(req["created_at"]), req["cuda_time"])
 
 
 def write_request(spool_dir: str, rid: str, steps: int, start_step: int, cuda_time: bool = True) -> str:
@@ -75,10 +74,9 @@ def pending_requests(spool_dir: str, since: float, handled: set[str]) -> list[Pr
     for name in names:
         if name.startswith(".") or not name.endswith(".json"):
             continue
-        try:
-            with open(os.path.join(folder, name), "rb") as fh:
-                req = parse_request(json.loads(fh.read(4096)))
-        except (OSError, ValueError):
+        try:  # never blocks: a FIFO swapped in here must not hang the hook's sampler
+            req = parse_request(decoding.load(os.path.join(folder, name), 4096))
+        except (OSError, decoding.Unusable):
             continue
         if req is not None and req.id not in handled and req.created_at >= since:
             found.append(req)

@@ -1,0 +1,391 @@
+"""The one table of the spool's documents: every key, its type, whether a reader needs it,
+the revision it appeared in and what it means.
+
+Everything else is read off these tables: validation (``oomsight.wire.schema``), the
+``TypedDict`` s the code is typed with (``oomsight.wire.documents``, generated), the JSON
+Schema (``docs/spool-schema.json``) and the field lists of ``docs/spool-format.md``
+(``python -m oomsight.wire.rendering`` writes them, ``--check`` fails on drift).
+
+Rules (``docs/spool-format.md``, "Versioning"):
+
+- readers accept unknown keys;
+- revision ``"1"`` is what the shipped H200 tape holds; a key of a table may be required only
+  if it is there since the table itself (an older writer of the same schema version lacks
+  every later key), so every key added later is optional, with a ``default`` readers see;
+- a newer ``schema_version`` is skipped and counted (``future_version``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Optional
+
+BASE = "1"
+"""The revision of the shipped H200 tape (``oomsight/tools/data/h200-demo.tape.jsonl.gz``)."""
+LATER = "1.1"
+"""Keys and kinds written before this table existed but after the tape was recorded."""
+STEP_MEMORY = "1.2"
+"""Step-resolved memory, the job's setup and the OOM's phase and model states."""
+
+OUTCOME_CHOICES = ("pending", "recovered", "fatal")
+KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
+"""``int`` within ±2**63; ``number`` finite; ``time`` Unix seconds within ±2**33;
+``map`` an object of arbitrary keys whose values are ``items``; ``list`` of ``items``."""
+ITEM_KINDS = ("int", "number", "str", "bool", "any", "row")
+"""``row``: a list of finite numbers (booleans allowed), one row of a table of samples."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str
+    doc: str
+    required: bool = False
+    nullable: bool = False
+    table: Optional[Table] = None
+    """The nested object of an ``object`` field, or the item of a ``list`` of objects."""
+    items: Optional[str] = None
+    """The values of a ``map`` or the items of a ``list`` of scalars (``ITEM_KINDS``)."""
+    since: Optional[str] = None
+    """The revision the key appeared in; None: with its table."""
+    default: Any = None
+    """What a reader sees when an optional key is absent (a fresh copy for lists and maps)."""
+    choices: tuple[str, ...] = ()
+    """The only values a reader accepts (closed sets only; open ones are listed in ``doc``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    name: str
+    """The ``TypedDict`` of this object in ``oomsight.wire.documents``."""
+    doc: str
+    fields: tuple[Field, ...]
+    since: str = BASE
+    kind: Optional[str] = None
+    """The ``kind`` of a top-level document."""
+
+    def field_since(self, f: Field) -> str:
+        return f.since or self.since
+
+
+def default_of(f: Field) -> Any:
+    """What a reader sees when the optional key ``f`` is absent (a fresh copy)."""
+    if f.default is not None:
+        return copy.copy(f.default)
+    return {"list": [], "map": {}}.get(f.kind) if not f.nullable else None
+
+
+def req(name: str, kind: str, doc: str, **kw: Any) -> Field:
+    return Field(name, kind, doc, required=True, **kw)
+
+
+def opt(name: str, kind: str, doc: str, **kw: Any) -> Field:
+    return Field(name, kind, doc, **kw)
+
+
+def nullable(name: str, kind: str, doc: str, required: bool = False, **kw: Any) -> Field:
+    return Field(name, kind, doc, required=required, nullable=True, **kw)
+
+
+PROCESS = Table(
+    "ProcessInfo",
+    "Who wrote the document: one process start.",
+    (
+        req("id", "str", 'unique per process start: "<pid>-<8 random hex digits>"'),
+        req("pid", "int", "the process id in its container's PID namespace"),
+        opt("hostname", "str", "the host (pod) name", default=""),
+        req("rank", "int", "RANK of torch.distributed (0 without it)"),
+        req("local_rank", "int", "LOCAL_RANK (0 without it)"),
+        opt("world_size", "int", "WORLD_SIZE (1 without it)", default=1),
+        req("started_at", "time", "when the hook started, Unix seconds"),
+        opt("argv0", "str", "the program's file name", default=""),
+        opt("torch_version", "str", "torch.__version__", default=""),
+        opt("cuda_version", "str", "torch.version.cuda", default=""),
+        opt("oomsight_version", "str", "the hook's oomsight version", default=""),
+        opt("allocator_backend", "str", '"native" or "cudaMallocAsync"', default=""),
+        opt("expandable_segments", "bool", "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True", default=False),
+    ),
+)
+ALLOCATOR = Table(
+    "AllocatorSample",
+    "torch.cuda.memory_stats() of one device, all in bytes or counts.",
+    (
+        req("allocated_bytes", "int", "bytes in live tensors (allocated_bytes.all.current)"),
+        req("reserved_bytes", "int", "bytes held by the caching allocator"),
+        req("active_bytes", "int", "bytes in active blocks, frees awaiting other streams included"),
+        req("requested_bytes", "int", "bytes tensors asked for, before rounding"),
+        req("inactive_split_bytes", "int", "free bytes inside split segments: fragmentation"),
+        req("peak_allocated_bytes", "int", "lifetime peak (since the last reset by anybody)"),
+        req("peak_reserved_bytes", "int", "lifetime peak of reserved bytes"),
+        req("window_peak_allocated_bytes", "int", "maximum sampled within the sliding window"),
+        req("window_peak_reserved_bytes", "int", "maximum sampled reserved bytes within the window"),
+        req("window_min_allocated_bytes", "int", "trough within the window: persistent memory"),
+        req("alloc_retries", "int", "cudaMalloc failures after which the allocator freed its cache"),
+        req("ooms", "int", "OOMs the allocator counted"),
+        req("device_allocs", "int", "cudaMalloc calls"),
+        req("device_frees", "int", "cudaFree calls"),
+    ),
+)
+NVML = Table(
+    "NvmlSample",
+    "What NVML says about the device.",
+    (
+        req("total_bytes", "int", "device memory (NVML total)"),
+        req("used_bytes", "int", "device memory in use by anybody"),
+        req("free_bytes", "int", "device memory free"),
+        nullable("reserved_bytes", "int", "driver/firmware reserved (nvmlMemory_v2)"),
+        nullable("utilization_ratio", "number", "GPU utilization, 0..1"),
+        nullable("process_used_bytes", "int", "this process's own NVML entry, when its PID is visible"),
+        req("process_visible", "bool", "NVML lists this process (same PID namespace)"),
+        nullable("other_processes", "int", "compute processes NVML lists besides this one"),
+    ),
+)
+CATEGORIES = Table(
+    "Categories",
+    "Device memory by category, summed from the optimizers' tensors.",
+    (
+        req("parameters_bytes", "int", "parameters of the optimizers' groups"),
+        req("gradients_bytes", "int", "their .grad tensors"),
+        req("optimizer_state_bytes", "int", "the optimizers' state tensors"),
+        nullable("activations_bytes", "int", "peak minus the three above; null before a peak is known", required=True),
+        req("basis", "str", '"step_peak" (opt-in, exact) or "window_peak" (sampled, a lower bound)'),
+        opt("measured_at", "time", "when the categories were summed", default=0.0),
+        nullable(
+            "optimizer_state_expected_bytes",
+            "int",
+            "state bytes the optimizers will hold once initialised (null: unknown)",
+            since=STEP_MEMORY,
+        ),
+    ),
+)
+STEP_PEAK = Table(
+    "StepPeak",
+    "The exact peak of the last step (OOMSIGHT_STEP_PEAKS=1).",
+    (req("allocated_bytes", "int", "peak allocated bytes"), req("reserved_bytes", "int", "peak reserved bytes")),
+)
+STEPS_MEMORY_DOC = "by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]"
+DEVICE = Table(
+    "DeviceSnapshot",
+    "One CUDA device the process uses.",
+    (
+        req("index", "int", "the CUDA device index"),
+        req("uuid", "str", "the GPU's UUID (GPU-...)"),
+        opt("name", "str", "the GPU model", default=""),
+        opt("total_bytes", "int", "capacity as torch sees it (get_device_properties().total_memory)", default=0),
+        nullable("limit_bytes", "int", "cap of set_per_process_memory_fraction; null if unset", since=LATER),
+        req("allocator", "object", "the caching allocator's statistics", table=ALLOCATOR),
+        nullable("nvml", "object", "null when NVML is unavailable", table=NVML),
+        nullable("categories", "object", "null before the optimizers are known", table=CATEGORIES),
+        nullable("step_peak", "object", "null unless OOMSIGHT_STEP_PEAKS=1", table=STEP_PEAK),
+        opt("trend", "list", "rows [time, window_min_allocated_bytes, steps], oldest first, at most 64", items="row"),
+        opt("steps_memory", "list", STEPS_MEMORY_DOC, items="row", since=STEP_MEMORY),
+    ),
+)
+STEPS = Table(
+    "StepInfo",
+    "Optimizer steps seen by the global step hook.",
+    (
+        req("count", "int", "steps so far"),
+        req("duration_seconds_total", "number", "sum of the times between consecutive steps"),
+        nullable("last_duration_seconds", "number", "time between the last two steps"),
+        nullable("last_step_time", "time", "when the last step ended"),
+    ),
+)
+LEAK = Table(
+    "LeakFinding",
+    "Tensors that survived an optimizer step still holding their autograd graph.",
+    (
+        req("checked_at", "time", "when the scan ran"),
+        req("step", "int", "the step it ran after"),
+        req("graph_tensors", "int", "CUDA tensors with a grad_fn alive at the step boundary"),
+        req("graph_bytes", "int", "their storage bytes, each storage once"),
+        nullable("growth_bytes", "int", "growth of the between-steps floor that triggered the check"),
+        req("sites", "list", 'where the largest were allocated (needs history), "file:line in fn"', items="str"),
+    ),
+    since=LATER,
+)
+BATCH_ADVICE = Table(
+    "BatchAdvice",
+    "The answer of oomsight.probe_batch_size (or of observed steps).",
+    (
+        req("measured_at", "time", "when it was measured"),
+        req("device", "int", "the device"),
+        req("max_batch_size", "int", "largest batch that keeps the margin"),
+        req("margin_ratio", "number", "share of capacity kept free"),
+        req("capacity_bytes", "int", "the capacity it was fitted against"),
+        req("fixed_bytes", "number", "fitted peak at batch size 0 (parameters, gradients, optimizer state, ...)"),
+        req("bytes_per_sample", "number", "fitted peak growth per sample"),
+        req("points", "list", "[[batch_size, peak_bytes], ...] measured", items="row"),
+        req("source", "str", '"probe" or "observed"'),
+    ),
+    since=LATER,
+)
+JOB = Table(
+    "JobSetup",
+    "How the job is set up, as far as the hook can tell (null: unknown).",
+    (
+        nullable("autocast", "bool", "steps run under torch.autocast"),
+        nullable("param_dtype", "str", 'the parameters\' dtype, e.g. "torch.bfloat16"'),
+        nullable("checkpointing", "bool", "activation checkpointing is in use"),
+        nullable("accumulation_steps", "int", "backward passes per optimizer step"),
+        nullable("compiled", "bool", "the model runs under torch.compile"),
+        nullable("set_to_none", "bool", "zero_grad(set_to_none=True)"),
+        nullable("expandable_segments", "bool", "the allocator uses expandable segments"),
+        opt("optimizers", "list", "class names of the optimizers", items="str"),
+    ),
+    since=STEP_MEMORY,
+)
+SNAPSHOT = Table(
+    "Snapshot",
+    "One process's state, rewritten every publish (snapshots/<process id>.json).",
+    (
+        req("schema_version", "int", "1"),
+        req("kind", "str", '"snapshot"', choices=("snapshot",)),
+        req("process", "object", "who wrote it", table=PROCESS),
+        req("time", "time", "Unix time of this snapshot"),
+        req("seq", "int", "increases with every snapshot of the process"),
+        req("state", "str", "exited: the last snapshot of the process", choices=("running", "exited")),
+        nullable("exit_reason", "str", "normal, exception, oom, stopped"),
+        req("devices", "list", "one object per CUDA device the process uses", table=DEVICE),
+        req("steps", "object", "optimizer steps", table=STEPS),
+        opt("sources", "map", "allocator, nvml, oom_observer, step_hook, history, profiler -> works", items="bool"),
+        opt("errors", "map", "component -> count of swallowed errors", items="int"),
+        opt("oom_events_unwritten", "int", "OOMs beyond the event-file limit", default=0),
+        nullable("leak", "object", "the last leak scan's finding", table=LEAK, since=LATER),
+        nullable("batch_advice", "object", "the last batch-size advice", table=BATCH_ADVICE, since=LATER),
+        nullable("profiling", "str", "id of the profile request running now", since=LATER),
+        nullable("job", "object", "how the job is set up", table=JOB, since=STEP_MEMORY),
+    ),
+    kind="snapshot",
+)
+PROFILE_OP = Table(
+    "ProfileOp",
+    "One operator row of a profiling window.",
+    (
+        req("op", "str", 'operator name ("other" sums the rest)'),
+        req("calls", "int", "calls in the window"),
+        req("self_cuda_memory_bytes", "int", "memory the op itself allocated on the device (negative: frees)"),
+        req("self_cuda_time_us", "number", "self CUDA time, microseconds"),
+        req("cuda_time_us", "number", "CUDA time including children, microseconds"),
+        req("cpu_time_us", "number", "CPU time, microseconds"),
+    ),
+    since=LATER,
+)
+PROFILE = Table(
+    "Profile",
+    "One on-demand torch.profiler window of N optimizer steps in one process.",
+    (
+        req("schema_version", "int", "1"),
+        req("kind", "str", '"profile"', choices=("profile",)),
+        req("process", "object", "who wrote it", table=PROCESS),
+        req("request_id", "str", "the request it answers (scheduled-<unix s> for a scheduled window)"),
+        req("start_step", "int", "profiling began after this optimizer step (the same on every rank)"),
+        req("steps", "int", "the window's length in steps"),
+        req("started_at", "time", "when the window began"),
+        req("ended_at", "time", "when the window ended"),
+        req("device", "int", "the device"),
+        req("peak_allocated_bytes", "int", "peak allocated bytes inside the window (from the sampler)"),
+        req("top_by_memory", "list", 'top ops by self CUDA memory, then "other"', table=PROFILE_OP),
+        req("top_by_time", "list", "top ops by self CUDA time; empty for a memory-only window", table=PROFILE_OP),
+        opt("cuda_time", "bool", "false: a memory-only window, CUDA time not traced", default=True),
+        nullable("table_artifact", "str", "the profiler's key_averages() table, in artifacts/"),
+        nullable("trace_artifact", "str", "the gzipped Chrome trace, in artifacts/"),
+    ),
+    since=LATER,
+    kind="profile",
+)
+DIAGNOSIS = Table(
+    "Diagnosis",
+    "Why the OOM happened (docs/diagnosis.md).",
+    (
+        req("cause", "str", "the diagnosed cause"),
+        req("summary", "str", "one sentence"),
+        req("remedies", "list", "what to try, best first", items="str"),
+        opt("facts", "map", "the numbers the diagnosis used", items="any"),
+    ),
+)
+MODEL_STATES = Table(
+    "ModelStates",
+    "Memory of the model's states at the OOM, summed from the optimizers' tensors.",
+    (
+        opt("parameters_bytes", "int", "parameters", default=0),
+        opt("gradients_bytes", "int", "gradients", default=0),
+        opt("optimizer_state_bytes", "int", "optimizer state held now", default=0),
+        nullable("optimizer_state_expected_bytes", "int", "optimizer state once initialised (null: unknown)"),
+    ),
+    since=STEP_MEMORY,
+)
+OOM_EVENT = Table(
+    "OomEvent",
+    "One CUDA OOM (events/<process id>.oom-<seq:05d>.json), rewritten once its outcome is known.",
+    (
+        req("schema_version", "int", "1"),
+        req("kind", "str", '"oom_event"', choices=("oom_event",)),
+        req("process", "object", "who wrote it", table=PROCESS),
+        req("seq", "int", "1, 2, ... per process"),
+        req("time", "time", "Unix time of the OOM"),
+        req("device", "int", "the failing device"),
+        req("gpu_uuid", "str", "its UUID"),
+        req("requested_bytes", "int", "size of the failing allocation (after the allocator's rounding)"),
+        req("device_free_bytes", "int", "what the process could still get, as the allocator's observer saw it"),
+        req("device_total_bytes", "int", "the device total (the cap under set_per_process_memory_fraction)"),
+        req("allocated_bytes", "int", "allocator state at the OOM"),
+        req("reserved_bytes", "int", "allocator state at the OOM"),
+        opt("inactive_split_bytes", "int", "allocator state at the OOM", default=0),
+        opt("reserved_unallocated_bytes", "int", "reserved minus allocated at the OOM", default=0),
+        opt("step", "int", "optimizer steps completed before the OOM", default=0),
+        nullable("nvml", "object", "as in the snapshot, at the OOM", table=NVML),
+        nullable("categories", "object", "as in the snapshot, at the OOM", table=CATEGORIES),
+        opt("allocator_summary", "str", "torch.cuda.memory_summary(abbreviated=True), at most 8 KiB", default=""),
+        opt("stack", "list", 'the Python stack of the failing allocation, "file:line in function"', items="str"),
+        req("diagnosis", "object", "cause, summary, remedies, facts", table=DIAGNOSIS),
+        nullable("snapshot_artifact", "str", "file name in artifacts/ of the memory snapshot pickle"),
+        req("outcome", "str", "pending of a process that is gone reads as fatal", choices=OUTCOME_CHOICES),
+        nullable("outcome_time", "time", "when the outcome was decided"),
+        opt("steps_memory", "list", STEPS_MEMORY_DOC, items="row", since=STEP_MEMORY),
+        nullable("phase", "str", '"forward", "backward", "optimizer" or "unknown"', since=STEP_MEMORY),
+        nullable("largest_free_block_bytes", "int", "the largest free block of the allocator", since=STEP_MEMORY),
+        nullable("job", "object", "how the job is set up", table=JOB, since=STEP_MEMORY),
+        nullable("model_states", "object", "model states at the OOM", table=MODEL_STATES, since=STEP_MEMORY),
+        nullable("physical_free_bytes", "int", "free on the device before any per-process cap", since=STEP_MEMORY),
+        nullable("limit_bytes", "int", "cap of set_per_process_memory_fraction; null if unset", since=STEP_MEMORY),
+    ),
+    kind="oom_event",
+)
+
+PROFILE_REQUEST = Table(
+    "ProfileRequestDocument",
+    "A request for a profiling window (requests/profile-<id>.json), by the admin endpoint or oomsight profile.",
+    (
+        opt("schema_version", "int", "1", default=1),
+        req("kind", "str", '"profile_request"', choices=("profile_request",)),
+        req("id", "str", "letters, digits and -"),
+        req("steps", "int", "the window's length in optimizer steps, 1 to 100"),
+        opt("start_step", "int", "start after this optimizer step (or at once when already past it)", default=0),
+        req("created_at", "time", "when it was written; a process handles requests created after it started"),
+        opt("cuda_time", "bool", "false asks for a memory-only window", default=True),
+    ),
+    since=LATER,
+    kind="profile_request",
+)
+
+DOCUMENTS: dict[str, Table] = {t.kind: t for t in (SNAPSHOT, OOM_EVENT, PROFILE, PROFILE_REQUEST) if t.kind}
+"""Top-level tables by ``kind``."""
+
+
+def tables() -> list[Table]:
+    """Every table, nested ones first, each once."""
+    out: list[Table] = []
+
+    def visit(t: Table) -> None:
+        for f in t.fields:
+            if f.table is not None:
+                visit(f.table)
+        if t not in out:
+            out.append(t)
+
+    for t in DOCUMENTS.values():
+        visit(t)
+    return out
+

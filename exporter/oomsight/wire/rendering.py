@@ -1,0 +1,190 @@
+"""Everything written from the field table (``oomsight.wire.fields``): the ``TypedDict`` s of
+``oomsight/wire/documents.py``, ``docs/spool-schema.json`` and the field lists inside
+``docs/spool-format.md`` (between ``<!-- fields:Name -->`` and ``<!-- /fields -->``).
+
+``python -m oomsight.wire.rendering`` rewrites them; ``--check`` exits 1 when one has drifted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import textwrap
+from typing import Any, Optional
+
+from oomsight.wire.fields import DOCUMENTS, Field, Table, default_of, tables
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+DOCUMENTS_PY = os.path.join(os.path.dirname(__file__), "documents.py")
+SCHEMA_JSON = os.path.join(ROOT, "docs", "spool-schema.json")
+FORMAT_MD = os.path.join(ROOT, "docs", "spool-format.md")
+INT_RANGE = {"minimum": -(2**63), "maximum": 2**63 - 1}
+TIME_RANGE = {"minimum": -(2**33), "maximum": 2**33}
+
+_PY = {"int": "int", "number": "float", "time": "float", "str": "str", "bool": "bool", "any": "Any"}
+_PY["row"] = "list[float]"
+
+
+def annotation(f: Field) -> str:
+    """The ``TypedDict`` annotation of a field, as written in ``documents.py``."""
+    if f.kind == "object":
+        assert f.table is not None
+        text = f.table.name
+    elif f.kind == "list":
+        text = f"list[{f.table.name if f.table is not None else _PY[f.items or 'any']}]"
+    elif f.kind == "map":
+        text = f"dict[str, {_PY[f.items or 'any']}]"
+    else:
+        text = _PY[f.kind]
+    if f.nullable:
+        text = f"Optional[{text}]"
+    return text if f.required else f"NotRequired[{text}]"
+
+
+def python_module() -> str:
+    out = [
+        '"""The spool documents as ``TypedDict`` s. GENERATED from ``oomsight.wire.fields`` by',
+        "``python -m oomsight.wire.rendering``: edit the table, not this file.",
+        "",
+        "Optional keys are ``NotRequired``: a reader sees the table's default in their place",
+        '(``oomsight.wire.schema.validate(doc, fill_defaults=True)``)."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import TYPE_CHECKING, Any, Optional, TypedDict",
+        "",
+        "if TYPE_CHECKING:",
+        "    from typing_extensions import NotRequired",
+        "",
+        "__all__ = [",
+        *(f'    "{t.name}",' for t in sorted(tables(), key=lambda t: t.name)),
+        "]",
+    ]
+    for t in tables():
+        out += ["", "", f"class {t.name}(TypedDict):", f'    """{t.doc}"""', ""]
+        for f in t.fields:
+            since = t.field_since(f)
+            note = f"{f.doc} (since {since})" if since != t.since else f.doc
+            out += textwrap.wrap(note, 112, initial_indent="    #: ", subsequent_indent="    #: ")
+            out.append(f"    {f.name}: {annotation(f)}")
+    return "\n".join(out) + "\n"
+
+
+def _json_type(f: Field, kind: Optional[str] = None, table: Optional[Table] = None) -> dict[str, Any]:
+    kind = kind or f.kind
+    if kind == "object":
+        assert table is not None
+        return {"$ref": f"#/$defs/{table.name}"}
+    if kind == "list":
+        item = _json_type(f, "object", f.table) if f.table is not None else _json_type(f, f.items or "any")
+        return {"type": "array", "items": item}
+    if kind == "map":
+        return {"type": "object", "additionalProperties": _json_type(f, f.items or "any")}
+    if kind == "row":
+        return {"type": "array", "items": {"type": ["number", "boolean"]}}
+    scalars: dict[str, dict[str, Any]] = {
+        "int": {"type": "integer", **INT_RANGE},
+        "number": {"type": "number"},
+        "time": {"type": "number", **TIME_RANGE},
+        "str": {"type": "string"},
+        "bool": {"type": "boolean"},
+        "any": {},
+    }
+    return scalars[kind]
+
+
+def _json_field(f: Field, t: Table) -> dict[str, Any]:
+    body = _json_type(f, table=f.table)
+    if f.choices:
+        body = {**body, "enum": list(f.choices)}
+    if f.nullable:
+        body = {"anyOf": [body, {"type": "null"}]}
+    return {"description": f.doc, **body, "x-since": t.field_since(f)}
+
+
+def json_schema() -> dict[str, Any]:
+    defs = {
+        t.name: {
+            "type": "object",
+            "description": t.doc,
+            "properties": {f.name: _json_field(f, t) for f in t.fields},
+            "required": [f.name for f in t.fields if f.required],
+            "additionalProperties": True,
+            "x-since": t.since,
+        }
+        for t in tables()
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://oomsight.io/spool-schema.json",
+        "title": "oomsight spool document (schema_version 1)",
+        "description": "GENERATED from exporter/oomsight/wire/fields.py by python -m oomsight.wire.rendering.",
+        "oneOf": [{"$ref": f"#/$defs/{t.name}"} for t in DOCUMENTS.values()],
+        "$defs": defs,
+    }
+
+
+def _md_type(f: Field) -> str:
+    text = annotation(f).replace("NotRequired[", "", 1)[: None if f.required else -1]
+    return f"`{text}`" + (" one of " + ", ".join(f"`{c}`" for c in f.choices) if f.choices else "")
+
+
+def markdown_table(t: Table) -> str:
+    rows = ["| key | type | required (else: the default) | since | meaning |", "| --- | --- | --- | --- | --- |"]
+    for f in t.fields:
+        need = "yes" if f.required else f"no: `{json.dumps(default_of(f))}`"
+        kind, meaning = _md_type(f).replace("|", "\\|"), f.doc.replace("|", "\\|")
+        rows.append(f"| `{f.name}` | {kind} | {need} | {t.field_since(f)} | {meaning} |")
+    return "\n".join(rows)
+
+
+_SECTION = re.compile(r"(<!-- fields:(\w+) -->\n).*?(<!-- /fields -->)", re.S)
+
+
+def markdown(text: str) -> str:
+    """``text`` with every field section rewritten from the table."""
+    by_name = {t.name: t for t in tables()}
+    return _SECTION.sub(lambda m: f"{m.group(1)}{markdown_table(by_name[m.group(2)])}\n{m.group(3)}", text)
+
+
+def outputs() -> dict[str, str]:
+    with open(FORMAT_MD, encoding="utf-8") as fh:
+        md = fh.read()
+    return {
+        DOCUMENTS_PY: python_module(),
+        SCHEMA_JSON: json.dumps(json_schema(), indent=2) + "\n",
+        FORMAT_MD: markdown(md),
+    }
+
+
+def drifted() -> list[str]:
+    """The generated files whose content differs from what the table gives."""
+    stale = []
+    for path, text in outputs().items():
+        try:
+            with open(path, encoding="utf-8") as fh:
+                current = fh.read()
+        except OSError:
+            current = None
+        if current != text:
+            stale.append(path)
+    return stale
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--check" in args:
+        stale = drifted()
+        for path in stale:
+            print(f"{os.path.relpath(path, ROOT)} differs from the field table: run python -m oomsight.wire.rendering")
+        return 1 if stale else 0
+    for path, text in outputs().items():
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

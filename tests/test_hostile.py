@@ -1,0 +1,236 @@
+"""Every spool file is untrusted: hostile files are counted skips, never a failed scrape, a
+hung reader, a dead Event loop or a crashed report (issue 13)."""
+
+import errno
+import json
+import os
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from test_events import POD
+
+from oomsight.analysis.inventory import take_inventory
+from oomsight.metrics.collector import SpoolCollector
+from oomsight.wire import decoding
+from oomsight.wire.spool import SpoolReader
+from oomsight_sidecar.events import EventPoster
+
+from hostile import NOW, event, event_path, put, snapshot, snapshot_path
+from kubetools import FakeKube
+
+SPOOL_UP = {"rank": "", "local_rank": "", "source": "spool"}
+DEV = {"rank": "0", "local_rank": "0", "device": "0", "gpu_uuid": snapshot()["devices"][0]["uuid"]}
+
+
+def scrape(collector):
+    reg = CollectorRegistry()
+    reg.register(collector)
+    return reg, generate_latest(reg).decode()
+
+
+def deep(n):
+    return ("[" * n + "]" * n).encode()
+
+
+HOSTILE = {
+    "nested_1000_deep": b'{"schema_version": 1, "kind": "snapshot", "x": ' + deep(1000) + b"}",
+    "int_above_1e308": json.dumps(snapshot(pid=9)).replace('"pid": 9', '"pid": 9' + "0" * 310).encode(),
+    "float_overflowing_to_inf": json.dumps(snapshot(pid=9)).replace('"pid": 9', '"pid": 1e400').encode(),
+    "nan_time": json.dumps(snapshot(pid=9, t=float("nan"))).encode(),
+    "infinite_time": json.dumps(snapshot(pid=9, t=float("inf"))).encode(),
+    "lone_surrogate_in_a_label": json.dumps(snapshot(pid=9)).replace("NVIDIA H200", "\\udc80").encode(),
+    "lone_surrogate_as_raw_bytes": json.dumps(snapshot(pid=9)).encode().replace(b"NVIDIA", b"\xed\xb2\x80"),
+    "huge_time": json.dumps(snapshot(pid=9, t=1e300)).encode(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_snapshot_is_a_counted_skip_and_the_scrape_still_answers(spool, name):
+    put(spool, snapshot_path(1), snapshot(pid=1))
+    put(spool, snapshot_path(9), HOSTILE[name])
+    collector = SpoolCollector(spool, clock=lambda: NOW)
+    reg, text = scrape(collector)
+    assert reg.get_sample_value("oomsight_torch_allocated_bytes", DEV) is not None  # the good rank
+    assert reg.get_sample_value("oomsight_process_up", {"rank": "0", "local_rank": "0"}) == 1
+    skipped = sum(
+        reg.get_sample_value("oomsight_spool_skipped_files_total", {"reason": r}) for r in ("corrupt", "invalid")
+    )
+    assert skipped == 1
+    assert 'gpu_uuid="' in text and len(collector.inventory().processes) == 1
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_event_never_stops_the_event_poster(spool, name):
+    put(spool, event_path(1, 1), event(pid=1, seq=1))
+    put(spool, event_path(9, 1), HOSTILE[name].replace(b'"snapshot"', b'"oom_event"'))
+    kube = FakeKube()
+    poster = EventPoster(spool, POD, lambda: kube)
+    assert poster.tick() == 1 and len(kube.events) == 1
+
+
+def test_json_nested_1000_deep_is_corrupt_before_it_reaches_the_parser():
+    with pytest.raises(decoding.Unusable) as exc:
+        decoding.decode(deep(1000))
+    assert exc.value.reason == "corrupt"
+    assert isinstance(decoding.decode(deep(decoding.MAX_DEPTH)), list)  # as deep as allowed reads
+    assert decoding.nesting_within(b'{"a": "[[[[\\"[[[\\\\", "b": [1, {"c": []}]}', 4)
+    assert not decoding.nesting_within(b'{"a": [1, {"c": []}]}', 3)
+    assert not decoding.nesting_within(b"[" * 5000 + b"]" * 5000, 32)  # the regex passes, on long input
+    assert not decoding.nesting_within(b"[[]", 32) and not decoding.nesting_within(b"][", 32)
+
+
+def test_a_device_without_its_optional_nvml_key_scrapes(spool):
+    doc = snapshot()
+    del doc["devices"][0]["nvml"], doc["sources"], doc["steps"]["last_duration_seconds"]
+    put(spool, snapshot_path(1), doc)
+    reg, _ = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert reg.get_sample_value("oomsight_torch_allocated_bytes", DEV) is not None
+    assert reg.get_sample_value("oomsight_gpu_memory_used_bytes", DEV) is None
+
+
+def test_a_fifo_swapped_in_after_the_stat_does_not_hang_the_reader(spool, monkeypatch):
+    path = put(spool, snapshot_path(1), snapshot())
+    regular = os.lstat(path)
+    os.unlink(path)
+    os.mkfifo(path)
+    for name in ("lstat", "stat"):  # every stat says "a regular file": the swap comes after it
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda p, *a, _real=real, **k: regular if p == path else _real(p, *a, **k))
+    result = {}
+    reader = threading.Thread(target=lambda: result.update(state=SpoolReader(spool).read()), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "the reader blocked opening a FIFO"
+    assert result["state"].snapshots == [] and result["state"].skipped_total["foreign"] == 1
+
+
+def test_a_symlink_is_foreign_and_not_followed(spool, tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps(snapshot()))
+    os.makedirs(os.path.join(spool, "snapshots"))
+    os.symlink(target, os.path.join(spool, snapshot_path(1)))
+    state = SpoolReader(spool).read()
+    assert state.snapshots == [] and state.skipped_total["foreign"] == 1
+
+
+def test_a_repeated_device_entry_gives_one_series(spool):
+    doc = snapshot()
+    doc["devices"] = doc["devices"] * 2
+    put(spool, snapshot_path(1), doc)
+    _, text = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert sum(line.startswith("oomsight_torch_allocated_bytes{") for line in text.splitlines()) == 1
+
+
+def test_a_dead_process_with_a_future_dated_snapshot_does_not_shadow_the_restarted_rank(spool):
+    put(spool, snapshot_path(1), snapshot(pid=1, t=NOW + 86400))
+    put(spool, snapshot_path(2), snapshot(pid=2, t=NOW - 1))
+    inv = take_inventory(SpoolReader(spool).read(), NOW)
+    assert [v.snapshot["process"]["pid"] for v in inv.processes] == [2] and inv.processes[0].up
+
+
+def test_temp_files_of_killed_writers_are_swept_only_when_old_and_only_when_asked(spool):
+    old = put(spool, "snapshots/.1-aa.json.tmp-7-8", b"{half")
+    old_pickle = put(spool, "artifacts/.1-aa.oom-00001.pickle.tmp-7-8", b"\x80")
+    young = put(spool, "snapshots/.2-aa.json.tmp-7-8", b"{half")
+    other = put(spool, "snapshots/.hidden", b"x")
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    os.utime(old_pickle, (an_hour_ago, an_hour_ago))
+    os.utime(other, (an_hour_ago, an_hour_ago))
+    SpoolReader(spool).read()
+    assert os.path.exists(old)
+    SpoolReader(spool, sweep_temp_after_seconds=600).read()
+    assert not os.path.exists(old) and not os.path.exists(old_pickle)
+    assert os.path.exists(young) and os.path.exists(other)
+
+
+def test_series_stay_when_file_descriptors_run_out(spool, monkeypatch):
+    put(spool, snapshot_path(1), snapshot())
+    collector = SpoolCollector(spool, clock=lambda: NOW)
+    reg, _ = scrape(collector)
+    assert reg.get_sample_value("oomsight_torch_allocated_bytes", DEV) is not None
+    put(spool, snapshot_path(1), snapshot(seq=2))  # changed: it must be opened again
+
+    def no_fds(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "listdir", no_fds)
+    monkeypatch.setattr(os, "open", no_fds)
+    reg, _ = scrape(collector)
+    assert reg.get_sample_value("oomsight_torch_allocated_bytes", DEV) is not None
+    assert reg.get_sample_value("oomsight_source_up", SPOOL_UP) == 0
+    monkeypatch.undo()
+    assert scrape(collector)[0].get_sample_value("oomsight_source_up", SPOOL_UP) == 1
+
+
+def test_the_oom_counter_does_not_drop_while_the_events_folder_is_unreadable(spool, monkeypatch):
+    put(spool, snapshot_path(1), snapshot())
+    for seq in (1, 2, 3):
+        put(spool, event_path(1, seq), event(seq=seq, outcome="recovered"))
+    collector = SpoolCollector(spool, clock=lambda: NOW)
+    assert scrape(collector)[0].get_sample_value("oomsight_oom_events_total", DEV) == 3
+    real = os.listdir
+
+    def listdir(path="."):
+        if str(path).endswith("events"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    assert scrape(collector)[0].get_sample_value("oomsight_oom_events_total", DEV) == 3
+    assert SpoolCollector(spool, clock=lambda: NOW).inventory().error == "cannot list events"
+
+
+def test_a_fatal_oom_stays_fatal_when_its_silent_process_publishes_again(spool):
+    clock = [NOW]
+    put(spool, snapshot_path(1), snapshot(t=NOW))
+    put(spool, event_path(1, 1), event(t=NOW))
+    collector = SpoolCollector(spool, clock=lambda: clock[0])
+    assert scrape(collector)[0].get_sample_value("oomsight_oom_fatal_events_total", DEV) == 0
+    clock[0] = NOW + 60  # silent past stale-after: the pending OOM ended it
+    assert scrape(collector)[0].get_sample_value("oomsight_oom_fatal_events_total", DEV) == 1
+    put(spool, snapshot_path(1), snapshot(t=NOW + 61))  # and then it publishes again
+    assert scrape(collector)[0].get_sample_value("oomsight_oom_fatal_events_total", DEV) == 1
+
+
+def test_a_deeply_nested_posted_events_file_does_not_stop_the_poster(spool):
+    put(spool, "sidecar/events-posted.json", b'{"done": ' + deep(5000) + b"}")
+    put(spool, event_path(1, 1), event())
+    kube = FakeKube()
+    poster = EventPoster(spool, POD, lambda: kube)
+    assert poster.counts()[1]["events_state"] == 1
+    assert poster.tick() == 1
+
+
+def test_an_event_that_breaks_the_poster_is_counted_failed_and_the_loop_goes_on(spool, monkeypatch):
+    put(spool, event_path(1, 1), event(seq=1, t=NOW))
+    put(spool, event_path(1, 2), event(seq=2, t=NOW + 1))
+    kube = FakeKube()
+    poster = EventPoster(spool, POD, lambda: kube)
+    import oomsight_sidecar.events as events_mod
+
+    real = events_mod.micro_time
+    monkeypatch.setattr(events_mod, "micro_time", lambda t: real(t) if t > NOW else 1 / 0)
+    assert poster.tick() == 1
+    results, errors = poster.counts()
+    assert results["failed"] == 1 and results["posted"] == 1 and errors["events_document"] == 1
+    assert poster.tick() == 0  # the broken one is not retried for ever
+
+
+def test_a_fifo_among_the_requests_or_timelines_blocks_neither_the_hook_nor_the_report(spool):
+    from oomsight.wire.requests import pending_requests
+    from oomsight.wire.spool import read_timeline
+
+    for rel in ("requests/profile-x.json", "timelines/1-aa.jsonl"):
+        os.makedirs(os.path.dirname(os.path.join(spool, rel)), exist_ok=True)
+        os.mkfifo(os.path.join(spool, rel))
+    done = {}
+    worker = threading.Thread(
+        target=lambda: done.update(req=pending_requests(spool, 0.0, set()), rows=read_timeline(spool, "1-aa")),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and done == {"req": [], "rows": ([], 0)}
