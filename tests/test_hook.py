@@ -315,3 +315,21 @@ def test_the_final_snapshot_reads_the_allocator_afresh(make_hook, spool):
     cuda.set(0, allocated=GIB, reserved=GIB, ooms=1)  # num_ooms rises after the observer returns
     hook.at_exit()
     assert read_snapshot(spool)["devices"][0]["allocator"]["ooms"] == 1
+
+
+def test_a_failing_nvml_call_is_counted_in_the_hooks_errors_and_the_snapshot(make_hook, spool):
+    module = FakeNvmlModule()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    module.nvmlDeviceGetMemoryInfo = broken
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=2 * GIB)
+    hook = make_hook(cuda, nvml=module)
+    hook.start()
+    hook.sampler.stop_thread()
+    hook.sampler.tick()
+    hook.sampler.publish()
+    assert hook.errors.counts["nvml"] >= 1
+    assert read_snapshot(spool)["errors"]["nvml"] >= 1

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
+from oomsight.hook.errors import ErrorBook
 from oomsight.wire.schema import NvmlSample
 
 logger = logging.getLogger(__name__)
@@ -22,13 +23,14 @@ T = TypeVar("T")
 class Nvml:
     """Lazy NVML access. ``module`` is the ``pynvml`` module, or a fake in tests."""
 
-    def __init__(self, module: Any = None) -> None:
+    def __init__(self, module: Any = None, errors: Optional[ErrorBook] = None) -> None:
         self._module = module
         self._lock = threading.Lock()
         self._ready: Optional[bool] = None
         self.reason: Optional[str] = None
         """Why NVML is unavailable, for the one log line and the report."""
-        self.errors = 0
+        self.errors = errors or ErrorBook()
+        """Failed NVML calls are counted here (component ``nvml``); the hook shares this book."""
         self._handles: dict[tuple[str, int], Any] = {}
 
     @property
@@ -64,8 +66,8 @@ class Nvml:
             return None
         try:
             return fn()
-        except Exception:
-            self.errors += 1
+        except Exception as exc:
+            self.errors.record("nvml", exc)
             return None
 
     def handle(self, uuid: str, index: int) -> Any:

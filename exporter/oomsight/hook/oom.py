@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, cast
 
-from oomsight.analysis.diagnosis import OomFacts, diagnose
+from oomsight.analysis.diagnosis import diagnose, facts_from_event
 from oomsight.analysis.units import format_bytes
 from oomsight.config import Settings
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
@@ -33,6 +33,7 @@ from oomsight.wire.schema import (
     OUTCOME_RECOVERED,
     SCHEMA_VERSION,
     Categories,
+    Diagnosis,
     JobSetup,
     OomEvent,
 )
@@ -114,26 +115,6 @@ class OomRecorder:
         job = self._job_at_oom(ctx.job(), phase)
         stack = _user_stack()
         model_states = self._guarded("model_states", lambda: ctx.model_states(device))
-        facts = OomFacts(
-            requested_bytes=requested,
-            device_total_bytes=total,
-            device_free_bytes=free,
-            physical_free_bytes=physical_free,
-            allocated_bytes=r.allocated_bytes,
-            reserved_bytes=r.reserved_bytes,
-            inactive_split_bytes=r.inactive_split_bytes,
-            nvml=nvml,
-            categories=categories,
-            trend=trend,
-            expandable_segments=self.sampler.process["expandable_segments"] or expandable_segments_enabled(),
-            steps_memory=steps_memory,
-            largest_free_block_bytes=block,
-            phase=phase,
-            job=job,
-            model_states=model_states,
-            world_size=int(self.sampler.process.get("world_size") or 1),
-            stack=stack,
-        )
         event = OomEvent(
             schema_version=SCHEMA_VERSION,
             kind=KIND_OOM_EVENT,
@@ -154,7 +135,7 @@ class OomRecorder:
             categories=categories,
             allocator_summary=self._summary(device),
             stack=stack,
-            diagnosis=diagnose(facts),
+            diagnosis=Diagnosis(cause="", summary="", remedies=[], facts={}),
             snapshot_artifact=None,
             outcome=OUTCOME_PENDING,
             outcome_time=None,
@@ -166,6 +147,11 @@ class OomRecorder:
             job=cast(Optional[JobSetup], job),
             model_states=model_states,
         )
+        # diagnosed from the event itself, as a later oomsight re-diagnoses a recorded one
+        facts = facts_from_event(event)
+        facts["trend"] = trend
+        facts["expandable_segments"] = facts["expandable_segments"] or expandable_segments_enabled()
+        event["diagnosis"] = diagnose(facts)
         self.events[self._seq] = event
         self.pending.append(self._seq)
         self._write(event)  # durable before the error is raised, and before any artifact

@@ -51,7 +51,8 @@ class Hook:
         self.cuda = cuda
         self.torch = torch
         self.pid = os.getpid()
-        self.errors = ErrorBook()
+        self.errors = nvml.errors if nvml is not None else ErrorBook()
+        """One book for every error the hook swallows (NVML's included): oomsight_hook_errors_total."""
         torch_version, cuda_version = cuda.versions()
         self.process = describe_process(
             torch_version, cuda_version, _safe(cuda.backend, "native"), expandable_segments_enabled()
