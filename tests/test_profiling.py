@@ -12,6 +12,7 @@ import pytest
 
 from oomsight.analysis.profile_plan import plan_start_step
 from oomsight.config import Settings
+from oomsight.hook.errors import ErrorBook
 from oomsight.hook.profiler import Profiler, top_k, unavailable_reason
 from oomsight.hook.runtime import Hook
 from oomsight.wire.requests import ProfileRequest, parse_request, write_request
@@ -204,7 +205,7 @@ def test_only_a_window_with_cuda_time_uses_kineto_with_cuda_activity(spool, cuda
     if legacy:
         fake.autograd = types.SimpleNamespace(profiler_legacy=Recording(seen, "legacy"))
     process = {"id": "p", "started_at": 0.0}
-    prof = Profiler(fake, SpoolWriter(spool, "p"), process, lambda exc: None)
+    prof = Profiler(fake, SpoolWriter(spool, "p"), process, ErrorBook())
     prof.plan = ProfileRequest("w", 2, 0, time.time(), cuda_time)
     prof.on_step(1)
     assert prof.running is not None and seen == [opened]

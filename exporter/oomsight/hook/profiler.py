@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from oomsight.hook.errors import ErrorBook
 from oomsight.wire.requests import ProfileRequest, pending_requests
 from oomsight.wire.schema import KIND_PROFILE, SCHEMA_VERSION, ProcessInfo, Profile, ProfileOp
 from oomsight.wire.spool import PROFILES, SpoolWriter, write_atomic
@@ -50,7 +51,7 @@ class Profiler:
         torch: Any,
         writer: SpoolWriter,
         process: ProcessInfo,
-        on_error: Callable[[BaseException], None],
+        errors: ErrorBook,
         every_seconds: float = 0.0,
         scheduled_steps: int = 5,
         scheduled_cuda_time: bool = False,
@@ -58,7 +59,7 @@ class Profiler:
         self.torch = torch
         self.writer = writer
         self.process = process
-        self.on_error = on_error
+        self.errors = errors
         self.every_seconds = every_seconds
         self.scheduled_steps = scheduled_steps
         self.scheduled_cuda_time = scheduled_cuda_time
@@ -95,7 +96,7 @@ class Profiler:
         for req in pending_requests(spool_dir, self.process["started_at"], self.handled):
             self.handled.add(req.id)
             if refused is not None:
-                self.on_error(RuntimeError(f"profile request {req.id} refused: {refused}"))
+                self.errors.record("profiler", RuntimeError(f"profile request {req.id} refused: {refused}"))
                 continue
             self.plan = req
             return
@@ -131,7 +132,7 @@ class Profiler:
             prof.__exit__(None, None, None)
         except Exception as exc:
             self.finishing = None
-            self.on_error(exc)
+            self.errors.record("profiler", exc)
             return
         window = (req, self._began_step, self._began_at, time.time(), peak, device)
         threading.Thread(target=self._finish, args=(prof, window), name="oomsight-profile", daemon=True).start()
@@ -146,7 +147,7 @@ class Profiler:
             write_atomic(path, json.dumps(doc).encode(), durable=False)
             self.last = doc
         except Exception as exc:
-            self.on_error(exc)
+            self.errors.record("profiler", exc)
         finally:
             self.finishing = None
 

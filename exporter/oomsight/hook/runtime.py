@@ -55,7 +55,7 @@ class Hook:
         """One book for every error the hook swallows (NVML's included): oomsight_hook_errors_total."""
         torch_version, cuda_version = cuda.versions()
         self.process = describe_process(
-            torch_version, cuda_version, _safe(cuda.backend, "native"), expandable_segments_enabled()
+            torch_version, cuda_version, self._guarded("backend", cuda.backend, "native"), expandable_segments_enabled()
         )
         self.writer = SpoolWriter(settings.spool_dir, self.process["id"])
         self.sampler = Sampler(settings, cuda, nvml, self.writer, self.process, self.errors)
@@ -74,7 +74,7 @@ class Hook:
                 torch,
                 self.writer,
                 self.process,
-                lambda exc: self.errors.record("profiler", exc),
+                self.errors,
                 settings.profile_every_seconds,
                 settings.profile_steps,
                 settings.profile_scheduled_cuda_time,
@@ -95,6 +95,12 @@ class Hook:
         self._last_leak_scan = -LEAK_SCAN_INTERVAL_SECONDS
         self._cuda_ready = False
         self._stopped = False
+
+    def _guarded(self, component: str, fn: Any, default: Any) -> Any:
+        """``fn()``, or ``default`` with the error counted and logged once (the hook's one error path)."""
+        with self.errors.guard(component):
+            return fn()
+        return default
 
     def start(self) -> None:
         try:
@@ -117,7 +123,7 @@ class Hook:
                 "oomsight: scheduled profiling windows trace CUDA time: after the first one the job stays "
                 "slower until it ends (Kineto keeps CUPTI attached; +10 % to +26 % on an H200, docs/profiling.md)"
             )
-        if not _safe(lambda: self.cuda.on_init(self.on_cuda_init), False):
+        if not self._guarded("cuda_init", lambda: self.cuda.on_init(self.on_cuda_init), False):
             # No lazy-init hook in this torch: the sampler thread polls for initialisation.
             self.sampler.start_thread()
 
@@ -127,7 +133,7 @@ class Hook:
             if self._cuda_ready or self._stopped:
                 return
             self._cuda_ready = True
-            self.sampler.main_device = _safe(self.cuda.current_device, None)
+            self.sampler.main_device = self._guarded("cuda_init", self.cuda.current_device, None)
             if self.settings.oom_observer:
                 self.sources["oom_observer"] = self.cuda.attach_oom_observer(self.oom.observe)
             if self.settings.record_history:
@@ -212,10 +218,10 @@ class Hook:
         self.oom.at_exit(self.uncaught if reason != "stopped" else None)
         self.oom.active = False
         if self.steps is not None:
-            _safe(self.steps.unregister, None)
+            self._guarded("step_hook", self.steps.unregister, None)
         self.sampler.stop_thread()
         if self.oom.history:
-            _safe(self.cuda.stop_history, None)
+            self._guarded("history", self.cuda.stop_history, None)
         self.sampler.state = "exited"
         self.sampler.exit_reason = reason
         if self.sampler.devices:
