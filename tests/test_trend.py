@@ -46,3 +46,18 @@ def test_warm_up_steps_do_not_count_and_a_late_leak_is_still_seen():
 def test_a_small_rise_below_the_growth_threshold_is_not_a_leak():
     floors = [GIB + i * MIB for i in range(30)]
     assert not trend.analyse(rows(floors, [f + GIB for f in floors]), 80 * GIB).leak
+
+
+def test_rows_no_hook_could_write_judge_as_no_trend_never_an_error():
+    huge_steps = [[1e300 * (i + 3), 100.0 + i, GIB + i, 2 * GIB, 0, 1] for i in range(20)]
+    assert trend.analyse(huge_steps, 16 * GIB) == trend.EMPTY  # the slope overflows
+    huge = [[i + 3, 100.0 + i, (2**63 - 1) * (i % 2), 1e308, 0, 1] for i in range(20)]
+    assert not trend.analyse(huge, 16 * GIB).leak
+    assert trend.analyse([[1, 2, "x", 4, 5, 1]] * 10, GIB) == trend.EMPTY
+
+
+def test_a_short_step_row_gives_no_floor_or_peak_series():
+    from oomsight.metrics import family
+
+    d = {"steps_memory": [[1, 2.0]], "allocator": {}, "limit_bytes": None, "total_bytes": GIB}
+    assert family._row(d, trend.FLOOR) is None and family._row(d, trend.PEAK) is None

@@ -68,7 +68,15 @@ EMPTY = Trend(0, False, False, 0.0, 0.0, 0, 0, 0, 0, None, None, None)
 
 
 def analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
-    """Judge the rows (oldest first) against a device of ``capacity_bytes``."""
+    """Judge the rows (oldest first) against a device of ``capacity_bytes``. Rows no hook could
+    have written (numbers past float range, wrong types) judge as no trend, never an error."""
+    try:
+        return _analyse(rows, capacity_bytes)
+    except (ArithmeticError, TypeError, ValueError):
+        return EMPTY
+
+
+def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
     usable = [r for r in rows if len(r) >= 5 and r[STEP] > WARMUP_STEPS]
     if not usable:
         return EMPTY

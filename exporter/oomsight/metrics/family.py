@@ -200,7 +200,7 @@ def device_trend(d: DeviceSnapshot) -> Optional[trend.Trend]:
 
 def _row(d: DeviceSnapshot, column: int) -> Optional[float]:
     rows = d.get("steps_memory")
-    return float(rows[-1][column]) if rows else None
+    return float(rows[-1][column]) if rows and len(rows[-1]) > column else None
 
 
 def _trend(d: DeviceSnapshot, attr: str) -> Optional[float]:
