@@ -4,6 +4,7 @@ request-head cap, no busy loop at the descriptor limit, IPv6 listen addresses.""
 
 import contextlib
 import os
+import re
 import resource
 import signal
 import socket
@@ -58,7 +59,9 @@ def test_connections_over_the_cap_get_503_at_once_and_the_cap_frees_up(tmp_path)
             s.close()
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, timeout=5)
         metrics = http_get(f"http://127.0.0.1:{port}/metrics")[1]
-        assert 'oomsight_sidecar_http_errors_total{reason="over_capacity"} 1.0' in metrics
+        # at least the refused one; a health probe racing the held sockets' release may add more
+        found = re.search(r'oomsight_sidecar_http_errors_total\{reason="over_capacity"\} ([0-9.]+)', metrics)
+        assert found is not None and float(found.group(1)) >= 1.0
 
 
 def test_a_client_trickling_its_request_is_cut_off_at_the_request_deadline(tmp_path):
