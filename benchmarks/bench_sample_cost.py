@@ -46,7 +46,10 @@ def main() -> None:
     torch.cuda.synchronize()
     cuda = TorchCuda(torch)
     hook = Hook(
-        Settings(spool_dir=tempfile.mkdtemp(), publish_interval_seconds=3600, window_seconds=3600), cuda, Nvml(), torch
+        Settings().replace(spool_dir=tempfile.mkdtemp(), publish_interval_seconds=3600, window_seconds=3600),
+        cuda,
+        Nvml(),
+        torch,
     )
     hook.sampler.tick()  # discovers the device, publishes once
     dev = hook.sampler.devices[0]

@@ -42,7 +42,7 @@ def fake_hook(spool_root: str) -> Any:
     cuda.set(0, allocated=1 << 30, reserved=2 << 30)
     nvml = Nvml(FakeNvmlModule(used=3 << 30, procs=[(os.getpid(), 3 << 30)]))
     spool = tempfile.mkdtemp(prefix="oomsight-thread-", dir=spool_root)
-    hook = Hook(Settings(spool_dir=spool, termination_message_path=""), cuda, nvml)
+    hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), cuda, nvml)
     hook.start()
     return hook
 

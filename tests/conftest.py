@@ -26,7 +26,7 @@ def make_hook(spool: str) -> Callable[..., Hook]:
     made: list[Hook] = []
 
     def build(cuda: FakeCuda | None = None, nvml: Any = "fake", **overrides: Any) -> Hook:
-        settings = Settings(spool_dir=spool, termination_message_path="").replace(**overrides)
+        settings = Settings().replace(spool_dir=spool, termination_message_path="").replace(**overrides)
         module = FakeNvmlModule() if nvml == "fake" else nvml
         hook = Hook(settings, cuda or FakeCuda(), Nvml(module) if module is not None else None)
         made.append(hook)

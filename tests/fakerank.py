@@ -49,7 +49,7 @@ class Rank:
     def __init__(self, spool: str, rank: int, floor: int) -> None:
         self.cuda = OwnGpu(f"GPU-{rank:08d}-aaaa-bbbb-cccc-dddddddddddd")
         self.nvml = FakeNvmlModule()
-        settings = Settings(
+        settings = Settings().replace(
             spool_dir=spool,
             termination_message_path="",
             step_peaks=True,

@@ -30,7 +30,9 @@ def hooked_process(
     cuda = FakeCuda()
     cuda.set(0, allocated=allocated, reserved=reserved, peak_allocated=allocated + GIB, peak_reserved=reserved + GIB)
     nvml = FakeNvmlModule(used=reserved + GIB, procs=[(os.getpid(), reserved + GIB)])
-    hook = Hook(Settings(spool_dir=spool, termination_message_path="", step_peaks=step_peaks), cuda, Nvml(nvml))
+    hook = Hook(
+        Settings().replace(spool_dir=spool, termination_message_path="", step_peaks=step_peaks), cuda, Nvml(nvml)
+    )
     if clock is not None:
         hook.sampler.clock = clock
         hook.oom.clock = clock

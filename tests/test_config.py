@@ -1,10 +1,25 @@
+import ast
+import dataclasses
+import inspect
 import os
 import re
+import textwrap
 
 import pytest
 
-from oomsight.config import ALL_ENV_VARS, DEFAULT_METRICS_PORT, ConfigError, Settings, ascii_int, parse_bool
-from oomsight_sidecar.listener import limit_env_names
+import oomsight.config as config
+from oomsight.config import (
+    ALL_ENV_VARS,
+    DEFAULT_METRICS_PORT,
+    VARIABLES,
+    ConfigError,
+    HistorySettings,
+    Settings,
+    Variable,
+    ascii_int,
+    parse_bool,
+)
+from oomsight_sidecar.listener import ServerLimits, limit_env_names
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 from oomsight_webhook.injection import InjectionSettings
 from oomsight_webhook.settings import WebhookSettings
@@ -14,9 +29,10 @@ from fakes import ROOT
 
 def test_defaults_need_no_environment():
     s = Settings.from_env({})
-    assert s.sample_interval_seconds == 0.1
-    assert s.step_peaks is False
-    assert s.spool_dir.endswith("oomsight")
+    assert s.sampling.interval_seconds == 0.1
+    assert s.steps.peaks is False
+    assert s.spool.dir.endswith("oomsight")
+    assert s == Settings()
 
 
 def test_every_variable_is_read():
@@ -31,9 +47,9 @@ def test_every_variable_is_read():
         "OOMSIGHT_NVML": "0",
     }
     s = Settings.from_env(env)
-    assert (s.spool_dir, s.sample_interval_seconds, s.publish_interval_seconds) == ("/x", 0.5, 2.0)
-    assert s.step_peaks and s.record_history and not s.nvml
-    assert s.history_max_entries == 500
+    assert (s.spool.dir, s.sampling.interval_seconds, s.sampling.publish_interval_seconds) == ("/x", 0.5, 2.0)
+    assert s.steps.peaks and s.history.record and not s.nvml.enabled
+    assert s.history.max_entries == 500
 
 
 @pytest.mark.parametrize(
@@ -67,8 +83,125 @@ def test_the_default_spool_dir_is_named_not_probed(monkeypatch):
     # tempfile.gettempdir() would skip an unusable $TMPDIR (and raise where nothing is writable:
     # a read-only root filesystem, as the sidecar runs); the default must only name the folder
     monkeypatch.setenv("TMPDIR", "/nonexistent/tmp")
-    assert Settings().spool_dir == "/nonexistent/tmp/oomsight"
-    assert Settings.from_env({"OOMSIGHT_DIR": "/spool"}).spool_dir == "/spool"
+    assert Settings().spool.dir == "/nonexistent/tmp/oomsight"
+    assert Settings.from_env({}).spool.dir == "/nonexistent/tmp/oomsight"
+    assert Settings.from_env({"OOMSIGHT_DIR": "/spool"}).spool.dir == "/spool"
+
+
+# A value unlike the default for every variable, as the environment and as a start() keyword
+CHANGED = {
+    "OOMSIGHT_DIR": ("/x", "/x"),
+    "OOMSIGHT_DISABLED": ("1", True),
+    "OOMSIGHT_SAMPLE_INTERVAL_SECONDS": ("0.25", 0.25),
+    "OOMSIGHT_PUBLISH_INTERVAL_SECONDS": ("2", 2.0),
+    "OOMSIGHT_WINDOW_SECONDS": ("120", 120.0),
+    "OOMSIGHT_NVML": ("0", False),
+    "OOMSIGHT_STEP_HOOK": ("off", False),
+    "OOMSIGHT_STEP_PEAKS": ("yes", True),
+    "OOMSIGHT_CATEGORIES_INTERVAL_SECONDS": ("5", 5.0),
+    "OOMSIGHT_OOM_OBSERVER": ("0", False),
+    "OOMSIGHT_RECORD_HISTORY": ("1", True),
+    "OOMSIGHT_HISTORY_MAX_ENTRIES": ("77", 77),
+    "OOMSIGHT_HISTORY_MODE": ("state", "state"),
+    "OOMSIGHT_PROFILE_EVERY_SECONDS": ("600", 600.0),
+    "OOMSIGHT_PROFILE_STEPS": ("3", 3),
+    "OOMSIGHT_PROFILE_SCHEDULED_CUDA_TIME": ("1", True),
+    "OOMSIGHT_ARTIFACTS_MAX_BYTES": ("1024", 1024),
+    "OOMSIGHT_MAX_OOM_EVENTS": ("9", 9),
+    "OOMSIGHT_TERMINATION_MESSAGE_PATH": ("", ""),
+}
+
+
+GROUPS = [f.default_factory for f in dataclasses.fields(Settings) if f.default_factory is not dataclasses.MISSING]
+"""The hook's settings groups, as the fields of its root ``Settings``."""
+
+
+def _value(settings, variable):
+    group = getattr(settings, variable.group) if variable.group else settings
+    return getattr(group, variable.field)
+
+
+@pytest.mark.parametrize("variable", VARIABLES, ids=lambda v: v.env)
+def test_each_variable_and_its_start_keyword_set_the_same_field_of_one_group(variable):
+    raw, value = CHANGED[variable.env]
+    assert _value(Settings(), variable) != value
+    assert _value(Settings.from_env({variable.env: raw}), variable) == value
+    assert _value(Settings().replace(**{variable.keyword: value}), variable) == value
+    # and nothing else: the other groups keep their defaults
+    changed = [v.env for v in VARIABLES if _value(Settings.from_env({variable.env: raw}), v) != _value(Settings(), v)]
+    assert changed == [variable.env]
+
+
+def test_every_variable_has_a_row_and_every_field_a_variable():
+    assert sorted(CHANGED) == sorted(ALL_ENV_VARS)
+    fields = {
+        (f.name, g.name)
+        for f in dataclasses.fields(Settings)
+        if f.name != "disabled"
+        for g in dataclasses.fields(f.default_factory)
+    }
+    rows = {(v.group, v.field) for v in VARIABLES if v.group}
+    assert rows == fields
+
+
+def test_the_documentation_names_each_variable_with_its_start_keyword():
+    with open(os.path.join(ROOT, "docs", "configuration.md")) as fh:
+        doc = fh.read()
+    missing = [v.env for v in VARIABLES if f"| `{v.env}` | `{v.keyword}` |" not in doc]
+    assert not missing
+
+
+def test_replace_checks_the_combined_groups_as_from_env_does():
+    with pytest.raises(
+        ConfigError, match=re.escape("OOMSIGHT_WINDOW_SECONDS=0.5 is shorter than OOMSIGHT_PUBLISH_INTERVAL")
+    ):
+        Settings().replace(window_seconds=0.5)
+    with pytest.raises(ConfigError, match="OOMSIGHT_HISTORY_MODE='none' is not one of all, state"):
+        Settings().replace(history_mode="none")
+    with pytest.raises(ConfigError, match="OOMSIGHT_HISTORY_MODE='none' is not one of all, state"):
+        HistorySettings(mode="none").validate()
+
+
+def _undocumented_fields(cls):
+    """Fields of the dataclass ``cls`` without a docstring right below them (ast: the class source)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    documented = {
+        node.target.id
+        for node, after in zip(body, body[1:])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
+    return [f.name for f in dataclasses.fields(cls) if f.name not in documented]
+
+
+SETTINGS_GROUPS = [
+    *GROUPS,
+    Settings,
+    Variable,
+    SidecarSettings,
+    AdminSettings,
+    KubernetesSettings,
+    ServerLimits,
+    WebhookSettings,
+    InjectionSettings,
+]
+
+
+@pytest.mark.parametrize("group", SETTINGS_GROUPS, ids=lambda cls: cls.__name__)
+def test_every_settings_field_has_a_docstring(group):
+    assert group.__doc__ and dataclasses.is_dataclass(group)
+    assert _undocumented_fields(group) == []
+
+
+def test_every_hook_group_is_frozen_and_exported():
+    assert len(GROUPS) == 7
+    for group in GROUPS:
+        assert getattr(config, group.__name__) is group
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            group().x = 1
 
 
 # One parser for every component (issue 11): the same words, the same limits, the variable named.

@@ -314,10 +314,10 @@ def test_the_hf_callback_without_transformers_says_how_to_get_it():
 
 def test_the_reader_follows_a_restarted_hook_to_its_new_process(hooked, tmp_path):
     hook = hooked[0]
-    first = Source(hook.settings.spool_dir, hook.process["id"])
+    first = Source(hook.settings.spool.dir, hook.process["id"])
     again, _cuda = hooked_process(str(tmp_path / "again"), allocated=1 * GIB, reserved=2 * GIB)
     current = [first]
     reader = MemoryReader(find=lambda: current[0], interval_seconds=0.0)
     assert reader.read().values["oomsight/allocated_gib"] == 3.0
-    current[0] = Source(again.settings.spool_dir, again.process["id"])
+    current[0] = Source(again.settings.spool.dir, again.process["id"])
     assert reader.read().values["oomsight/allocated_gib"] == 1.0

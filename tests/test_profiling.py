@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 def hooked(spool):
     cuda = FakeCuda()
     cuda.set(0, allocated=1 << 30, reserved=1 << 30)
-    hook = Hook(Settings(spool_dir=spool, termination_message_path=""), cuda, None, torch)
+    hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), cuda, None, torch)
     hook.start()
     hook.sampler.stop_thread()
     hook.sampler.tick()
@@ -154,7 +154,7 @@ def test_the_start_step_is_ahead_of_the_fastest_rank():
 @pytest.mark.parametrize("cuda_time", [False, True])
 def test_scheduled_profiles_start_by_themselves_memory_only_unless_asked(spool, cuda_time):
     cuda = FakeCuda()
-    settings = Settings(spool_dir=spool, termination_message_path="", profile_every_seconds=0.001)
+    settings = Settings().replace(spool_dir=spool, termination_message_path="", profile_every_seconds=0.001)
     if cuda_time:
         settings = Settings.from_env({"OOMSIGHT_DIR": spool, "OOMSIGHT_PROFILE_SCHEDULED_CUDA_TIME": "1"})
         settings = settings.replace(termination_message_path="", profile_every_seconds=0.001)
@@ -167,7 +167,7 @@ def test_scheduled_profiles_start_by_themselves_memory_only_unless_asked(spool, 
 
 @pytest.mark.parametrize("cuda_time", [False, True])
 def test_scheduled_windows_with_cuda_time_warn_of_the_slowdown_at_start(spool, caplog, cuda_time):
-    settings = Settings(spool_dir=spool, termination_message_path="", profile_every_seconds=600.0)
+    settings = Settings().replace(spool_dir=spool, termination_message_path="", profile_every_seconds=600.0)
     hook = Hook(settings.replace(profile_scheduled_cuda_time=cuda_time), FakeCuda(), None, torch)
     with caplog.at_level("WARNING", logger="oomsight.hook.runtime"):
         hook.start()
@@ -243,7 +243,7 @@ def test_a_request_without_cuda_time_means_a_full_window_and_a_wrong_one_is_igno
 
 def test_a_process_with_cupti_teardown_refuses_windows_and_says_so(spool, monkeypatch, caplog):
     monkeypatch.setenv("TEARDOWN_CUPTI", "1")
-    hook = Hook(Settings(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
+    hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
     with caplog.at_level("WARNING", logger="oomsight.hook.runtime"):
         hook.start()
     assert [r.getMessage() for r in caplog.records if "no profiling windows" in r.getMessage()] == [
@@ -279,7 +279,7 @@ def test_without_cupti_teardown_the_profiler_is_available(spool, monkeypatch, va
     else:
         monkeypatch.setenv("TEARDOWN_CUPTI", value)
     assert unavailable_reason() is None
-    hook = Hook(Settings(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
+    hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), FakeCuda(), None, torch)
     hook.start()
     try:
         assert hook.sources["profiler"] is True

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from oomsight.config import Settings
+from oomsight.config import Settings, StepSettings
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.steps import StepTracker
 
@@ -23,7 +23,7 @@ class FakeTensor:
 
 
 def tracker(**kw):
-    return StepTracker(Settings().replace(**kw), FakeCuda(), ErrorBook())
+    return StepTracker(Settings().replace(**kw).steps, FakeCuda(), ErrorBook())
 
 
 def test_categories_sum_parameters_gradients_and_state_once_per_storage():
@@ -49,7 +49,7 @@ def test_tensors_on_two_devices_are_kept_apart():
 
 def test_the_walk_runs_at_most_once_per_interval():
     clock = iter([0.0, 1.0, 2.0, 100.0]).__next__
-    t = StepTracker(Settings(), FakeCuda(), ErrorBook(), clock=clock)
+    t = StepTracker(StepSettings(), FakeCuda(), ErrorBook(), clock=clock)
     opt = FakeOptimizer([FakeTensor(100, 1)])
     walks = []
     t.walk = lambda: walks.append(1)  # type: ignore[method-assign]

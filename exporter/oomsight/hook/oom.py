@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, cast
 
 from oomsight.analysis.diagnosis import diagnose, facts_from_event
 from oomsight.analysis.units import format_bytes
-from oomsight.config import Settings
+from oomsight.config import OomSettings
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
@@ -51,7 +51,7 @@ TERMINATION_MESSAGE_MAX_BYTES = 4096  # the kubelet keeps at most this much
 class OomRecorder:
     def __init__(
         self,
-        settings: Settings,
+        settings: OomSettings,
         cuda: CudaApi,
         writer: SpoolWriter,
         sampler: Sampler,
@@ -96,7 +96,7 @@ class OomRecorder:
     def _record(self, device: int, requested: int, total: int, free: int) -> Optional[OomEvent]:
         now = self.clock()
         self._seq += 1
-        if self._seq > self.settings.max_oom_events:
+        if self._seq > self.settings.max_events:
             self.unwritten += 1
             return None
         r = self.cuda.read(device)

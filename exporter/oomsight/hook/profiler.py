@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from oomsight.config import ProfilerSettings
 from oomsight.hook.errors import ErrorBook
 from oomsight.wire.requests import ProfileRequest, pending_requests
 from oomsight.wire.schema import KIND_PROFILE, SCHEMA_VERSION, ProcessInfo, Profile, ProfileOp
@@ -52,17 +53,14 @@ class Profiler:
         writer: SpoolWriter,
         process: ProcessInfo,
         errors: ErrorBook,
-        every_seconds: float = 0.0,
-        scheduled_steps: int = 5,
-        scheduled_cuda_time: bool = False,
+        settings: Optional[ProfilerSettings] = None,
     ) -> None:
         self.torch = torch
         self.writer = writer
         self.process = process
         self.errors = errors
-        self.every_seconds = every_seconds
-        self.scheduled_steps = scheduled_steps
-        self.scheduled_cuda_time = scheduled_cuda_time
+        self.settings = settings or ProfilerSettings()
+        """When scheduled windows open, how many steps they last, whether they trace CUDA time."""
         self._last_scheduled = time.time()
         self.mark_peak: Callable[[], None] = lambda: None
         self.read_peak: Callable[[], tuple[int, int]] = lambda: (-1, 0)
@@ -103,9 +101,10 @@ class Profiler:
         if refused is not None:
             return
         now = time.time()
-        if self.every_seconds and now - self._last_scheduled >= self.every_seconds:
+        s = self.settings
+        if s.every_seconds and now - self._last_scheduled >= s.every_seconds:
             self._last_scheduled = now
-            self.plan = ProfileRequest(f"scheduled-{int(now)}", self.scheduled_steps, 0, now, self.scheduled_cuda_time)
+            self.plan = ProfileRequest(f"scheduled-{int(now)}", s.steps, 0, now, s.scheduled_cuda_time)
 
     def on_step(self, step: int) -> None:
         """Step hook, after optimizer step number ``step`` completed."""

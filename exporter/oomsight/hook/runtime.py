@@ -44,7 +44,9 @@ logger = logging.getLogger(__name__)
 
 
 class Hook:
-    """One per process. Build with :func:`start`, or directly in tests with fakes."""
+    """One per process. Build with :func:`start`, or directly in tests with fakes.
+
+    It holds the whole :class:`Settings` and gives each component only its own group."""
 
     def __init__(self, settings: Settings, cuda: CudaApi, nvml: Optional[Nvml], torch: Any = None) -> None:
         self.settings = settings
@@ -57,28 +59,20 @@ class Hook:
         self.process = describe_process(
             torch_version, cuda_version, self._guarded("backend", cuda.backend, "native"), expandable_segments_enabled()
         )
-        self.writer = SpoolWriter(settings.spool_dir, self.process["id"])
-        self.sampler = Sampler(settings, cuda, nvml, self.writer, self.process, self.errors)
+        self.writer = SpoolWriter(settings.spool.dir, self.process["id"])
+        self.sampler = Sampler(settings.sampling, cuda, nvml, self.writer, self.process, self.errors)
         self.steps: Optional[StepTracker] = None
-        if settings.step_hook:
-            self.steps = StepTracker(settings, cuda, self.errors)
+        if settings.steps.hook:
+            self.steps = StepTracker(settings.steps, cuda, self.errors)
             self.steps.peak_devices = lambda: list(self.sampler.devices)
         self.step_memory = StepMemory(cuda, self.sampler, self.errors)
         self.job = JobProbe(cuda, self.errors, self.process["expandable_segments"])
         self.oom = OomRecorder(
-            settings, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self)
+            settings.oom, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self)
         )
         self.profiler: Optional[Profiler] = None
         if torch is not None and self.steps is not None:
-            self.profiler = Profiler(
-                torch,
-                self.writer,
-                self.process,
-                self.errors,
-                settings.profile_every_seconds,
-                settings.profile_steps,
-                settings.profile_scheduled_cuda_time,
-            )
+            self.profiler = Profiler(torch, self.writer, self.process, self.errors, settings.profiler)
             self.profiler.mark_peak, self.profiler.read_peak = self.sampler.mark_peak, self.sampler.read_peak
         self.sampler.before_publish = self._before_publish
         self.sampler.extra = self._extra
@@ -106,7 +100,7 @@ class Hook:
         try:
             self.writer.prepare()
         except OSError as exc:
-            self.errors.record("spool_write", exc, f"check that {self.settings.spool_dir} is writable")
+            self.errors.record("spool_write", exc, f"check that {self.settings.spool.dir} is writable")
         if self.steps is not None and self.torch is not None:
             try:
                 self.sources["step_hook"] = self.steps.register(self.torch)
@@ -118,7 +112,7 @@ class Hook:
         self.sources["profiler"] = self.sources["step_hook"] and p is not None and refused is None
         if refused is not None:
             logger.warning("oomsight: no profiling windows in this process: %s", refused)
-        elif self.settings.profile_every_seconds and self.settings.profile_scheduled_cuda_time:
+        elif self.settings.profiler.every_seconds and self.settings.profiler.scheduled_cuda_time:
             logger.warning(
                 "oomsight: scheduled profiling windows trace CUDA time: after the first one the job stays "
                 "slower until it ends (Kineto keeps CUPTI attached; +10 % to +26 % on an H200, docs/profiling.md)"
@@ -134,12 +128,11 @@ class Hook:
                 return
             self._cuda_ready = True
             self.sampler.main_device = self._guarded("cuda_init", self.cuda.current_device, None)
-            if self.settings.oom_observer:
+            if self.settings.oom.observer:
                 self.sources["oom_observer"] = self.cuda.attach_oom_observer(self.oom.observe)
-            if self.settings.record_history:
-                self.sources["history"] = self.oom.history = self.cuda.start_history(
-                    self.settings.history_max_entries, self.settings.history_mode
-                )
+            history = self.settings.history
+            if history.record:
+                self.sources["history"] = self.oom.history = self.cuda.start_history(history.max_entries, history.mode)
             self.sampler.start_thread()
         except Exception as exc:  # an exception here would surface as DeferredCudaCallError
             self.errors.record("cuda_init", exc)
@@ -193,7 +186,7 @@ class Hook:
         if self.oom.unwritten_events:
             self.oom.retry_unwritten()
         if self.profiler is not None:
-            self.profiler.poll(self.settings.spool_dir)
+            self.profiler.poll(self.settings.spool.dir)
         self._check_leak()
 
     def _extra(self) -> dict[str, Any]:
@@ -322,7 +315,7 @@ def _build(overrides: dict[str, Any]) -> Optional[Hook]:
     if reason:
         logger.warning("oomsight: idle: %s", reason)
         return None
-    hook = Hook(settings, cuda, Nvml() if settings.nvml else None, torch)
+    hook = Hook(settings, cuda, Nvml() if settings.nvml.enabled else None, torch)
     hook.start()
     atexit.register(hook.at_exit)
     _chain_excepthook(hook)

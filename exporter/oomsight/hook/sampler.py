@@ -1,6 +1,6 @@
 """The background sampler: reads the allocator counters of the devices this process
-uses every ``sample_interval_seconds`` and publishes a snapshot every
-``publish_interval_seconds``.
+uses every ``interval_seconds`` and publishes a snapshot every ``publish_interval_seconds``
+(its settings group, :class:`~oomsight.config.SamplingSettings`).
 
 A tick costs one ``_cuda_memoryStats`` call per used device (about 20 µs on an
 H200) and touches no GPU work, so training never waits for it. NVML is queried
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from oomsight.config import Settings
+from oomsight.config import SamplingSettings
 from oomsight.hook.cuda import CudaApi, Reading
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.nvml import Nvml
@@ -116,7 +116,7 @@ class Sampler:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: SamplingSettings,
         cuda: CudaApi,
         nvml: Optional[Nvml],
         writer: SpoolWriter,
@@ -159,7 +159,7 @@ class Sampler:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        interval = self.settings.sample_interval_seconds
+        interval = self.settings.interval_seconds
         while not self._stop.wait(interval):
             try:
                 self.tick()

@@ -3,8 +3,8 @@
 Per step (in the training thread) the hook only counts and takes a timestamp.
 Every ``categories_interval_seconds`` it also walks the tensors of the
 optimizers it has seen: parameters, gradients and optimizer state, summed per
-device, each storage counted once. With ``step_peaks`` (opt-in) it reads and
-resets the allocator peak after each step.
+device, each storage counted once. With ``peaks`` (opt-in) it reads and resets
+the allocator peak after each step (its settings group: :class:`~oomsight.config.StepSettings`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from oomsight.config import Settings
+from oomsight.config import StepSettings
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
 from oomsight.wire.schema import StepInfo, StepPeak
@@ -25,7 +25,7 @@ PARAMS, GRADS, STATE = 0, 1, 2
 class StepTracker:
     def __init__(
         self,
-        settings: Settings,
+        settings: StepSettings,
         cuda: CudaApi,
         errors: ErrorBook,
         clock: Callable[[], float] = time.perf_counter,
@@ -107,7 +107,7 @@ class StepTracker:
             self.last_step_wall = self.wall()
             if optimizer is not self._last_optimizer:
                 self._learn(optimizer)
-            if self.settings.step_peaks:
+            if self.settings.peaks:
                 self._read_peaks()
             if now >= self._next_walk:
                 self._next_walk = now + self.settings.categories_interval_seconds

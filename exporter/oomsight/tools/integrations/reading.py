@@ -64,7 +64,7 @@ def running_hook_source() -> Optional[Source]:
     hook = runtime.current()
     if hook is None:
         return None
-    return Source(hook.settings.spool_dir, str(hook.process["id"]))
+    return Source(hook.settings.spool.dir, str(hook.process["id"]))
 
 
 def ensure_hook(**settings: Any) -> bool:
