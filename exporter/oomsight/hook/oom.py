@@ -94,11 +94,27 @@ class OomRecorder:
         self.sampler.publish_soon()  # the snapshot follows from the sampler thread, not from here
 
     def _record(self, device: int, requested: int, total: int, free: int) -> Optional[OomEvent]:
+        """Count the OOM, and under the cap gather, diagnose and write its event (durably)."""
         now = self.clock()
         self._seq += 1
         if self._seq > self.settings.max_events:
             self.unwritten += 1
             return None
+        dev = self.sampler.device(device)
+        trend = list(dev.trend) if dev is not None else []
+        event = self._event(now, device, requested, total, free)
+        # diagnosed from the event itself, as a later oomsight re-diagnoses a recorded one
+        facts = facts_from_event(event)
+        facts["trend"] = trend
+        facts["expandable_segments"] = facts["expandable_segments"] or expandable_segments_enabled()
+        event["diagnosis"] = diagnose(facts)
+        self.events[self._seq] = event
+        self.pending.append(self._seq)
+        self._write(event)  # durable before the error is raised, and before any artifact
+        return event
+
+    def _event(self, now: float, device: int, requested: int, total: int, free: int) -> OomEvent:
+        """What the allocator, the sampler and the rest of the hook know at the OOM (not diagnosed yet)."""
         r = self.cuda.read(device)
         # Under set_per_process_memory_fraction the total is the cap and free is physical:
         # what this process could still get is the smaller of the two.
@@ -107,7 +123,6 @@ class OomRecorder:
         dev = self.sampler.device(device)
         nvml = self.sampler.nvml_sample(dev) if dev is not None else None
         categories = self._categories(device, r.allocated_bytes)
-        trend = list(dev.trend) if dev is not None else []
         ctx = self.context
         steps_memory = ctx.steps_memory(device)
         phase = self._phase()
@@ -115,7 +130,7 @@ class OomRecorder:
         job = self._job_at_oom(ctx.job(), phase)
         stack = _user_stack()
         model_states = self._guarded("model_states", lambda: ctx.model_states(device))
-        event = OomEvent(
+        return OomEvent(
             schema_version=SCHEMA_VERSION,
             kind=KIND_OOM_EVENT,
             process=self.sampler.process,
@@ -147,15 +162,6 @@ class OomRecorder:
             job=cast(Optional[JobSetup], job),
             model_states=model_states,
         )
-        # diagnosed from the event itself, as a later oomsight re-diagnoses a recorded one
-        facts = facts_from_event(event)
-        facts["trend"] = trend
-        facts["expandable_segments"] = facts["expandable_segments"] or expandable_segments_enabled()
-        event["diagnosis"] = diagnose(facts)
-        self.events[self._seq] = event
-        self.pending.append(self._seq)
-        self._write(event)  # durable before the error is raised, and before any artifact
-        return event
 
     def _write(self, event: OomEvent) -> None:
         try:
