@@ -234,3 +234,25 @@ def test_a_fifo_among_the_requests_or_timelines_blocks_neither_the_hook_nor_the_
     worker.start()
     worker.join(10)
     assert not worker.is_alive() and done == {"req": [], "rows": ([], 0)}
+
+
+def test_a_fifo_in_the_spool_does_not_hang_the_tape_recorder_of_oomsight_run(spool, tmp_path):
+    from oomsight.tools import tape
+
+    put(spool, snapshot_path(2), snapshot(pid=2))
+    fifo = os.path.join(spool, snapshot_path(1))
+    os.mkfifo(fifo)
+    os.symlink(os.path.join(spool, snapshot_path(2)), os.path.join(spool, snapshot_path(3)))
+    stop = threading.Event()
+    stop.set()  # one pass over the spool, then the recorder returns
+    path = str(tmp_path / "run.tape")
+    done = {}
+    recorder = threading.Thread(target=lambda: done.update(n=tape.record(spool, path, stop)), daemon=True)
+    recorder.start()
+    recorder.join(10)
+    if recorder.is_alive():  # blocked opening the FIFO: open its other end to let it go
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        recorder.join(10)
+        pytest.fail("the tape recorder blocked opening a FIFO")
+    _, records = tape.read(path)
+    assert done["n"] == 1 and [r["path"] for r in records] == [snapshot_path(2)]

@@ -17,7 +17,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-from oomsight.wire.spool import EVENTS, SNAPSHOTS, SUBDIRS, SpoolWriter, timeline_row, write_atomic
+from oomsight.wire import decoding
+from oomsight.wire.spool import EVENTS, MAX_FILE_BYTES, SNAPSHOTS, SUBDIRS, SpoolWriter, timeline_row, write_atomic
 
 TAPE_MAGIC = "oomsight-spool-tape"
 TAPE_VERSION = 1
@@ -63,12 +64,14 @@ def _changed(spool_dir: str, seen: dict[str, tuple[int, int]]) -> Iterator[tuple
                 continue
             path = os.path.join(folder, name)
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
                 if seen.get(path) == (st.st_mtime_ns, st.st_size):
                     continue
-                with open(path, encoding="utf-8") as fh:
-                    doc = json.load(fh)
-            except (OSError, ValueError):
+                # the spool is every container's: a FIFO, device or symlink in it must not hang or
+                # mislead the recorder (O_NOFOLLOW | O_NONBLOCK, type checked on the descriptor)
+                raw, st = decoding.read_file(path, MAX_FILE_BYTES)
+                doc = decoding.decode(raw)
+            except (OSError, decoding.Unusable):
                 continue
             seen[path] = (st.st_mtime_ns, st.st_size)
             yield f"{sub}/{name}", doc
