@@ -15,14 +15,15 @@ import tempfile
 import pytest
 import yaml
 
-from oomsight.config import ConfigError
+from oomsight.config import ConfigError, Settings
 from oomsight_webhook.injection import ENV_KUBE_VERSION_HINT, InjectionSettings
 from oomsight_webhook.main import resolve_native_sidecar
+from oomsight_webhook.mutation import mutate
 from oomsight_webhook.settings import WebhookSettings
 from oomsight_webhook.tls import SelfManagedCertificates
 
 from fakes import ROOT
-from kubetools import kube_stub, rbac_allows, rbac_request, validate
+from kubetools import apply, fixture, kube_stub, rbac_allows, rbac_request, validate
 
 pytestmark = pytest.mark.e2e
 
@@ -185,6 +186,16 @@ def test_the_code_accepts_the_settings_the_chart_gives_the_webhook(scenario):
     assert (settings.port, settings.metrics_port) == (ports["https"], ports["metrics"])
     assert injection.image == "ghcr.io/oomsight/oomsight:0.1.0" and injection.metrics_port == 21400
     assert container["command"] == ["oomsight", "webhook"]
+
+
+def test_the_charts_spool_size_limit_bounds_the_artifacts_of_injected_pods_at_half_of_it():
+    webhook = one(render(sets=("sidecar.spoolSizeLimit=1Gi",)), "Deployment")["spec"]["template"]["spec"]
+    pod = fixture("job-pod.yaml")
+    patched = apply(pod, mutate(pod, InjectionSettings.from_env(env_map(webhook["containers"][0]))).patch)
+    (spool,) = [v for v in patched["spec"]["volumes"] if v["name"] == "oomsight-spool"]
+    assert spool["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    env = env_map(patched["spec"]["containers"][0])
+    assert Settings.from_env(env).oom.artifacts_max_bytes == 512 * 1024 * 1024  # the hook reads what it is given
 
 
 def test_a_bad_setting_in_the_chart_env_would_fail_the_webhook_at_start():

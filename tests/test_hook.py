@@ -227,6 +227,27 @@ def test_history_writes_one_snapshot_artifact(make_hook, spool):
     assert not cuda.history_on  # we turned it on, so we turn it off
 
 
+def test_a_spool_on_a_small_filesystem_lowers_the_artifacts_bound_to_half_its_size(make_hook, spool, monkeypatch):
+    cuda = FakeCuda()
+    hook = make_hook(cuda, record_history=True, artifacts_max_bytes=GIB)
+    hook.start()
+    hook.sampler.stop_thread()
+    folder = os.path.join(spool, "artifacts")
+    for seq in (1, 2, 3):  # 300 bytes of older artifacts
+        path = os.path.join(folder, f"9-old.oom-0000{seq}.pickle")
+        with open(path, "wb") as fh:
+            fh.write(b"x" * 100)
+        os.utime(path, ns=(seq * 10**9, seq * 10**9))
+    real = os.statvfs
+    tiny = os.statvfs_result((4096, 1, 400, 400, 400, 100, 100, 100, 0, 255))  # a 400-byte tmpfs
+    monkeypatch.setattr(os, "statvfs", lambda p: tiny if str(p).startswith(spool) else real(p))
+    cuda.observer(0, GIB, 140 * GIB, 0)
+    # bound min(1 GiB, 400 / 2) = 200 bytes; room made down to half of it before the new pickle
+    kept = sorted(os.listdir(folder))
+    assert kept == [f"{hook.process['id']}.oom-00001.pickle", "9-old.oom-00003.pickle"]
+    hook.stop()
+
+
 def test_an_observer_failure_never_reaches_the_caller(make_hook):
     cuda = FakeCuda()
     hook = make_hook(cuda)

@@ -114,6 +114,20 @@ def test_artifacts_are_evicted_oldest_first(spool):
     assert sorted(os.listdir(os.path.join(spool, "artifacts"))) == ["1-ab.oom-00003.pickle", "1-ab.oom-00004.pickle"]
 
 
+def test_the_artifacts_bound_is_the_setting_lowered_to_half_the_spools_filesystem(spool, tmp_path, monkeypatch):
+    assert spool_mod.artifacts_cap_bytes(256 * 2**20) == 128 * 2**20 and spool_mod.artifacts_cap_bytes(1) == 1
+    os.makedirs(spool)
+    capacity = spool_mod.spool_capacity_bytes(spool)
+    st = os.statvfs(spool)
+    assert capacity == st.f_blocks * st.f_frsize > 0
+    assert spool_mod.artifacts_budget_bytes(spool, 1000) == 1000  # a setting below half the filesystem
+    assert spool_mod.artifacts_budget_bytes(spool, 2**62) == capacity // 2
+    missing = str(tmp_path / "nowhere")
+    assert spool_mod.spool_capacity_bytes(missing) is None and spool_mod.artifacts_budget_bytes(missing, 7) == 7
+    monkeypatch.delattr(os, "statvfs")  # Windows has none: the setting stays
+    assert spool_mod.artifacts_budget_bytes(spool, 2**62) == 2**62
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=4096))
 def test_the_reader_never_crashes_on_arbitrary_bytes(tmp_path_factory, data):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomsight_webhook.injection import InjectionSettings
+from oomsight_webhook.injection import InjectionSettings, quantity_bytes
 from oomsight_webhook.mutation import mutate
 from oomsight_webhook.podspec import SIDECAR_NAME, SPOOL_PATH, STARTUP_NAME, STARTUP_PATH
 
@@ -437,3 +437,83 @@ def test_the_cluster_admin_port_is_set_in_the_sidecar_and_kept_off_the_metrics_p
     off = InjectionSettings.from_env({"OOMSIGHT_INJECT_IMAGE": "i", "OOMSIGHT_INJECT_ADMIN_PORT": "0"})
     patched, _ = inject(fixture("cpu-pod.yaml"), off)
     assert env_of(by_name(patched["spec"]["initContainers"], SIDECAR_NAME))["OOMSIGHT_ADMIN_PORT"] == "0"
+
+
+# --- the artifacts bound follows the spool's sizeLimit (half of it; the rest kept for events) ---
+
+ARTIFACTS = "OOMSIGHT_ARTIFACTS_MAX_BYTES"
+
+
+def test_the_target_containers_get_an_artifacts_bound_of_half_the_spools_size_limit():
+    pod, _ = inject(fixture("job-pod.yaml"))
+    train, shipper = pod["spec"]["containers"]
+    assert env_of(train)[ARTIFACTS] == str(128 * 1024 * 1024)  # sizeLimit 256Mi
+    assert "env" not in shipper  # not a target: nothing set
+    assert ARTIFACTS not in env_of(by_name(pod["spec"]["initContainers"], SIDECAR_NAME))
+    cluster = dataclasses.replace(SETTINGS, spool_size_limit="1Gi")
+    pod, _ = inject(fixture("job-pod.yaml"), cluster)
+    assert env_of(pod["spec"]["containers"][0])[ARTIFACTS] == str(512 * 1024 * 1024)
+
+
+@pytest.mark.parametrize(
+    "limit, bound",
+    [("64Mi", 32 * 2**20), ("1.5Gi", 768 * 2**20), ("3e9", 1_500_000_000), ("1G", 500_000_000), ("1", 1)],
+)
+def test_the_spool_size_annotation_moves_the_artifacts_bound_with_it(limit, bound):
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/spool-size-limit": limit}
+    patched, _ = inject(pod)
+    assert by_name(patched["spec"]["volumes"], "oomsight-spool")["emptyDir"]["sizeLimit"] == limit
+    assert {env_of(c)[ARTIFACTS] for c in patched["spec"]["containers"]} == {str(bound)}
+
+
+def test_an_artifacts_bound_the_container_sets_itself_is_kept():
+    pod = fixture("job-pod.yaml")
+    pod["spec"]["containers"][0].setdefault("env", []).append({"name": ARTIFACTS, "value": "1000"})
+    patched, _ = inject(pod)
+    assert [e for e in patched["spec"]["containers"][0]["env"] if e["name"] == ARTIFACTS] == [
+        {"name": ARTIFACTS, "value": "1000"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "volume, bound",
+    [
+        ({"emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}, str(2**30)),
+        ({"emptyDir": {"medium": "Memory"}}, None),  # no sizeLimit: the hook's own statvfs bound applies
+        ({"persistentVolumeClaim": {"claimName": "spool"}}, None),
+        ({"emptyDir": {"sizeLimit": "lots"}}, None),
+    ],
+)
+def test_a_pods_own_spool_volume_gives_the_bound_from_its_own_size_limit(volume, bound):
+    pod = fixture("cpu-pod.yaml")
+    pod["spec"].setdefault("volumes", []).append({"name": "oomsight-spool", **volume})
+    patched, _ = inject(pod)
+    assert {env_of(c).get(ARTIFACTS) for c in patched["spec"]["containers"]} == {bound}
+
+
+@pytest.mark.parametrize(
+    "raw, whole",
+    [
+        ("256Mi", 256 * 2**20),
+        ("1.5Gi", 3 * 2**29),
+        ("1G", 10**9),
+        ("5k", 5000),
+        ("1E", 10**18),
+        ("2e9", 2 * 10**9),
+        ("+7", 7),
+        (".5Ki", 512),
+        ("100m", 1),  # rounded up, as Kubernetes rounds
+        ("1e-99999999999", 1),
+        ("0", 0),
+        ("0e99999", 0),
+        ("9.3e18", None),  # over int64
+        ("1e99999", None),
+        ("9" * 5000, None),
+        ("5K", None),
+        ("lots", None),
+        ("", None),
+    ],
+)
+def test_quantities_are_read_as_kubernetes_reads_them_whatever_their_size(raw, whole):
+    assert quantity_bytes(raw) == whole

@@ -8,6 +8,7 @@ carries a warning that ``kubectl`` prints.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import os
 import re
 from collections.abc import Mapping
@@ -70,6 +71,14 @@ NATIVE_SIDECARS_SINCE = (1, 29)
 """Native sidecars (init containers with ``restartPolicy: Always``) are on by default from 1.29."""
 
 _QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|[KMGTPE]i|[mkMGTPE])?$")
+_SUFFIX_FACTORS = {
+    **{s + "i": 1024 ** (n + 1) for n, s in enumerate("KMGTPE")},
+    **{s: 1000 ** (n + 1) for n, s in enumerate("kMGTPE")},
+    "m": decimal.Decimal("0.001"),
+    "": 1,
+}
+QUANTITY_MAX = 2**63 - 1
+"""The largest quantity Kubernetes keeps as a whole number (an int64)."""
 V = TypeVar("V")
 
 
@@ -203,6 +212,9 @@ class PodOptions:
     """The sidecar's ``OOMSIGHT_ADMIN_PORT``: 0 off (the pod uses the port), None ``auto``."""
     host_network: bool = False
     """The pod shares the node's network: the admin endpoint then requires a token."""
+    artifacts_max_bytes: Optional[int] = None
+    """``OOMSIGHT_ARTIFACTS_MAX_BYTES`` for the target containers, derived from the spool
+    volume's ``sizeLimit`` (``oomsight.wire.spool.artifacts_cap_bytes``); None sets nothing."""
 
 
 def pod_options(
@@ -296,6 +308,29 @@ def _bool_or_none(raw: str) -> Optional[bool]:
 
 def _quantity_or_none(raw: str) -> Optional[str]:
     return raw if _QUANTITY.match(raw) else None
+
+
+def quantity_bytes(raw: str) -> Optional[int]:
+    """The whole number of a Kubernetes quantity (``256Mi``, ``1G``, ``1.5Gi``, ``2e9``, ``100m``),
+    rounded up as Kubernetes rounds; None if ``raw`` is not a quantity or it is over
+    :data:`QUANTITY_MAX`. Exact (decimal) and cheap whatever its digits or exponent."""
+    m = _QUANTITY.match(raw.strip())
+    if m is None:
+        return None
+    number, suffix = decimal.Decimal(m.group(1)), m.group(3) or ""
+    exponent = 0
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        digits = suffix[1:].lstrip("+-").lstrip("0")
+        exponent = int(digits or "0") if len(digits) <= 4 else 10**4  # past 10^4: out of range anyway
+        exponent = -exponent if suffix[1] == "-" else exponent
+        suffix = ""
+    if number and number.adjusted() + exponent > 30:  # > 10^30 whatever the factor: over the maximum
+        return None
+    with decimal.localcontext() as ctx:
+        ctx.prec, ctx.traps[decimal.Inexact], ctx.traps[decimal.Underflow] = 80, False, False
+        value = number.scaleb(max(exponent, -100)) * _SUFFIX_FACTORS[suffix]
+        whole = int(value.to_integral_value(rounding=decimal.ROUND_CEILING))
+    return whole if whole <= QUANTITY_MAX else None
 
 
 def _whole_or_none(raw: str, low: int, high: int) -> Optional[int]:

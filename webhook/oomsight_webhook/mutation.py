@@ -12,9 +12,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from oomsight.config import ENV_DIR, ENV_PROFILE_EVERY, ENV_PROFILE_STEPS, ENV_TERMINATION_MESSAGE_PATH
+from oomsight.config import (
+    ENV_ARTIFACTS_MAX_BYTES,
+    ENV_DIR,
+    ENV_PROFILE_EVERY,
+    ENV_PROFILE_STEPS,
+    ENV_TERMINATION_MESSAGE_PATH,
+)
+from oomsight.wire.spool import artifacts_cap_bytes
 from oomsight_sidecar.owner import controller_owner
-from oomsight_webhook.injection import ANN_STATUS, InjectionSettings, PodOptions, pod_options
+from oomsight_webhook.injection import ANN_STATUS, InjectionSettings, PodOptions, pod_options, quantity_bytes
 from oomsight_webhook.patch import PatchBuilder, pointer
 from oomsight_webhook.podspec import (
     SIDECAR_NAME,
@@ -32,6 +39,8 @@ from oomsight_webhook.podspec import (
 
 Json = dict[str, Any]
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+ARTIFACTS_ENV_MAX = 10**18 - 1
+"""The largest ``OOMSIGHT_ARTIFACTS_MAX_BYTES`` the hook's settings read (18 digits)."""
 
 
 @dataclasses.dataclass
@@ -53,6 +62,7 @@ def mutate(pod: Any, settings: InjectionSettings) -> Mutation:
         return Mutation([], ["oomsight: the pod has no metadata; nothing injected"])
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None
     opts, warnings = pod_options(settings, annotations or {}, pod_ports(spec), spec.get("hostNetwork") is True)
+    opts = dataclasses.replace(opts, artifacts_max_bytes=artifacts_bound(spec, opts))
     b = PatchBuilder()
     targets, note = target_containers(containers, settings, opts)
     warnings += note
@@ -79,6 +89,23 @@ def pod_ports(spec: Mapping[str, Any]) -> frozenset[int]:
                 if isinstance(port, Mapping):
                     found.update(p for p in (port.get("containerPort"), port.get("hostPort")) if isinstance(p, int))
     return frozenset(found)
+
+
+def artifacts_bound(spec: Mapping[str, Any], opts: PodOptions) -> Optional[int]:
+    """``OOMSIGHT_ARTIFACTS_MAX_BYTES`` for the target containers: :func:`artifacts_cap_bytes` (half)
+    of the spool volume's ``sizeLimit`` — the one injected, or that of the pod's own
+    ``oomsight-spool`` ``emptyDir``; None when that volume has no size we can read."""
+    volumes = _list(spec.get("volumes")) or []
+    own = next((v for v in volumes if isinstance(v, Mapping) and v.get("name") == SPOOL_VOLUME), None)
+    if own is None:
+        limit: Any = opts.spool_size_limit
+    else:
+        empty = own.get("emptyDir")
+        limit = empty.get("sizeLimit") if isinstance(empty, Mapping) else None
+    if isinstance(limit, bool) or not isinstance(limit, (str, int)):
+        return None
+    size = quantity_bytes(str(limit))
+    return None if size is None else min(artifacts_cap_bytes(size), ARTIFACTS_ENV_MAX)
 
 
 def target_containers(
@@ -154,6 +181,8 @@ def _ensure_spool_access(b: PatchBuilder, index: int, container: Mapping[str, An
         wanted[ENV_PROFILE_EVERY] = str(opts.profile_every_seconds)
     if opts.profile_steps is not None:
         wanted[ENV_PROFILE_STEPS] = str(opts.profile_steps)
+    if opts.artifacts_max_bytes is not None:  # room kept for events in the spool (docs/kubernetes.md)
+        wanted[ENV_ARTIFACTS_MAX_BYTES] = str(opts.artifacts_max_bytes)
     for name, value in wanted.items():
         if name not in present:  # the container's own setting wins
             b.append(pointer(*base, "env"), env, {"name": name, "value": value})

@@ -37,7 +37,7 @@ from oomsight.wire.schema import (
     JobSetup,
     OomEvent,
 )
-from oomsight.wire.spool import SpoolWriter
+from oomsight.wire.spool import SpoolWriter, artifacts_budget_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -242,8 +242,10 @@ class OomRecorder:
         self._last_snapshot = now
         path = self.writer.artifact_path(self._seq, "pickle")
         try:
-            # room first: evict to half the cap, so the new pickle fits beside what stays
-            self.writer.evict_artifacts(self.settings.artifacts_max_bytes // 2)
+            # room first: evict to half the bound, so the new pickle fits beside what stays; the
+            # bound is the setting, lowered to half the spool's filesystem (room kept for events)
+            budget = artifacts_budget_bytes(self.writer.root, self.settings.artifacts_max_bytes)
+            self.writer.evict_artifacts(budget // 2)
             self.cuda.dump_snapshot(path)
         except Exception as exc:
             self.errors.record("memory_snapshot", exc)

@@ -51,6 +51,11 @@ TIMELINE_MAX_BYTES = 1024 * 1024
 MAX_FILE_BYTES = 1024 * 1024
 """Snapshots and events are a few KiB; anything over this is not ours."""
 
+ARTIFACTS_SHARE_DIVISOR = 2
+"""Artifacts may fill at most 1/2 of the spool: the other half stays for snapshots, OOM
+events, timelines and profiles, so a large memory snapshot can never crowd out the event
+of the OOM it explains (docs/spool-format.md, "Writing rules")."""
+
 SKIP_REASONS = ("corrupt", "oversized", "foreign", "future_version", "invalid", "unreadable")
 
 Document = Union[Snapshot, OomEvent, Profile]
@@ -131,6 +136,32 @@ class SpoolWriter:
             total -= size
             evicted.append(path)
         return evicted
+
+
+def artifacts_cap_bytes(spool_bytes: int) -> int:
+    """The most the artifacts folder may hold in a spool of ``spool_bytes``: half of it
+    (:data:`ARTIFACTS_SHARE_DIVISOR`), at least 1 byte. The webhook sets
+    ``OOMSIGHT_ARTIFACTS_MAX_BYTES`` to this from the spool volume's ``sizeLimit``."""
+    return max(spool_bytes // ARTIFACTS_SHARE_DIVISOR, 1)
+
+
+def spool_capacity_bytes(root: str) -> int | None:
+    """Size of the filesystem that holds ``root`` (``statvfs``: ``f_blocks * f_frsize``);
+    None when it cannot be told (no ``statvfs``, the folder is missing, a size of 0)."""
+    try:
+        st = os.statvfs(root)
+    except (OSError, AttributeError):
+        return None
+    size = st.f_blocks * st.f_frsize
+    return size if size > 0 else None
+
+
+def artifacts_budget_bytes(root: str, max_bytes: int) -> int:
+    """The artifacts bound in force for the spool at ``root``: ``max_bytes`` (the setting),
+    lowered to :func:`artifacts_cap_bytes` of its filesystem, so a spool on a tmpfs smaller
+    than the setting still keeps room for events."""
+    capacity = spool_capacity_bytes(root)
+    return max_bytes if capacity is None else min(max_bytes, artifacts_cap_bytes(capacity))
 
 
 def _encode(doc: Any) -> bytes:
