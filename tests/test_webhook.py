@@ -517,3 +517,38 @@ def test_a_pods_own_spool_volume_gives_the_bound_from_its_own_size_limit(volume,
 )
 def test_quantities_are_read_as_kubernetes_reads_them_whatever_their_size(raw, whole):
     assert quantity_bytes(raw) == whole
+
+
+# --- found by the 10,000-review fuzz (tests/test_admission.py) ---
+
+
+def test_an_env_entry_named_by_a_map_does_not_stop_the_injection():
+    pod = fixture("job-pod.yaml")
+    pod["spec"]["containers"][0]["env"] = [{"name": {"a": 1}, "value": "x"}]
+    patched, _ = inject(pod)
+    env = patched["spec"]["containers"][0]["env"]
+    assert env[0] == {"name": {"a": 1}, "value": "x"} and {"name": "OOMSIGHT_DIR", "value": SPOOL_PATH} in env
+
+
+def test_volume_mounts_that_are_not_a_list_do_not_stop_the_injection():
+    pod = fixture("job-pod.yaml")
+    pod["spec"]["containers"][0]["volumeMounts"] = 1.5
+    patched, _ = inject(pod)
+    sidecar = by_name(patched["spec"]["initContainers"], SIDECAR_NAME)
+    assert sidecar["volumeMounts"][1]["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"  # found on
+
+
+def test_naming_the_regular_sidecar_as_a_target_leaves_a_second_injection_empty():
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/containers": SIDECAR_NAME}
+    settings = dataclasses.replace(SETTINGS, native_sidecar=False)
+    patched, m = inject(pod, settings)
+    assert any(f"no container named {SIDECAR_NAME}" in w for w in m.warnings)
+    assert mutate(patched, settings).patch == []
+
+
+def test_a_pythonpath_entry_without_a_value_gets_one_by_a_patch_that_applies():
+    pod = fixture("zero-code-pod.yaml")
+    pod["spec"]["containers"][0]["env"] = [{"name": "PYTHONPATH"}]
+    patched, _ = inject(pod)
+    assert env_of(patched["spec"]["containers"][0])["PYTHONPATH"] == STARTUP_PATH

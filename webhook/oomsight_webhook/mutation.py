@@ -113,11 +113,11 @@ def target_containers(
 ) -> tuple[list[int], list[str]]:
     """Indexes of the containers that get the spool and env, and a warning if the choice is odd."""
     names = [str(c.get("name", "")) for c in containers]
+    everyone = [i for i, n in enumerate(names) if n != SIDECAR_NAME]  # never the sidecar (a regular one)
     if opts.container_names is not None:
-        unknown = sorted(set(opts.container_names) - set(names))
-        chosen = [i for i, n in enumerate(names) if n in opts.container_names]
+        unknown = sorted(set(opts.container_names) - {names[i] for i in everyone})
+        chosen = [i for i in everyone if names[i] in opts.container_names]
         return chosen, [f"oomsight: no container named {', '.join(unknown)}"] if unknown else []
-    everyone = [i for i, n in enumerate(names) if n != SIDECAR_NAME]
     if settings.containers == "all":
         return everyone, []
     gpu = [i for i in everyone if asks_for_gpu(containers[i], settings.gpu_resources)]
@@ -169,13 +169,11 @@ def _ensure_sidecar(
 def _ensure_spool_access(b: PatchBuilder, index: int, container: Mapping[str, Any], opts: PodOptions) -> None:
     base = path_of(index)
     mounts = _list(container.get("volumeMounts"))
-    taken = {m.get("name") for m in mounts or [] if isinstance(m, Mapping)} | {
-        m.get("mountPath") for m in mounts or [] if isinstance(m, Mapping)
-    }
+    taken = _strings(mounts, "name") | _strings(mounts, "mountPath")
     if SPOOL_VOLUME not in taken and SPOOL_PATH not in taken:
         b.append(pointer(*base, "volumeMounts"), mounts, {"name": SPOOL_VOLUME, "mountPath": SPOOL_PATH})
     env = _list(container.get("env"))
-    present = {e.get("name") for e in env or [] if isinstance(e, Mapping)}
+    present = _strings(env, "name")
     wanted = {ENV_DIR: SPOOL_PATH}
     if opts.profile_every_seconds is not None:  # oomsight.io/profile-every-seconds
         wanted[ENV_PROFILE_EVERY] = str(opts.profile_every_seconds)
@@ -229,7 +227,7 @@ def _prepend_pythonpath(b: PatchBuilder, index: int, container: Mapping[str, Any
         return False
     current = str(entry.get("value") or "")
     if current.split(":")[0] != STARTUP_PATH:
-        b.replace(pointer(*path_of(index), "env", j, "value"), STARTUP_PATH + (":" + current if current else ""))
+        b.set(pointer(*path_of(index), "env", j, "value"), STARTUP_PATH + (":" + current if current else ""))
     return True
 
 
@@ -271,3 +269,8 @@ def _named(spec: Mapping[str, Any], name: str) -> bool:
 
 def _list(value: Any) -> Optional[list[Any]]:
     return value if isinstance(value, list) else None
+
+
+def _strings(items: Optional[list[Any]], key: str) -> set[str]:
+    """The string values of ``key`` in the maps of ``items`` (a name that is a map is no name)."""
+    return {v for v in (i.get(key) for i in items or [] if isinstance(i, Mapping)) if isinstance(v, str)}

@@ -38,5 +38,7 @@ class PatchBuilder:
         else:
             self.ops.append({"op": "add", "path": path + pointer(key), "value": value})
 
-    def replace(self, path: str, value: Any) -> None:
-        self.ops.append({"op": "replace", "path": path, "value": value})
+    def set(self, path: str, value: Any) -> None:
+        """Set the map member at ``path``, there or not: an ``add`` (RFC 6902 4.1: an existing
+        member is replaced), where a ``replace`` fails to apply if the member is missing."""
+        self.ops.append({"op": "add", "path": path, "value": value})

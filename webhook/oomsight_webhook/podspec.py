@@ -115,11 +115,16 @@ def admin_env(opts: PodOptions) -> list[Json]:
 def token_mount(spec: Any) -> Optional[Json]:
     """The service account token mount of any container of the pod (read-only), if one has it."""
     for key in ("containers", "initContainers"):
-        for container in spec.get(key) or []:
-            for mount in (container.get("volumeMounts") if isinstance(container, dict) else None) or []:
+        for container in _items(spec.get(key)):
+            for mount in _items(container.get("volumeMounts") if isinstance(container, dict) else None):
                 if isinstance(mount, dict) and mount.get("mountPath") == TOKEN_PATH and mount.get("name"):
                     return {"name": mount["name"], "mountPath": TOKEN_PATH, "readOnly": True}
     return None
+
+
+def _items(value: Any) -> list[Any]:
+    """``value`` if it is a list, else none: a pod's field of another type holds nothing to read."""
+    return value if isinstance(value, list) else []
 
 
 def startup_container(settings: InjectionSettings) -> Json:
