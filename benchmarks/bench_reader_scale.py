@@ -3,20 +3,33 @@
     PYTHONPATH=exporter:sidecar python3 benchmarks/bench_reader_scale.py --out benchmarks/results
 
 Each rank's snapshot is a real one from the shipped H200 tape (one device with categories
-and a trend). Two measurements per N:
+and 246 step rows, 20 KB), marked running. Every publish moves what a real one moves (the
+tape's consecutive snapshots of a rank differ in 6 to 11 of their 48 samples): the step
+count and times, allocated, active and requested bytes, NVML used and free bytes and
+utilization. A scrape is what the sidecar's ``/metrics`` does without the HTTP:
+``SpoolCollector.exposition`` (read, inventory, the cached exposition) in the Prometheus
+text format; uncached is ``generate_latest`` over a registry holding the collector, what
+``/metrics`` did before the cache (and what ``collect()`` users still get). Every case also
+counts the full garbage collections that ran inside its timed scrapes, and the longest
+(``full_gc_in_scrapes``): they, not the reader, make most of the 1,000-rank p99. Cases per N:
 
-- ``changed``: every rank rewrote its snapshot since the last scrape (the worst case: a
-  scrape interval at or above the publish interval), so the scrape parses and validates all N;
+- ``changed``: every rank rewrote its snapshot since the last scrape (the worst case, and the
+  usual one: the hook publishes every second, Prometheus scrapes every 15 or 30 s), so the
+  scrape parses and validates all N; its parts: ``read`` (parse and validate, the reader
+  alone) and ``render`` (the rest: inventory, building the changed processes' families, the
+  encoder on their changed families, the assembly); ``changed_uncached``: the same with
+  ``render`` done as before the cache;
+- ``unchanged``: no file changed since the last scrape (an ``lstat`` per file, the ages);
 - ``live``: a separate writer process rewrites every snapshot at ``--hz`` while this process
-  scrapes at the same rate; the scrape parses whatever changed in between.
-
-A scrape is ``generate_latest`` over a registry holding a ``SpoolCollector``: reading, the
-inventory and the exposition text, what ``/metrics`` does without the HTTP.
+  scrapes at its own rate; the scrape parses whatever changed in between
+  (``parsed_per_scrape``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import inspect
 import json
 import os
 import platform
@@ -25,17 +38,34 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.tools import tape
 from oomsight.tools.demo import TAPE
 from oomsight.wire.spool import write_atomic
 
+
+def move(doc: dict[str, Any], seq: int, i: int) -> None:
+    """What a publish moves (the writer process below runs this function's source)."""
+    s, d = doc["steps"], doc["devices"][0]
+    s["count"] += 1
+    s["duration_seconds_total"] += 0.025
+    s["last_duration_seconds"] = 0.025 + (seq % 7) * 1e-4
+    a, nv = d["allocator"], d["nvml"]
+    a["allocated_bytes"] = a["active_bytes"] = a["requested_bytes"] = 7360741376 - (seq % 13) * 2**20 - i
+    nv["used_bytes"] = 8276213760 + (seq % 5) * 2**21
+    nv["free_bytes"] = nv["total_bytes"] - nv["used_bytes"]
+    nv["utilization_ratio"] = (seq % 100) / 100
+
+
 WRITER = """
 import json, os, sys, time
+from typing import Any
 root, n, hz, doc = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.stdin.read())
 seq = 0
 while True:
@@ -44,6 +74,7 @@ while True:
     for i in range(n):
         doc["process"].update(id=f"{i}-aa", rank=i, local_rank=i % 8)
         doc.update(time=time.time(), seq=seq)
+        move(doc, seq, i)
         path = os.path.join(root, "snapshots", f"{i}-aa.json")
         tmp = os.path.join(root, "snapshots", f".{i}-aa.json.tmp-{os.getpid()}")
         with open(tmp, "w") as fh:
@@ -51,24 +82,63 @@ while True:
         os.replace(tmp, path)
     time.sleep(max(0.0, 1 / hz - (time.time() - t0)))
 """
+TEXT = (generate_latest, CONTENT_TYPE_PLAIN_0_0_4)
+OPENMETRICS = (openmetrics.generate_latest, openmetrics.CONTENT_TYPE_LATEST)
+
+
+def _writer_source() -> str:
+    head, loop = WRITER.split("seq = 0\n", 1)
+    return textwrap.dedent(head) + inspect.getsource(move) + "seq = 0\n" + loop
 
 
 def reference_snapshot() -> dict[str, Any]:
     _, records = tape.read(TAPE)
-    return next(r["doc"] for r in reversed(records) if r["doc"]["kind"] == "snapshot")
+    doc = next(r["doc"] for r in reversed(records) if r["doc"]["kind"] == "snapshot")
+    doc.update(state="running", exit_reason=None)
+    return doc
 
 
 def publish_all(root: str, doc: dict[str, Any], n: int, seq: int) -> None:
     for i in range(n):
         doc["process"].update(id=f"{i}-aa", rank=i, local_rank=i % 8)
         doc.update(time=time.time(), seq=seq)
+        move(doc, seq, i)
         write_atomic(os.path.join(root, "snapshots", f"{i}-aa.json"), json.dumps(doc).encode(), durable=False)
 
 
-def scrape_ms(registry: CollectorRegistry) -> float:
+class FullCollections:
+    """Times CPython's full (generation 2) garbage collections while ``on``: with 1,000 parsed
+    20 KB documents alive, one traverses millions of objects."""
+
+    def __init__(self) -> None:
+        self.on, self.ms, self._t0 = False, [], 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self.on:
+            self.ms.append((time.perf_counter() - self._t0) * 1000)
+
+    def summary(self) -> dict[str, Any]:
+        gc.callbacks.remove(self._callback)
+        return {"count": len(self.ms), "max_ms": round(max(self.ms, default=0.0), 1)}
+
+
+FULL_GC: FullCollections | None = None
+
+
+def timed_ms(work: Callable[[], Any]) -> float:
+    if FULL_GC is not None:
+        FULL_GC.on = True
     t0 = time.perf_counter()
-    generate_latest(registry)
-    return (time.perf_counter() - t0) * 1000
+    work()
+    took = (time.perf_counter() - t0) * 1000
+    if FULL_GC is not None:
+        FULL_GC.on = False
+    return took
 
 
 def stats(ms: list[float]) -> dict[str, float]:
@@ -77,46 +147,63 @@ def stats(ms: list[float]) -> dict[str, float]:
     return {"n": len(vs), "p50_ms": round(pick(50), 2), "p99_ms": round(pick(99), 2), "max_ms": round(vs[-1], 2)}
 
 
-def registry_for(root: str) -> CollectorRegistry:
-    reg = CollectorRegistry()
-    reg.register(SpoolCollector(root, stale_after_seconds=3600))
-    return reg
+def collector_for(root: str) -> SpoolCollector:
+    return SpoolCollector(root, stale_after_seconds=3600)
 
 
-class _Families:
-    def __init__(self, families: list[Any]) -> None:
-        self.families = families
+def measured(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``work()``'s figures, with the full collections that ran inside its timed scrapes."""
+    global FULL_GC
+    FULL_GC = FullCollections()
+    try:
+        found = work()
+    finally:
+        full, FULL_GC = FULL_GC.summary(), None
+    return {**found, "full_gc_in_scrapes": full}
 
-    def collect(self) -> list[Any]:
-        return self.families
 
-
-def measure_changed(n: int, scrapes: int) -> dict[str, Any]:
-    """Every rank changed since the last scrape; the scrape and its three parts apart."""
+def measure_changed(n: int, scrapes: int, fmt: tuple[Any, str] = TEXT, cached: bool = True) -> dict[str, Any]:
+    """Every rank changed since the last scrape. One collector; a scrape is its two parts timed
+    apart: ``read`` (the reader parses the changed files) and ``render`` (the collector's
+    exposition, whose own read finds nothing changed: an ``lstat`` a file). ``cached=False``:
+    ``render`` is ``generate_latest`` over a registry holding the collector, as before the cache."""
     doc = reference_snapshot()
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, "snapshots"))
-        reg = registry_for(root)
-        collector = SpoolCollector(root, stale_after_seconds=3600)
-        parts: dict[str, list[float]] = {"scrape": [], "read": [], "collect": [], "exposition": []}
+        collector, registry = collector_for(root), CollectorRegistry()
+        registry.register(collector)
+        render = (lambda: collector.exposition(*fmt)) if cached else (lambda: fmt[0](registry))
+        parts: dict[str, list[float]] = {"scrape": [], "read": [], "render": []}
         for seq in range(scrapes + 2):
             publish_all(root, doc, n, seq)
-            took = scrape_ms(reg)
-            t0 = time.perf_counter()
-            collector.reader.read()
-            t1 = time.perf_counter()
-            families = list(collector.collect())  # the read inside is of unchanged files: ~0
-            t2 = time.perf_counter()
-            only = CollectorRegistry()
-            only.register(_Families(families))  # type: ignore[arg-type]
-            expo = scrape_ms(only)
-            if seq >= 2:  # the first two warm the caches and imports
-                parts["scrape"].append(took)
-                parts["read"].append((t1 - t0) * 1000)
-                parts["collect"].append((t2 - t1) * 1000)
-                parts["exposition"].append(expo)
-        samples = sum(len(f.samples) for f in families)
-        return {**stats(parts["scrape"]), "samples": samples, "parts": {k: stats(v) for k, v in parts.items()}}
+            read, rendered = timed_ms(collector.reader.read), timed_ms(render)
+            if seq >= 2:  # the first two fill the caches
+                parts["read"].append(read)
+                parts["render"].append(rendered)
+                parts["scrape"].append(read + rendered)
+        text = collector.exposition(*fmt).decode()
+        samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        return {
+            **stats(parts["scrape"]),
+            "samples": samples,
+            "bytes": len(text),
+            "per_changed_file_ms": round(stats(parts["scrape"])["p50_ms"] / n, 3),
+            "parts": {k: stats(v) for k, v in parts.items()},
+        }
+
+
+def measure_unchanged(n: int, scrapes: int) -> dict[str, Any]:
+    """Nothing changed since the last scrape."""
+    doc = reference_snapshot()
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, "snapshots"))
+        publish_all(root, doc, n, 0)
+        collector = collector_for(root)
+        collector.exposition(*TEXT)
+        parsed = collector.reader.parsed
+        ms = [timed_ms(lambda: collector.exposition(*TEXT)) for _ in range(scrapes)]
+        assert collector.reader.parsed == parsed, "an unchanged file was parsed again"
+        return stats(ms)
 
 
 def measure_live(n: int, hz: float, seconds: float, scrape_hz: float = 0.0) -> dict[str, Any]:
@@ -127,23 +214,25 @@ def measure_live(n: int, hz: float, seconds: float, scrape_hz: float = 0.0) -> d
         os.makedirs(os.path.join(root, "snapshots"))
         publish_all(root, doc, n, 0)
         writer = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(WRITER), root, str(n), str(hz)], stdin=subprocess.PIPE, text=True
+            [sys.executable, "-c", _writer_source(), root, str(n), str(hz)], stdin=subprocess.PIPE, text=True
         )
         assert writer.stdin is not None
         writer.stdin.write(json.dumps(doc))
         writer.stdin.close()
         try:
-            reg = registry_for(root)
-            scrape_ms(reg)
+            collector = collector_for(root)
+            collector.exposition(*TEXT)
+            parsed = collector.reader.parsed
             ms, end = [], time.time() + seconds
             while time.time() < end:
                 t0 = time.time()
-                ms.append(scrape_ms(reg))
+                ms.append(timed_ms(lambda: collector.exposition(*TEXT)))
                 time.sleep(max(0.0, 1 / scrape_hz - (time.time() - t0)))
         finally:
             writer.kill()
             writer.wait()
-        return {**stats(ms), "writer_hz": hz, "scrape_hz": scrape_hz}
+        per_scrape = (collector.reader.parsed - parsed) / len(ms)
+        return {**stats(ms), "writer_hz": hz, "scrape_hz": scrape_hz, "parsed_per_scrape": round(per_scrape, 1)}
 
 
 def main() -> int:
@@ -153,19 +242,32 @@ def main() -> int:
     args = parser.parse_args()
     results = {
         "64_ranks": {
-            "changed": measure_changed(64, 200),
-            "live_publish_10hz_scrape_10hz": measure_live(64, 10.0, args.seconds),
-            "live_publish_1hz_scrape_10hz": measure_live(64, 1.0, args.seconds, scrape_hz=10.0),
+            "changed": measured(lambda: measure_changed(64, 200)),
+            "changed_uncached": measured(lambda: measure_changed(64, 200, cached=False)),
+            "changed_openmetrics": measured(lambda: measure_changed(64, 50, OPENMETRICS)),
+            "unchanged": measured(lambda: measure_unchanged(64, 200)),
+            "live_publish_10hz_scrape_10hz": measured(lambda: measure_live(64, 10.0, args.seconds)),
+            "live_publish_1hz_scrape_10hz": measured(lambda: measure_live(64, 1.0, args.seconds, scrape_hz=10.0)),
         },
         "1000_ranks": {
-            "changed": measure_changed(1000, 20),
-            "live_publish_1hz_scrape_1hz": measure_live(1000, 1.0, args.seconds),
+            "changed": measured(lambda: measure_changed(1000, 20)),
+            "changed_uncached": measured(lambda: measure_changed(1000, 20, cached=False)),
+            "unchanged": measured(lambda: measure_unchanged(1000, 50)),
+            "live_publish_1hz_scrape_1hz": measured(lambda: measure_live(1000, 1.0, 3 * args.seconds)),
+            "live_publish_0.1hz_scrape_1hz": measured(
+                lambda: measure_live(1000, 0.1, 3 * args.seconds, scrape_hz=1.0)
+            ),
         },
     }
     doc = {
         "benchmark": "bench_reader_scale",
         "goal": {"64_ranks_p99_ms": 15, "1000_ranks_p99_ms": 200},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "results": results,
     }
     os.makedirs(args.out, exist_ok=True)

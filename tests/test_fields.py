@@ -7,10 +7,12 @@ import os
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oomsight.tools import tape
 from oomsight.tools.demo import TAPE
-from oomsight.wire import documents, rendering
+from oomsight.wire import documents, rendering, schema
 from oomsight.wire.fields import BASE, DOCUMENTS, tables
 from oomsight.wire.schema import SchemaError, default_of, validate
 from oomsight.wire.spool import SpoolReader, write_atomic
@@ -171,3 +173,21 @@ def test_a_profile_request_is_read_off_its_table_too(tmp_path):
     assert parse_request({**doc, "schema_version": 2}) is None  # a future version is not ours
     assert parse_request({**doc, "created_at": float("nan")}) is None
     assert parse_request({k: v for k, v in doc.items() if k not in ("schema_version", "cuda_time")}).cuda_time
+
+
+ROW_ITEMS = st.one_of(
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, -0.0, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 1e300, "1", None]),
+)
+
+
+@settings(max_examples=2000, deadline=None, database=None)
+@given(st.lists(ROW_ITEMS, max_size=6))
+def test_the_fast_row_check_accepts_exactly_what_the_item_by_item_check_does(row):
+    def exact(v):
+        return all(type(x) is bool or schema._is_number(x) for x in v)
+
+    assert schema._is_row(row) == exact(row)

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.openmetrics import exposition as om
 from test_events import POD
 
 from oomsight.analysis.inventory import take_inventory
@@ -60,10 +62,14 @@ def hostile_document(draw):
 
 
 def every_reader(spool, now):
-    """Scrape, inventory, report and post once; return the scrape's text."""
+    """Scrape (uncached, then cached in both formats: the same text), inventory, report and
+    post once; return the scrape's text."""
     reg = CollectorRegistry()
-    reg.register(SpoolCollector(spool, clock=lambda: now))
+    collector = SpoolCollector(spool, clock=lambda: now)
+    reg.register(collector)
     text = generate_latest(reg).decode()
+    assert collector.exposition(generate_latest, CONTENT_TYPE_PLAIN_0_0_4).decode() == text
+    assert collector.exposition(om.generate_latest, om.CONTENT_TYPE_LATEST) == om.generate_latest(reg)
     inv = take_inventory(SpoolReader(spool).read(), now)
     report.render(inv, spool)
     EventPoster(spool, POD, lambda: FakeKube()).tick()
@@ -153,9 +159,12 @@ def test_counters_never_go_backwards_whatever_faults_a_run_meets(faults):
             try:
                 reg = CollectorRegistry()
                 reg.register(collector)
-                now = counter_samples(generate_latest(reg).decode())
+                text = generate_latest(reg).decode()
+                cached = collector.exposition(generate_latest, CONTENT_TYPE_PLAIN_0_0_4).decode()
             finally:
                 os.listdir = real
+            assert cached == text, (fault, faults)  # the sidecar's cached text is the collector's
+            now = counter_samples(text)
             for series, value in last.items():
                 assert now.get(series, -1) >= value, (series, fault, faults)
             last = now

@@ -6,7 +6,6 @@ import os
 import threading
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.wire.spool import SpoolReader
@@ -37,9 +36,7 @@ def served(spool, monkeypatch):
     hooked_process(spool, monkeypatch=monkeypatch)
     reader = GatedReader(spool)
     collector = SpoolCollector(spool, reader=reader)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    server = serve(MetricsApp(collector, registry, CollectWatch(hung_after_seconds=0.5)), "127.0.0.1", 0)
+    server = serve(MetricsApp(collector, watch=CollectWatch(hung_after_seconds=0.5)), "127.0.0.1", 0)
     yield reader, server.server_port
     reader.gate.set()
     stop(server)
@@ -93,10 +90,7 @@ def test_head_metrics_answers_200_with_the_headers_of_get_and_no_body(served):
 
 def test_the_spool_not_existing_yet_is_not_ready_but_alive(tmp_path):
     spool = str(tmp_path / "later")
-    collector = SpoolCollector(spool)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    server = serve(MetricsApp(collector, registry), "127.0.0.1", 0)
+    server = serve(MetricsApp(SpoolCollector(spool)), "127.0.0.1", 0)
     try:
         assert request(server.server_port, "/readyz")[0] == 503
         assert request(server.server_port, "/healthz")[0] == 200

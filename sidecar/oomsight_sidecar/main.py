@@ -35,13 +35,12 @@ def build_app(
         stale_after_seconds=settings.stale_after_seconds,
         reader=SpoolReader(settings.spool_dir, sweep_temp_after_seconds=TEMP_MAX_AGE_SECONDS),
     )
-    registry = CollectorRegistry()
-    registry.register(collector)
+    others = CollectorRegistry()
     if kube is not None:
-        registry.register(kube)
+        others.register(kube)
     if errors is not None:
-        registry.register(ServerCollector(errors))
-    return MetricsApp(collector, registry, CollectWatch(settings.hung_after_seconds))
+        others.register(ServerCollector(errors))
+    return MetricsApp(collector, others, CollectWatch(settings.hung_after_seconds))
 
 
 def build_poster(

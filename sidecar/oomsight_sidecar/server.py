@@ -1,8 +1,11 @@
 """HTTP endpoints of the sidecar: ``/metrics``, ``/healthz``, ``/readyz`` and a landing page.
 
-``/metrics`` is prometheus_client's own WSGI app (content negotiation, OpenMetrics,
-gzip); the other paths are a few lines of WSGI around it. ``HEAD`` is answered on
-every path with the headers ``GET`` would have.
+``/metrics`` answers a ``GET`` as prometheus_client's own WSGI app does (its content
+negotiation, OpenMetrics, gzip), with the spool's text from the collector's exposition cache
+(``oomsight.metrics.exposition``: a process's lines are rendered again only when its snapshot
+changed); anything else on ``/metrics`` (``OPTIONS``, ``name[]`` filters) goes to
+prometheus_client's app itself. The other paths are a few lines of WSGI. ``HEAD`` is
+answered on every path with the headers ``GET`` would have.
 
 Probes follow what ``/metrics`` can do (docs/kubernetes.md, "Probes"):
 
@@ -15,16 +18,19 @@ Probes follow what ``/metrics`` can do (docs/kubernetes.md, "Probes"):
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from oomsight.metrics.collector import SpoolCollector
@@ -77,14 +83,25 @@ class CollectWatch:
 
 
 class MetricsApp:
-    """The WSGI application. Ready once the spool has been read successfully."""
+    """The WSGI application. Ready once the spool has been read successfully.
+
+    ``others``: the sidecar's own collectors (Kubernetes, HTTP errors), served after the
+    spool's families; ``registry`` holds the spool collector and them.
+    """
 
     def __init__(
-        self, collector: SpoolCollector, registry: CollectorRegistry, watch: Optional[CollectWatch] = None
+        self,
+        collector: SpoolCollector,
+        others: Optional[CollectorRegistry] = None,
+        watch: Optional[CollectWatch] = None,
     ) -> None:
         self.collector = collector
-        self.registry = registry
-        self.metrics = make_wsgi_app(registry)
+        self.others = others
+        self.registry = CollectorRegistry()
+        self.registry.register(collector)
+        if others is not None:
+            self.registry.register(others)
+        self.metrics: WsgiApp = make_wsgi_app(self.registry)
         self.watch = watch or CollectWatch(hung_after_seconds=20.0)
         self.ready = threading.Event()
 
@@ -119,13 +136,26 @@ class MetricsApp:
 
     def _metrics(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         try:
-            result: Iterable[bytes] = self.watch.run(lambda: self.metrics(environ, start_response))
+            result: Iterable[bytes] = self.watch.run(lambda: self._metrics_answer(environ, start_response))
         except Exception:
             logger.exception("oomsight sidecar: collecting metrics failed; /readyz answers 503 until one succeeds")
             raise
         if self.collector.last_inventory is not None and self.collector.last_inventory.readable:
             self.ready.set()
         return result
+
+    def _metrics_answer(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        """prometheus_client's answer (``_bake_output`` of ``make_wsgi_app``), the text cached."""
+        if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
+            return self.metrics(environ, start_response)
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        body = self.collector.exposition(encoder, content_type, self.others)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
 
     def _not_ready_reason(self) -> str:
         hung = self.watch.hung_seconds()
@@ -135,7 +165,7 @@ class MetricsApp:
             return "spool not readable yet"
         if self.watch.last_error is not None:
             try:  # collect once more here: the probe must see a recovery without waiting for a scrape
-                self.watch.run(lambda: list(self.registry.collect()))
+                self.watch.run(lambda: self.collector.exposition(*choose_encoder(""), self.others))
             except Exception:
                 return f"the last collect failed: {self.watch.last_error}"
         return ""

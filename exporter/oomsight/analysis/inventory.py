@@ -93,7 +93,7 @@ class Ledger:
             now.events, now.fatal = max(now.events, last.events), max(now.fatal, last.fatal)
             now.recovered = max(now.recovered, last.recovered)
             now.last = now.last if now.last is not None else last.last
-        self.tallies = {k: dataclasses.replace(v) for k, v in ooms.items()}
+        self.tallies = {k: OomTally(v.events, v.fatal, v.recovered, v.last) for k, v in ooms.items()}  # copies
 
 
 def device_key(rank: int, local_rank: int, device: int, uuid: str) -> DeviceKey:

@@ -257,6 +257,8 @@ class SpoolReader:
         self._transient: set[str] = set()
         self._swept_at = 0.0
         self._lock = threading.Lock()
+        self.parsed = 0
+        """Files opened and parsed so far; an unchanged file is not parsed again."""
 
     def read(self) -> SpoolState:
         with self._lock:
@@ -338,6 +340,7 @@ class SpoolReader:
             return self._keep(path, seen, exc.errno in decoding.TRANSIENT_ERRNOS, str(exc))
         if seen and (seen.mtime_ns, seen.size, seen.inode) == (st.st_mtime_ns, st.st_size, st.st_ino):
             return seen.doc
+        self.parsed += 1
         try:
             doc, reason, detail, st = self._parse(path, st, kind)
         except FileNotFoundError:
