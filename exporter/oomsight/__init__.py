@@ -12,7 +12,7 @@ from typing import Any
 
 from oomsight._version import __version__
 
-__all__ = ["__version__", "measure_remedies", "probe_batch_size", "start", "stop"]
+__all__ = ["__version__", "largest_batch", "measure_remedies", "predict_peak", "probe_batch_size", "start", "stop"]
 
 
 def start(**settings: Any) -> bool:
@@ -30,6 +30,20 @@ def probe_batch_size(step_fn: Any, **kwargs: Any) -> Any:
     advice = probe.probe_batch_size(step_fn, **kwargs)
     probe.publish(advice)
     return advice
+
+
+def predict_peak(model: Any, batch: Any, batch_size: int, *args: Any, **kwargs: Any) -> Any:
+    """A training step's peak CUDA memory, predicted on the CPU without a GPU (``oomsight.tools.predict``)."""
+    from oomsight.tools.predict import predict_peak as predict
+
+    return predict(model, batch, batch_size, *args, **kwargs)
+
+
+def largest_batch(model: Any, batch: Any, capacity: int, *args: Any, **kwargs: Any) -> Any:
+    """The largest batch whose predicted step fits ``capacity`` less a margin (``oomsight.tools.predict``)."""
+    from oomsight.tools.predict import largest_batch as search
+
+    return search(model, batch, capacity, *args, **kwargs)
 
 
 def measure_remedies(variants: Any, **kwargs: Any) -> Any:

@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--spool", required=True, help="the spool directory to write into (created if missing)")
     rp.add_argument("--speed", type=float, default=1.0, help="time factor, 10 = ten times faster (default 1)")
     _add_profile(sub)
+    from oomsight.tools.predict import command as predict
+
+    predict.add(sub)
     _subparser(sub, "demo", "the main job: live on a GPU, a labelled replay of an H200 run otherwise")
     inst = _subparser(sub, "install-startup", "copy the zero-code startup folder (for an init container)")
     inst.add_argument("folder", help="where to put sitecustomize.py and the oomsight package (created if missing)")

@@ -1,0 +1,263 @@
+"""``oomsight.predict_peak``: a training step's peak CUDA memory, predicted without a GPU.
+
+A trace of the step on fake tensors (``tracing``) gives the order of every allocation and
+free; the caching-allocator model (``oomsight.analysis.allocator``) replays it into what
+``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` would report, and the
+live bytes by category at the peak. ``largest_batch`` searches the batch size whose step
+still fits under a capacity less a margin — fitting meaning what the allocator itself
+decides: under a cap torch returns cached segments before it fails, so the allocated peak
+must fit, less a margin for the fragmentation it cannot undo (``DEFAULT_MARGIN``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from oomsight.analysis.allocator import CachingAllocator, SimulatedOom
+
+CUBLAS_WORKSPACE_SM90 = 4096 * 1024 * 8
+"""cuBLAS workspace per handle and stream on compute capability 9.0 (H100, H200): 32 MiB
+(``CublasHandlePool.cpp``); measured on the H200 in ``benchmarks/results/predict.json``."""
+CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""The default elsewhere: ``CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8`` (8.125 MiB)."""
+DEFAULT_MARGIN = 0.10
+"""Share of the capacity a batch must leave free. Under a cap the allocator returns cached
+segments before it fails, so what decides is the allocated peak and the fragmentation it
+cannot undo: on the H200 the first failing batch's allocated peak was 90-100 % of the cap
+(``benchmarks/results/predict.json``, ``pressure``)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one batch size's training step is predicted to need."""
+
+    batch_size: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    by_category_bytes: dict[str, int]
+    """Live bytes of each category at the moment of the peak allocated."""
+    step_peak_allocated_bytes: list[int]
+    steps: int
+    expandable_segments: bool
+    workspace_bytes: int
+    seconds: float
+    fits: Optional[bool] = None
+    """With a capacity: whether the peak allocated stays within it (see ``DEFAULT_MARGIN``)."""
+    oom_in_replay: Optional[bool] = None
+    """With a capacity: whether the allocator model, replayed under it as a cap, ran out
+    (a stricter test than the real allocator turned out to be: docs/prediction.md)."""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BatchSearch:
+    """The largest batch whose step fits under ``capacity_bytes * (1 - margin)``."""
+
+    max_batch_size: int
+    capacity_bytes: int
+    margin: float
+    prediction: Optional[Prediction]
+    tried: list[tuple[int, bool]]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def workspace_default(capability: Optional[tuple[int, int]]) -> int:
+    """cuBLAS workspace bytes per handle: ``CUBLAS_WORKSPACE_CONFIG`` if set, else the default of the arch."""
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "")
+    pairs = re.findall(r":(\d+):(\d+)", config)
+    if pairs:
+        return sum(int(kib) * 1024 * int(count) for kib, count in pairs)
+    return CUBLAS_WORKSPACE_SM90 if capability == (9, 0) else CUBLAS_WORKSPACE_OTHER
+
+
+def expandable_default() -> bool:
+    """Whether ``PYTORCH_CUDA_ALLOC_CONF`` (or ``PYTORCH_ALLOC_CONF``) turns expandable segments on."""
+    conf = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    return bool(re.search(r"expandable_segments\s*:\s*true", conf, re.IGNORECASE))
+
+
+def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> dict[str, Any]:
+    """Replay a trace through the allocator model: peaks, per-step peaks, categories at the peak."""
+    from oomsight.tools.predict.tracing import HOST, TEMPORARIES
+
+    alloc = CachingAllocator(cap=cap, expandable_segments=expandable)
+    handles: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    peak_at, step_peaks, step_max, oom = -1, [], 0, False
+    ends = set(trace.step_ends)
+    for i, (aid, size) in enumerate(trace.events):
+        if aid > 0:
+            if trace.categories.get(aid) == HOST:
+                continue
+            before = alloc.stats.peak_allocated
+            try:
+                handles[aid] = alloc.malloc(size)
+            except SimulatedOom:
+                oom = True
+                break
+            sizes[aid] = size
+            step_max = max(step_max, alloc.stats.allocated)
+            if alloc.stats.peak_allocated > before:
+                peak_at = i
+        elif -aid in handles:
+            alloc.free(handles.pop(-aid))
+        if i + 1 in ends:
+            step_peaks.append(step_max)
+            step_max = alloc.stats.allocated
+    live: dict[int, int] = {}
+    for aid, size in trace.events[: peak_at + 1]:
+        if aid > 0 and aid in sizes:
+            live[aid] = size
+        elif aid < 0:
+            live.pop(-aid, None)
+    by_category: dict[str, int] = {}
+    for aid, size in live.items():
+        cat = trace.categories.get(aid, TEMPORARIES)
+        by_category[cat] = by_category.get(cat, 0) + size
+    return {
+        "peak_allocated": alloc.stats.peak_allocated,
+        "peak_reserved": alloc.stats.peak_reserved,
+        "step_peaks": step_peaks,
+        "by_category": by_category,
+        "oom": oom,
+    }
+
+
+def predict_peak(
+    model: Callable[[], Any],
+    batch: Callable[[int], Any],
+    batch_size: int,
+    optimizer: Optional[Callable[[Any], Any]] = None,
+    step: Optional[Callable[[Any, Any, Any], Any]] = None,
+    *,
+    autocast: Any = None,
+    accumulation: int = 1,
+    steps: int = 3,
+    capacity: Optional[int] = None,
+    expandable_segments: Optional[bool] = None,
+    workspace_bytes: Optional[int] = None,
+    capability: Optional[tuple[int, int]] = (9, 0),
+) -> Prediction:
+    """Predict the peak memory of ``steps`` training steps at ``batch_size``.
+
+    ``model()`` builds the model (it runs on the meta device: no weights are made);
+    ``batch(batch_size)`` makes one input (a tensor, tuple or dict; on the default device);
+    ``optimizer(model.parameters())`` builds the optimizer (default ``torch.optim.AdamW``);
+    ``step(model, batch, optimizer)`` runs one step (default: forward — under
+    ``torch.autocast("cuda", autocast)`` when given — backward on ``.loss`` or the output's
+    mean, ``accumulation`` micro-batches, ``optimizer.step()``, ``zero_grad(set_to_none=True)``).
+    """
+    import torch
+
+    from oomsight.tools.predict import tracing
+
+    started = time.perf_counter()
+    make_opt = optimizer or torch.optim.AdamW
+    step_fn = step or tracing.default_step(accumulation=accumulation, autocast=autocast)
+    expandable = expandable_default() if expandable_segments is None else expandable_segments
+    workspace = workspace_default(capability) if workspace_bytes is None else workspace_bytes
+    trace = tracing.trace_steps(
+        model,
+        lambda: batch(batch_size),
+        lambda m: make_opt(m.parameters()),
+        step_fn,
+        steps=steps,
+        workspace_bytes=workspace,
+    )
+    result = replay(trace, expandable=expandable)
+    fits = oom = None
+    if capacity is not None:
+        fits = result["peak_allocated"] <= capacity
+        oom = bool(replay(trace, cap=capacity, expandable=expandable)["oom"])
+    return Prediction(
+        batch_size=batch_size,
+        peak_allocated_bytes=result["peak_allocated"],
+        peak_reserved_bytes=result["peak_reserved"],
+        by_category_bytes=dict(sorted(result["by_category"].items())),
+        step_peak_allocated_bytes=result["step_peaks"],
+        steps=steps,
+        expandable_segments=expandable,
+        workspace_bytes=workspace,
+        seconds=round(time.perf_counter() - started, 3),
+        fits=fits,
+        oom_in_replay=oom,
+        notes=trace.notes,
+    )
+
+
+def largest_batch(
+    model: Callable[[], Any],
+    batch: Callable[[int], Any],
+    capacity: int,
+    optimizer: Optional[Callable[[Any], Any]] = None,
+    step: Optional[Callable[[Any, Any, Any], Any]] = None,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    start: int = 1,
+    limit: int = 1 << 20,
+    **kwargs: Any,
+) -> BatchSearch:
+    """The largest batch whose predicted peak allocated fits ``capacity * (1 - margin)``.
+
+    Two predictions (``start`` and twice it) give the line peak = fixed + per-sample x batch;
+    its answer is then checked by a prediction at that batch and the bracket around it closed
+    by bisection (each try is one traced prediction, a few seconds on a CPU).
+    """
+    started = time.perf_counter()
+    budget = int(capacity * (1.0 - margin))
+    tried: dict[int, Prediction] = {}
+
+    def attempt(b: int) -> bool:
+        if b not in tried:
+            tried[b] = predict_peak(model, batch, b, optimizer, step, capacity=budget, **kwargs)
+        return bool(tried[b].fits)
+
+    lo = max(1, start)
+    bad: Optional[int]
+    if not attempt(lo):
+        good, bad = 0, lo
+    else:
+        hi = min(limit, 2 * lo)
+        attempt(hi)
+        slope = (tried[hi].peak_allocated_bytes - tried[lo].peak_allocated_bytes) / max(1, hi - lo)
+        guess = hi if slope <= 0 else int(lo + (budget - tried[lo].peak_allocated_bytes) / slope)
+        guess = max(lo, min(limit, guess))
+        good, bad = _bracket(attempt, lo, guess, limit)
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if attempt(mid) else (good, mid)
+    best = tried.get(good)
+    return BatchSearch(
+        max_batch_size=good,
+        capacity_bytes=capacity,
+        margin=margin,
+        prediction=best,
+        tried=[(b, bool(p.fits)) for b, p in sorted(tried.items())],
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def _bracket(attempt: Callable[[int], bool], known_good: int, guess: int, limit: int) -> tuple[int, Optional[int]]:
+    """A batch that fits and one that does not around ``guess``, stepping by 5 % (at least 1)."""
+    stride = max(1, guess // 20)
+    if attempt(guess):
+        good, b = guess, guess + stride
+        while b <= limit and attempt(b):
+            good, b = b, b + stride
+            stride *= 2
+        return good, (b if b <= limit else None)
+    bad, b = guess, guess - stride
+    while b > known_good and not attempt(b):
+        bad, b = b, b - stride
+        stride *= 2
+    return max(b, known_good), bad

@@ -1,0 +1,268 @@
+"""Run training steps on fake tensors and record every tensor storage's birth and death.
+
+``trace_steps`` builds the model on the meta device, gives it fake parameters
+(``FakeTensorMode``: shapes, dtypes and lifetimes, no memory), and runs the user's step —
+forward, backward, optimizer — ``steps`` times. A ``TorchDispatchMode`` under autograd
+sees every ATen call, so it sees each new storage when the call returns it (outputs,
+saved activations, gradients, optimizer state, recomputed checkpoint segments) and its
+end through a weak reference: the same lifetimes the CUDA caching allocator sees, in the
+same order. Kernel-private workspaces are invisible to a trace; the one that persists and
+counts in ``memory_allocated`` — cuBLAS's workspace, one per thread and stream — is added
+where the first matrix product of the forward and of the backward pass would create it.
+
+Each allocation gets a category afterwards: parameters and buffers (alive after the model
+is built), gradients (``.grad`` after a backward), optimizer state (``optimizer.state``
+after a step), activations (alive when a backward begins) and temporaries (the rest).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from oomsight.tools.predict import emulation
+
+PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, WORKSPACE = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "workspace",
+)
+HOST = "host"
+"""Tensors PyTorch keeps in host memory on CUDA too: an optimizer's ``step`` counters (unless
+``capturable`` or ``fused``). The trace runs on the CPU device, so it must say which."""
+CATEGORIES = (PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, WORKSPACE)
+_aten = torch.ops.aten
+BLAS_OPS = frozenset(
+    {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten.addmv.default}
+    | {_aten.mv.default, _aten.addbmm.default, _aten.addr.default, _aten.dot.default}
+)
+
+
+LT_WORKSPACE = 1 << 20
+"""cuBLASLt's workspace, made by the first ``addmm`` with a bias (its fused epilogue); seen
+once per process in the H200's allocator history, beside the two cuBLAS workspaces."""
+
+
+@dataclass
+class Trace:
+    """Allocations in order: ``events`` holds ``(+id, size)`` births and ``(-id, 0)`` deaths."""
+
+    events: list[tuple[int, int]] = field(default_factory=list)
+    categories: dict[int, str] = field(default_factory=dict)
+    step_ends: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Recorder(TorchDispatchMode):
+    """Record storages as ATen calls return them; their deaths through ``weakref.finalize``."""
+
+    def __init__(self, trace: Trace, workspace_bytes: int) -> None:
+        super().__init__()
+        self.trace = trace
+        self.workspace_bytes = workspace_bytes
+        self._ids = itertools.count(1)
+        self._live: dict[int, int] = {}  # storage address -> allocation id
+        self._workspaces: set[str] = set()
+        self._in_backward = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        backward = torch._C._current_graph_task_id() != -1
+        if backward != self._in_backward:
+            self._in_backward = backward
+            if backward:
+                self._mark_activations()
+        if func in BLAS_OPS:
+            self._workspace("backward" if backward else "forward", self.workspace_bytes)
+        if func is _aten.addmm.default and not backward:
+            self._workspace("lt", LT_WORKSPACE if self.workspace_bytes else 0)
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.seen(t)
+        return out
+
+    def seen(self, t: torch.Tensor) -> None:
+        if t.device.type == "meta":  # the model as built, before it gets fake parameters
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self._live:
+            return
+        aid = next(self._ids)
+        self._live[key] = aid
+        self.trace.events.append((aid, int(storage.nbytes())))
+        weakref.finalize(storage, self._died, key, aid)
+
+    def _died(self, key: int, aid: int) -> None:
+        if self._live.get(key) == aid:
+            del self._live[key]
+        self.trace.events.append((-aid, 0))
+
+    def allocation_of(self, t: torch.Tensor) -> Optional[int]:
+        return self._live.get(t.untyped_storage()._cdata)
+
+    def categorize(self, tensors: Iterable[Any], category: str) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                aid = self.allocation_of(t)
+                if aid is not None:
+                    self.trace.categories.setdefault(aid, category)
+
+    def _workspace(self, name: str, size: int) -> None:
+        if name in self._workspaces or size <= 0:
+            return
+        self._workspaces.add(name)
+        aid = next(self._ids)
+        self.trace.events.append((aid, size))
+        self.trace.categories[aid] = WORKSPACE
+
+    def _mark_activations(self) -> None:
+        for aid in self._live.values():
+            self.trace.categories.setdefault(aid, ACTIVATIONS)
+
+
+def materialize(build: Callable[[], torch.nn.Module], recorder: Recorder) -> torch.nn.Module:
+    """The model with fake parameters and buffers; a weight shared by two modules stays shared."""
+    with torch.device("meta"):
+        model = build()
+    made: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            empty = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+            made[id(t)] = torch.nn.Parameter(empty, t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+        return made[id(t)]
+
+    for module in model.modules():
+        for group in (module._parameters, module._buffers):
+            for name, t in group.items():
+                if t is not None:
+                    group[name] = fake(t)  # type: ignore[assignment]
+    recorder.categorize(model.parameters(), PARAMETERS)
+    recorder.categorize(model.buffers(), BUFFERS)
+    return model
+
+
+def gc_collect() -> None:
+    import gc
+
+    gc.collect()
+
+
+StepFn = Callable[[torch.nn.Module, Any, Any], Any]
+
+
+def trace_steps(
+    build_model: Callable[[], torch.nn.Module],
+    make_batch: Callable[[], Any],
+    make_optimizer: Callable[[torch.nn.Module], Any],
+    step: StepFn,
+    steps: int = 3,
+    workspace_bytes: int = 0,
+) -> Trace:
+    """Trace ``steps`` calls of ``step(model, batch, optimizer)`` on fake tensors."""
+    trace = Trace()
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    recorder = Recorder(trace, workspace_bytes)
+    with fake, emulation.cuda_like(), recorder:
+        model = materialize(build_model, recorder)
+        optimizer = make_optimizer(model)
+        emulation.prepare_optimizer(optimizer)
+        hooks = _optimizer_hooks(optimizer, model, recorder, trace)
+        batch = make_batch()
+        for _ in range(steps):
+            step(model, batch, optimizer)
+            gc_collect()
+            if not hooks:
+                trace.step_ends.append(len(trace.events))
+        for h in hooks:
+            h.remove()
+        del model, optimizer, batch
+    return trace
+
+
+def _optimizer_hooks(optimizer: Any, model: torch.nn.Module, recorder: Recorder, trace: Trace) -> list[Any]:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return []
+
+    def before(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        recorder.categorize((p.grad for p in model.parameters()), GRADIENTS)
+
+    def after(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        recorder.categorize(_host_counters(optimizer), HOST)
+        recorder.categorize(
+            (t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)),
+            OPTIMIZER_STATE,
+        )
+        trace.step_ends.append(len(trace.events))
+
+    return [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]
+
+
+def _host_counters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    found = []
+    for group in optimizer.param_groups:
+        if group.get("capturable") or group.get("fused"):
+            continue
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and step.numel() == 1:
+                found.append(step)
+    return found
+
+
+def default_step(accumulation: int = 1, autocast: Optional[torch.dtype] = None) -> StepFn:
+    """Forward, backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``; ``accumulation``
+    micro-batches per step; ``autocast``: the dtype of ``torch.autocast("cuda")`` around the forward."""
+
+    def step(model: torch.nn.Module, batch: Any, optimizer: Any) -> None:
+        for _ in range(accumulation):
+            if autocast is not None:
+                with torch.autocast("cuda", dtype=autocast):
+                    out = forward(model, batch)
+            else:
+                out = forward(model, batch)
+            loss = loss_of(out)
+            if accumulation > 1:
+                loss = loss / accumulation
+            loss.backward()
+            del out, loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def forward(model: torch.nn.Module, batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """The loss a model returned (``.loss``, ``["loss"]``, a scalar) or the mean of its output."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None:
+        first = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
+        if first is None and isinstance(out, (tuple, list)):
+            first = out[0]
+        if not isinstance(first, torch.Tensor):
+            raise TypeError("the model returned no tensor and no .loss: pass a step function")
+        loss = first if first.dim() == 0 else first.float().mean()
+    return loss

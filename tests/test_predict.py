@@ -1,0 +1,281 @@
+"""``oomsight predict``: the allocator model, the CUDA emulation on fake CPU tensors, and the
+recorded H200 configurations re-predicted on this CPU (``benchmarks/results/predict.json``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from oomsight.analysis.allocator import (  # noqa: E402
+    LARGE_BUFFER,
+    SMALL_BUFFER,
+    CachingAllocator,
+    SimulatedOom,
+    round_size,
+    segment_size,
+)
+from oomsight.tools.predict import emulation, largest_batch, models, predict_peak, tracing  # noqa: E402
+from oomsight.tools.predict.command import parse_bytes  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORDED = os.path.join(ROOT, "benchmarks", "results", "predict.json")
+MIB = 1 << 20
+
+
+# the allocator model ---------------------------------------------------------------------
+
+
+def test_requests_round_to_512_bytes_and_take_the_documented_segment_sizes():
+    assert round_size(1) == 512 and round_size(512) == 512 and round_size(513) == 1024
+    assert segment_size(512) == SMALL_BUFFER  # <= 1 MiB: a 2 MiB small-pool segment
+    assert segment_size(MIB + 512) == LARGE_BUFFER  # 1-10 MiB: a 20 MiB segment
+    assert segment_size(12 * MIB + 1) == 14 * MIB  # >= 10 MiB: rounded up to 2 MiB
+
+
+def test_small_blocks_pack_into_one_segment_and_large_ones_split_only_past_one_mib():
+    a = CachingAllocator()
+    handles = [a.malloc(100_000) for _ in range(20)]  # 20 x 100,352 B fit one 2 MiB segment
+    assert a.stats.reserved == SMALL_BUFFER and a.stats.segments == 1
+    for h in handles:
+        a.free(h)
+    assert a.stats.allocated == 0 and a.stats.reserved == SMALL_BUFFER  # cached, not returned
+    b = CachingAllocator()
+    h = b.malloc(19 * MIB + 512)  # in a 20 MiB segment: 511.5 KiB left, not split (<= 1 MiB)
+    assert b.stats.allocated == LARGE_BUFFER
+    b.free(h)
+    b.malloc(2 * MIB)  # the cached 20 MiB block is split: 18 MiB stay free
+    assert b.stats.allocated == 2 * MIB and b.stats.reserved == LARGE_BUFFER
+
+
+def test_freed_neighbours_merge_so_a_larger_request_reuses_the_segment():
+    a = CachingAllocator()
+    x, y = a.malloc(8 * MIB), a.malloc(8 * MIB)  # both in one 20 MiB segment
+    assert a.stats.segments == 1
+    a.free(x)
+    a.free(y)
+    a.malloc(18 * MIB)  # fits only because the two blocks merged with the rest
+    assert a.stats.segments == 1 and a.stats.reserved == LARGE_BUFFER
+
+
+def test_under_a_cap_free_segments_are_released_before_the_request_fails():
+    a = CachingAllocator(cap=64 * MIB)
+    h = a.malloc(40 * MIB)
+    a.free(h)  # 40 MiB cached
+    a.malloc(60 * MIB)  # needs the cache given back first
+    assert a.stats.reserved == 60 * MIB
+    with pytest.raises(SimulatedOom):
+        a.malloc(10 * MIB + 1)  # 60 + 12 > 64 and nothing is free to release
+
+
+def test_expandable_segments_grow_by_pages_and_leave_no_gap_between_tensors():
+    plain, grown = CachingAllocator(), CachingAllocator(expandable_segments=True)
+    for alloc in (plain, grown):
+        hs = [alloc.malloc(30 * MIB) for _ in range(4)]
+        alloc.free(hs[1])
+        alloc.free(hs[2])
+        alloc.malloc(55 * MIB)  # fits the merged gap only when the blocks share one segment
+    assert plain.stats.reserved == 4 * 30 * MIB + 56 * MIB
+    assert grown.stats.reserved == 6 * LARGE_BUFFER  # 120 MiB mapped in 20 MiB pages
+
+
+# the CUDA emulation -----------------------------------------------------------------------
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024))
+
+
+def test_cuda_autocast_is_applied_on_fake_cpu_tensors_by_cudas_op_lists():
+    seen = {}
+
+    def step(model, batch, optimizer):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = model[0](batch)
+            seen["linear"] = h.dtype
+            seen["layer_norm"] = model[2](model[1](h)).dtype
+            seen["softmax"] = torch.softmax(h, -1).dtype
+        h.float().sum().backward()
+        optimizer.step()
+
+    tracing.trace_steps(_mlp, lambda: torch.randn(8, 256), lambda m: torch.optim.SGD(m.parameters()), step, steps=1)
+    assert seen == {"linear": torch.bfloat16, "layer_norm": torch.float32, "softmax": torch.float32}
+
+
+def test_the_weight_cast_is_made_once_per_autocast_region_as_torch_caches_it():
+    casts = []
+
+    def step(model, batch, optimizer):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            a, b = model[0](batch), model[0](batch)  # forward only: no bf16 gradients of the casts
+            casts.append(a.dtype == b.dtype == torch.bfloat16)
+
+    trace = tracing.trace_steps(
+        _mlp, lambda: torch.randn(8, 256), lambda m: torch.optim.SGD(m.parameters()), step, steps=1
+    )
+    weight_bytes = 1024 * 256 * 2
+    bf16_weights = [size for aid, size in trace.events if aid > 0 and size == weight_bytes]
+    assert casts == [True] and len(bf16_weights) == 1
+
+
+def test_sdpa_takes_the_kernel_cuda_would_and_saves_only_its_logsumexp():
+    q = torch.empty(2, 16, 128, 64, dtype=torch.bfloat16)
+    assert emulation.sdpa_backend(q, None, 0.0) == "cudnn"
+    assert emulation.sdpa_backend(q.float(), None, 0.0) == "efficient"
+    assert emulation.sdpa_backend(q.float(), None, 0.0, gqa=True) == "math"
+    assert emulation.sdpa_backend(torch.empty(2, 4, 8, 12), None, 0.0) == "math"  # head dim not a multiple of 8
+
+    class Attention(torch.nn.Module):
+        fused = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(512, 3 * 512)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(4, 1024, 3, 8, 64).permute(2, 0, 3, 1, 4)
+            if self.fused:
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:  # what the math composite does: the attention matrix is saved for backward
+                out = torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1) @ v
+            return out.float().mean()
+
+    class ByHand(Attention):
+        fused = False
+
+    kw = {"autocast": torch.bfloat16, "steps": 1, "workspace_bytes": 0}
+    fused = predict_peak(Attention, lambda n: torch.randn(n, 1024, 512), 4, **kw)
+    by_hand = predict_peak(ByHand, lambda n: torch.randn(n, 1024, 512), 4, **kw)
+    attention_matrix = 4 * 8 * 1024 * 1024 * 2  # bf16 scores of one layer: 64 MiB
+    assert by_hand.peak_allocated_bytes - fused.peak_allocated_bytes >= attention_matrix
+
+
+def test_checkpointed_segments_are_recomputed_under_the_forwards_autocast():
+    from torch.utils.checkpoint import checkpoint
+
+    class Blocks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(512, 512) for _ in range(8))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = checkpoint(lambda t, f=layer: torch.nn.functional.gelu(f(t)), x, use_reentrant=False)
+            return x.float().mean()
+
+    kw = {"autocast": torch.bfloat16, "steps": 2, "workspace_bytes": 0}
+    p = predict_peak(Blocks, lambda n: torch.randn(n, 512), 256, **kw)
+    assert p.peak_allocated_bytes > 0 and p.step_peak_allocated_bytes[0] <= p.peak_allocated_bytes
+
+
+def test_categories_add_up_and_the_optimizer_state_is_twice_the_parameters_for_adamw():
+    p = predict_peak(_mlp, lambda n: torch.randn(n, 256), 64, workspace_bytes=0)
+    cats = p.by_category_bytes
+    params = sum(t.numel() * 4 for t in _mlp().parameters())
+    assert abs(cats["parameters"] - params) < 16 * 1024  # each rounded to 512 B
+    assert abs(cats["optimizer_state"] - 2 * params) < 32 * 1024
+    assert sum(cats.values()) == p.peak_allocated_bytes
+
+
+def test_the_largest_batch_is_the_last_that_fits_the_replay_under_the_cap():
+    search = largest_batch(_mlp, lambda n: torch.randn(n, 256), 64 * MIB, margin=0.05, start=64, workspace_bytes=0)
+    best = search.max_batch_size
+    tried = dict(search.tried)
+    assert best > 64 and tried[best] is True
+    assert any(b > best and not ok for b, ok in tried.items())
+    assert search.prediction is not None and search.prediction.fits
+
+
+# the recorded H200 configurations, re-predicted on the CPU -------------------------------
+
+# fast enough for CI (a few seconds each) and covering autocast, checkpointing, GQA and SGD
+CPU_CHECKED = ("gpt2-bf16-checkpointed", "llama-fp32-adamw", "llama-bf16-sgd", "bert-fp32-adamw")
+
+
+def _recorded() -> dict:
+    with open(RECORDED) as fh:
+        return json.load(fh)
+
+
+@pytest.mark.parametrize("name", CPU_CHECKED)
+def test_a_recorded_configuration_predicts_the_same_here_and_matches_the_h200(name):
+    pytest.importorskip("transformers")
+    row = next(r for r in _recorded()["rows"] if r["config"]["name"] == name)
+    cfg = row["config"]
+    spec = models.get(cfg["model"])
+    autocast = torch.bfloat16 if cfg.get("autocast") == "bf16" else None
+    if cfg.get("optimizer") == "sgd":
+        opt = functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9)
+    else:
+        opt = functools.partial(torch.optim.AdamW, lr=1e-4)
+    p = predict_peak(
+        spec.build, lambda n: spec.batch(n, "cpu"), cfg["batch"], opt,
+        autocast=autocast, accumulation=cfg.get("accumulation", 1),
+    )  # fmt: skip
+    measured = row["measured"]["peak_allocated_bytes"]
+    recorded = row["prediction"]["peak_allocated_bytes"]
+    assert abs(p.peak_allocated_bytes - recorded) / recorded < 0.005  # torch 2.13 here, 2.11 there
+    assert abs(p.peak_allocated_bytes - measured) / measured < 0.01
+
+
+def test_the_recorded_table_holds_its_published_figures():
+    doc = _recorded()
+    rows = [r for r in doc["rows"] if "measured" in r]
+    assert len(rows) >= 12
+    errors = sorted(abs(r["error_allocated"]) for r in rows)
+    assert errors[len(errors) // 2] <= 0.015  # median |error| of the peak allocated
+    for r in rows:  # each row's error is what its numbers say
+        pa, ma = r["prediction"]["peak_allocated_bytes"], r["measured"]["peak_allocated_bytes"]
+        assert r["error_allocated"] == pytest.approx((pa - ma) / ma)
+    assert doc["summary"]["configurations"] == len(doc["rows"])
+
+
+# the command line -------------------------------------------------------------------------
+
+
+def test_sizes_parse_with_units_and_typos_are_refused():
+    assert parse_bytes("80GiB") == 80 << 30 and parse_bytes("40 GB") == 40 * 10**9 and parse_bytes("1e9") == 10**9
+    for bad in ("12XB", "", "GiB", "-1GiB"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "exporter")}
+    return subprocess.run([sys.executable, "-m", "oomsight", "predict", *args], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+
+
+def test_the_command_predicts_a_users_module_and_prints_json(tmp_path):
+    user = tmp_path / "my_model.py"
+    user.write_text(
+        "import torch\n"
+        "def spec():\n"
+        "    return {'build': lambda: torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()),\n"
+        "            'batch': lambda n, device: torch.randn(n, 64, device=device)}\n"
+    )
+    out = _cli("--module", f"{user}:spec", "--batch", "16", "--capacity", "128MiB", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["prediction"]["peak_allocated_bytes"] > 0
+    assert doc["largest_batch"]["max_batch_size"] >= 16
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--model", "gpt3"), "unknown model 'gpt3'"),
+        (("--model", "gpt2", "--capacity", "lots"), "--capacity"),
+        (("--model", "gpt2", "--batch", "0"), "--batch"),
+        (("--module", "nofile.py:spec"), "nofile.py"),
+    ],
+)
+def test_the_commands_mistakes_are_one_line_and_exit_2(args, message):
+    out = _cli(*args)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
