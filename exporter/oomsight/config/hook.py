@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Callable, TypeVar
+from typing import Callable
 
 from oomsight.config.values import ConfigError, parse_bool, parse_count, parse_seconds
 
@@ -46,8 +46,6 @@ ENV_TERMINATION_MESSAGE_PATH = "OOMSIGHT_TERMINATION_MESSAGE_PATH"
 
 HISTORY_MODES = ("all", "state")
 
-T = TypeVar("T")
-
 
 def default_spool_dir() -> str:
     """Where the hook writes when ``OOMSIGHT_DIR`` is unset: ``$TMPDIR/oomsight``, else ``/tmp/oomsight``.
@@ -65,10 +63,6 @@ class SpoolSettings:
     dir: str = dataclasses.field(default_factory=default_spool_dir)
     """Spool directory shared with the sidecar (an emptyDir in Kubernetes)."""
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> SpoolSettings:
-        return cls(dir=env.get(ENV_DIR) or default_spool_dir())
-
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
@@ -84,15 +78,6 @@ class SamplingSettings:
     window_seconds: float = 60.0
     """Width of the sliding window whose sampled maximum is exported as the window peak.
     Keep it at or above the Prometheus scrape interval so no sampled peak is missed."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> SamplingSettings:
-        d = cls()
-        return cls(
-            interval_seconds=_read(env, ENV_SAMPLE_INTERVAL, parse_seconds, d.interval_seconds),
-            publish_interval_seconds=_read(env, ENV_PUBLISH_INTERVAL, parse_seconds, d.publish_interval_seconds),
-            window_seconds=_read(env, ENV_WINDOW, parse_seconds, d.window_seconds),
-        )
 
     def validate(self) -> None:
         if self.publish_interval_seconds < self.interval_seconds:
@@ -114,10 +99,6 @@ class NvmlSettings:
     enabled: bool = True
     """Query NVML for the devices this process uses (device memory, its own usage)."""
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> NvmlSettings:
-        return cls(enabled=_read(env, ENV_NVML, parse_bool, cls().enabled))
-
 
 @dataclasses.dataclass(frozen=True)
 class StepSettings:
@@ -135,17 +116,6 @@ class StepSettings:
     categories_interval_seconds: float = 30.0
     """Minimum time between two walks of the optimizers' tensors (parameters, gradients,
     optimizer state). The walk runs in the training thread right after a step."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> StepSettings:
-        d = cls()
-        return cls(
-            hook=_read(env, ENV_STEP_HOOK, parse_bool, d.hook),
-            peaks=_read(env, ENV_STEP_PEAKS, parse_bool, d.peaks),
-            categories_interval_seconds=_read(
-                env, ENV_CATEGORIES_INTERVAL, parse_seconds, d.categories_interval_seconds
-            ),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,16 +136,6 @@ class OomSettings:
     """Where a fatal OOM's diagnosis goes so ``kubectl describe pod`` shows it (only if the
     file exists: the kubelet creates it; empty: never)."""
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> OomSettings:
-        d = cls()
-        return cls(
-            observer=_read(env, ENV_OOM_OBSERVER, parse_bool, d.observer),
-            max_events=_read(env, ENV_MAX_OOM_EVENTS, parse_count, d.max_events),
-            artifacts_max_bytes=_read(env, ENV_ARTIFACTS_MAX_BYTES, parse_count, d.artifacts_max_bytes),
-            termination_message_path=env.get(ENV_TERMINATION_MESSAGE_PATH, d.termination_message_path),
-        )
-
 
 @dataclasses.dataclass(frozen=True)
 class HistorySettings:
@@ -192,15 +152,6 @@ class HistorySettings:
     mode: str = "all"
     """``all``: alloc/free events with the allocating Python stack (the memory_viz timeline);
     ``state``: only the stacks of live blocks (who holds memory at the OOM), cheaper."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> HistorySettings:
-        d = cls()
-        return cls(
-            record=_read(env, ENV_RECORD_HISTORY, parse_bool, d.record),
-            max_entries=_read(env, ENV_HISTORY_MAX_ENTRIES, parse_count, d.max_entries),
-            mode=_read(env, ENV_HISTORY_MODE, _choice(HISTORY_MODES), d.mode),
-        )
 
     def validate(self) -> None:
         if self.mode not in HISTORY_MODES:
@@ -222,15 +173,6 @@ class ProfilerSettings:
     """Scheduled windows trace CUDA time too. Off: they are memory-only (CPU activity and
     the allocator's events), which never attaches CUPTI; a window that traces CUDA leaves
     CUPTI attached and the job slower until it ends (``docs/benchmarks.md``, profiling)."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ProfilerSettings:
-        d = cls()
-        return cls(
-            every_seconds=_read(env, ENV_PROFILE_EVERY, _seconds_or_off, d.every_seconds),
-            steps=_read(env, ENV_PROFILE_STEPS, parse_count, d.steps),
-            scheduled_cuda_time=_read(env, ENV_PROFILE_CUDA_TIME, parse_bool, d.scheduled_cuda_time),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,18 +206,20 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read every ``OOMSIGHT_*`` variable; raise :class:`ConfigError` on a bad value."""
+        """Read every ``OOMSIGHT_*`` variable of :data:`VARIABLES`; raise :class:`ConfigError` on a bad value."""
         env = os.environ if environ is None else environ
-        settings = cls(
-            disabled=_read(env, ENV_DISABLED, parse_bool, False),
-            spool=SpoolSettings.from_env(env),
-            sampling=SamplingSettings.from_env(env),
-            nvml=NvmlSettings.from_env(env),
-            steps=StepSettings.from_env(env),
-            oom=OomSettings.from_env(env),
-            history=HistorySettings.from_env(env),
-            profiler=ProfilerSettings.from_env(env),
-        )
+        top: dict[str, object] = {}
+        groups: dict[str, dict[str, object]] = {}
+        for v in VARIABLES:
+            raw = env.get(v.env)
+            if raw is None:
+                continue
+            value = v.parse(v.env, raw if v.verbatim else raw.strip())
+            (groups.setdefault(v.group, {}) if v.group else top)[v.field] = value
+        base = cls()
+        for group, fields in groups.items():
+            top[group] = dataclasses.replace(getattr(base, group), **fields)
+        settings = dataclasses.replace(base, **top)  # type: ignore[arg-type]
         settings.validate()
         return settings
 
@@ -324,39 +268,11 @@ class Variable:
     field: str
     """The field inside that group."""
 
+    parse: Callable[[str, str], object]
+    """``parse(name, raw)``: the value, or :class:`ConfigError` naming the variable."""
 
-VARIABLES = (
-    Variable(ENV_DIR, "spool_dir", "spool", "dir"),
-    Variable(ENV_DISABLED, "disabled", "", "disabled"),
-    Variable(ENV_SAMPLE_INTERVAL, "sample_interval_seconds", "sampling", "interval_seconds"),
-    Variable(ENV_PUBLISH_INTERVAL, "publish_interval_seconds", "sampling", "publish_interval_seconds"),
-    Variable(ENV_WINDOW, "window_seconds", "sampling", "window_seconds"),
-    Variable(ENV_NVML, "nvml", "nvml", "enabled"),
-    Variable(ENV_STEP_HOOK, "step_hook", "steps", "hook"),
-    Variable(ENV_STEP_PEAKS, "step_peaks", "steps", "peaks"),
-    Variable(ENV_CATEGORIES_INTERVAL, "categories_interval_seconds", "steps", "categories_interval_seconds"),
-    Variable(ENV_OOM_OBSERVER, "oom_observer", "oom", "observer"),
-    Variable(ENV_RECORD_HISTORY, "record_history", "history", "record"),
-    Variable(ENV_HISTORY_MAX_ENTRIES, "history_max_entries", "history", "max_entries"),
-    Variable(ENV_HISTORY_MODE, "history_mode", "history", "mode"),
-    Variable(ENV_PROFILE_EVERY, "profile_every_seconds", "profiler", "every_seconds"),
-    Variable(ENV_PROFILE_STEPS, "profile_steps", "profiler", "steps"),
-    Variable(ENV_PROFILE_CUDA_TIME, "profile_scheduled_cuda_time", "profiler", "scheduled_cuda_time"),
-    Variable(ENV_ARTIFACTS_MAX_BYTES, "artifacts_max_bytes", "oom", "artifacts_max_bytes"),
-    Variable(ENV_MAX_OOM_EVENTS, "max_oom_events", "oom", "max_events"),
-    Variable(ENV_TERMINATION_MESSAGE_PATH, "termination_message_path", "oom", "termination_message_path"),
-)
-"""Every variable of the hook, in the order of ``docs/configuration.md``."""
-
-ALL_ENV_VARS = tuple(v.env for v in VARIABLES)
-_BY_KEYWORD = {v.keyword: v for v in VARIABLES}
-
-
-def _read(env: Mapping[str, str], name: str, parse: Callable[[str, str], T], default: T) -> T:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    return parse(name, raw.strip())
+    verbatim: bool = False
+    """Paths are taken as written; other values are stripped of surrounding blanks first."""
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
@@ -370,3 +286,47 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
 
 def _seconds_or_off(name: str, raw: str) -> float:
     return 0.0 if raw in ("0", "0.0", "") else parse_seconds(name, raw)
+
+
+def _verbatim(_name: str, raw: str) -> str:
+    return raw
+
+
+def _spool_dir(_name: str, raw: str) -> str:
+    return raw or default_spool_dir()
+
+
+VARIABLES = (
+    Variable(ENV_DIR, "spool_dir", "spool", "dir", _spool_dir, verbatim=True),
+    Variable(ENV_DISABLED, "disabled", "", "disabled", parse_bool),
+    Variable(ENV_SAMPLE_INTERVAL, "sample_interval_seconds", "sampling", "interval_seconds", parse_seconds),
+    Variable(ENV_PUBLISH_INTERVAL, "publish_interval_seconds", "sampling", "publish_interval_seconds", parse_seconds),
+    Variable(ENV_WINDOW, "window_seconds", "sampling", "window_seconds", parse_seconds),
+    Variable(ENV_NVML, "nvml", "nvml", "enabled", parse_bool),
+    Variable(ENV_STEP_HOOK, "step_hook", "steps", "hook", parse_bool),
+    Variable(ENV_STEP_PEAKS, "step_peaks", "steps", "peaks", parse_bool),
+    Variable(
+        ENV_CATEGORIES_INTERVAL, "categories_interval_seconds", "steps", "categories_interval_seconds", parse_seconds
+    ),
+    Variable(ENV_OOM_OBSERVER, "oom_observer", "oom", "observer", parse_bool),
+    Variable(ENV_RECORD_HISTORY, "record_history", "history", "record", parse_bool),
+    Variable(ENV_HISTORY_MAX_ENTRIES, "history_max_entries", "history", "max_entries", parse_count),
+    Variable(ENV_HISTORY_MODE, "history_mode", "history", "mode", _choice(HISTORY_MODES)),
+    Variable(ENV_PROFILE_EVERY, "profile_every_seconds", "profiler", "every_seconds", _seconds_or_off),
+    Variable(ENV_PROFILE_STEPS, "profile_steps", "profiler", "steps", parse_count),
+    Variable(ENV_PROFILE_CUDA_TIME, "profile_scheduled_cuda_time", "profiler", "scheduled_cuda_time", parse_bool),
+    Variable(ENV_ARTIFACTS_MAX_BYTES, "artifacts_max_bytes", "oom", "artifacts_max_bytes", parse_count),
+    Variable(ENV_MAX_OOM_EVENTS, "max_oom_events", "oom", "max_events", parse_count),
+    Variable(
+        ENV_TERMINATION_MESSAGE_PATH,
+        "termination_message_path",
+        "oom",
+        "termination_message_path",
+        _verbatim,
+        verbatim=True,
+    ),
+)
+"""Every variable of the hook, in the order of ``docs/configuration.md``."""
+
+ALL_ENV_VARS = tuple(v.env for v in VARIABLES)
+_BY_KEYWORD = {v.keyword: v for v in VARIABLES}
