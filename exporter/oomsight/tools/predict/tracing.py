@@ -17,6 +17,7 @@ after a step), activations (alive when a backward begins) and temporaries (the r
 
 from __future__ import annotations
 
+import gc
 import itertools
 import weakref
 from collections.abc import Iterable
@@ -155,12 +156,6 @@ def materialize(build: Callable[[], torch.nn.Module], recorder: Recorder) -> tor
     return model
 
 
-def gc_collect() -> None:
-    import gc
-
-    gc.collect()
-
-
 StepFn = Callable[[torch.nn.Module, Any, Any], Any]
 
 
@@ -184,7 +179,7 @@ def trace_steps(
         batch = make_batch()
         for _ in range(steps):
             step(model, batch, optimizer)
-            gc_collect()
+            gc.collect()
             if not hooks:
                 trace.step_ends.append(len(trace.events))
         for h in hooks:
