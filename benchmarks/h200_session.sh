@@ -22,6 +22,7 @@ for s in $STAGES; do case $s in
   sidecar) stage sidecar 120 python3 benchmarks/bench_sidecar.py --out "$R/bench";;
   lightning) stage lightning 200 python3 benchmarks/bench_lightning.py --out "$R/bench";;
   gpu-advice) stage gpu-advice 420 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_advice.py;;
+  gpu-integrations) stage gpu-integrations 240 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_integrations.py;;
   batch-probe) stage batch-probe 150 python3 benchmarks/bench_batch_probe.py --out "$R/bench";;
   profile) stage profile 300 python3 benchmarks/bench_profile.py --out "$R/bench";;
   profile-memory) stage profile-memory 330 python3 benchmarks/bench_profile.py --variants control,teardown_off,memory_only --reps 3 --name profile_overhead_memory_only.json --out "$R/bench";;

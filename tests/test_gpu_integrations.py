@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 PY = sys.executable
+EXPORTER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "exporter")
 CAPACITY = """
 def capacity():
     import pynvml
@@ -106,7 +107,9 @@ print("RESULT", json.dumps({{"rows": rows, "oom_rows": oom_rows, "max_allocated"
 def run_script(tmp_path, body):
     path = tmp_path / "fit.py"
     path.write_text(textwrap.dedent(body))
-    env = {**os.environ, "OOMSIGHT_DIR": str(tmp_path / "spool")}
+    # The script runs in tmp_path, so a relative PYTHONPATH (exporter:...) would not find the package.
+    path_now = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "OOMSIGHT_DIR": str(tmp_path / "spool"), "PYTHONPATH": os.pathsep.join(filter(None, [EXPORTER, path_now]))}
     out = subprocess.run([PY, str(path)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
