@@ -109,7 +109,11 @@ def run_script(tmp_path, body):
     path.write_text(textwrap.dedent(body))
     # The script runs in tmp_path, so a relative PYTHONPATH (exporter:...) would not find the package.
     path_now = os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "OOMSIGHT_DIR": str(tmp_path / "spool"), "PYTHONPATH": os.pathsep.join(filter(None, [EXPORTER, path_now]))}
+    env = {
+        **os.environ,
+        "OOMSIGHT_DIR": str(tmp_path / "spool"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [EXPORTER, path_now])),
+    }
     out = subprocess.run([PY, str(path)], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))

@@ -13,6 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
 from oomsight.analysis.allocator import (  # noqa: E402
     LARGE_BUFFER,
     SMALL_BUFFER,
@@ -106,6 +108,63 @@ def test_cuda_autocast_is_applied_on_fake_cpu_tensors_by_cudas_op_lists():
 
     tracing.trace_steps(_mlp, lambda: torch.randn(8, 256), lambda m: torch.optim.SGD(m.parameters()), step, steps=1)
     assert seen == {"linear": torch.bfloat16, "layer_norm": torch.float32, "softmax": torch.float32}
+
+
+def test_every_op_cuda_autocasts_in_this_build_has_a_policy_here():
+    from oomsight.tools.predict import autocast
+
+    ops = autocast.cuda_autocast_ops()  # read from the dispatcher's AutocastCUDA kernels
+    assert len(ops) > 50
+    assert [op for op in ops if autocast.policy_of(op) == autocast.PASS] == []
+
+
+class _SeenOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "dtype, kernel",
+    [(None, "_scaled_dot_product_efficient_attention"), (torch.bfloat16, "_scaled_dot_product_cudnn_attention")],
+)
+def test_autocast_and_the_attention_kernel_reach_inside_python_composites(dtype, kernel):
+    # nn.MultiheadAttention calls F.multi_head_attention_forward, a Python composite whose
+    # inner linear and scaled_dot_product_attention a torch-function mode never sees
+    seen = {}
+
+    def step(model, batch, optimizer):
+        ops = _SeenOps()
+        with ops, torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            out = model(batch, batch, batch, need_weights=False)[0]
+        seen.update(dtype=out.dtype, ops=ops.seen)
+        out.float().mean().backward()
+
+    build = functools.partial(torch.nn.MultiheadAttention, 256, 4, batch_first=True)
+    tracing.trace_steps(build, lambda: torch.randn(2, 64, 256), lambda m: torch.optim.SGD(m.parameters()), step, 1)
+    assert seen["dtype"] == (dtype or torch.float32)
+    assert f"aten.{kernel}" in seen["ops"]
+
+
+def test_an_explicit_dtype_is_kept_as_cuda_autocast_keeps_it():
+    # cross_entropy calls log_softmax(logits, dim, logits.dtype) inside ATen: CUDA keeps that
+    # bf16, then nll_loss casts its input to fp32 (a copy the step pays for)
+    seen = {}
+
+    def step(model, batch, optimizer):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(batch)
+            seen["implicit"] = torch.log_softmax(logits, -1).dtype
+            seen["explicit"] = torch.log_softmax(logits, -1, dtype=torch.bfloat16).dtype
+            torch.nn.functional.cross_entropy(logits, torch.zeros(8, dtype=torch.long)).backward()
+
+    build = functools.partial(torch.nn.Linear, 64, 32)
+    tracing.trace_steps(build, lambda: torch.randn(8, 64), lambda m: torch.optim.SGD(m.parameters()), step, 1)
+    assert seen == {"implicit": torch.float32, "explicit": torch.bfloat16}
 
 
 def test_the_weight_cast_is_made_once_per_autocast_region_as_torch_caches_it():

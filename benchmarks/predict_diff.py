@@ -1,0 +1,122 @@
+"""Where a prediction and the GPU disagree: the tensors alive at each one's peak, by size.
+
+Runs one configuration of ``bench_predict.py`` on the GPU with the allocator's history
+(Python stacks), finds the measured peak, and lists the blocks alive there; traces the
+same steps on the CPU and lists the allocations alive at the predicted peak. Sizes are
+rounded as the allocator rounds them (512 B), so a size the GPU holds more often than
+the trace names the missing (or extra) tensors; the GPU side carries the stack frames.
+
+    python3 benchmarks/predict_diff.py --config vit_b_16-fp32-adamw --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_predict
+
+
+def _round(size: int) -> int:
+    return max(512, (size + 511) // 512 * 512)
+
+
+def _alive_at_peak(events: list[tuple[int, int]]) -> list[int]:
+    """``events``: (+key, size) births and (-key, 0) deaths; the sizes alive at the peak."""
+    alive: dict[int, int] = {}
+    now = peak = 0
+    best: dict[int, int] = {}
+    for key, size in events:
+        if key > 0:
+            alive[key] = size
+            now += size
+            if now > peak:
+                peak, best = now, dict(alive)
+        else:
+            now -= alive.pop(-key, 0)
+    return sorted(best.values(), reverse=True)
+
+
+def _peak_blocks(trace: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
+    """The allocator's events in order; the blocks alive when the allocated total peaked."""
+    alive: dict[int, dict[str, Any]] = {}  # by address: an address is reused after its free
+    now = peak = 0
+    best: list[dict[str, Any]] = []
+    for e in trace:
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e
+            now += e["size"]
+            if now > peak:
+                peak, best = now, list(alive.values())
+        elif e["action"] == "free_completed" and e["addr"] in alive:
+            now -= alive.pop(e["addr"])["size"]
+    return peak, best
+
+
+def gpu_side(cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    s = bench_predict._setup(cfg)
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    bench_predict._run_steps(s, cfg["batch"])
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    peak, blocks = _peak_blocks(snap["device_traces"][0])
+    frames: dict[str, list[str]] = {}
+    for e in blocks:
+        where = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}" for f in e.get("frames", [])]
+        frames.setdefault(str(_round(e["size"])), [w for w in where if "torch/" not in w][:6] or where[:6])
+    return {"peak": peak, "sizes": sorted((e["size"] for e in blocks), reverse=True), "frames": frames}
+
+
+def cpu_side(cfg: dict[str, Any]) -> dict[str, Any]:
+    from oomsight.tools.predict import tracing
+
+    s = bench_predict._setup(cfg)
+    spec = s["spec"]
+    trace = tracing.trace_steps(
+        spec.build, lambda: spec.batch(cfg["batch"], "cpu"), lambda m: s["optimizer"](m.parameters()), s["step"],
+        steps=bench_predict.STEPS, workspace_bytes=0,
+    )  # fmt: skip
+    sizes = _alive_at_peak([(k, _round(v)) if k > 0 else (k, v) for k, v in trace.events])
+    return {"peak": sum(sizes), "sizes": sizes}
+
+
+def compare(gpu: dict[str, Any], cpu: dict[str, Any]) -> list[dict[str, Any]]:
+    g = collections.Counter(_round(x) for x in gpu["sizes"])
+    c = collections.Counter(cpu["sizes"])
+    rows = []
+    for size in set(g) | set(c):
+        diff = g[size] - c[size]
+        if diff:
+            rows.append({"size": size, "gpu": g[size], "trace": c[size], "bytes": diff * size,
+                         "frames": gpu["frames"].get(str(size), [])})  # fmt: skip
+    return sorted(rows, key=lambda r: -abs(r["bytes"]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    cfg = next(c for c in bench_predict.CONFIGS if c["name"] == args.config)
+    gpu = gpu_side(cfg)
+    cpu = cpu_side(cfg)
+    rows = compare(gpu, cpu)
+    doc = {"config": cfg, "gpu_peak": gpu["peak"], "trace_peak": cpu["peak"], "differences": rows[:40]}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"diff-{args.config}.json"), "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print(json.dumps({k: doc[k] for k in ("gpu_peak", "trace_peak")}), flush=True)
+    for r in rows[:15]:
+        print(r["size"], r["gpu"], r["trace"], r["bytes"], " | ".join(r["frames"][:4]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
