@@ -16,20 +16,17 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import write
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    args = p.parse_args()
+def training_step() -> Callable[[int], None]:
+    """Under a 4 GiB cap, one AdamW step of 8 Linear(2048) + GELU layers at a given batch size."""
     import torch
     from torch import nn
-
-    from oomsight.tools.probe import Memory, _try, probe_batch_size
 
     torch.cuda.set_per_process_memory_fraction(4 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
     layers: list[nn.Module] = []
@@ -37,14 +34,27 @@ def main() -> None:
         layers += [nn.Linear(2048, 2048), nn.GELU()]
     model = nn.Sequential(*layers).cuda()
     opt = torch.optim.AdamW(model.parameters())
-    mem = Memory(torch, 0)
-    ooms = [0]
 
     def step(batch: int) -> None:
         opt.zero_grad(set_to_none=True)
         model(torch.randn(batch, 2048, device="cuda")).square().mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = p.parse_args()
+    import torch
+
+    from oomsight.tools.probe import Memory, _try, probe_batch_size
+
+    step = training_step()
+    mem = Memory(torch, 0)
+    ooms = [0]
 
     def fits(b: int) -> bool:
         ok = _try(mem, lambda: step(b)) is not None

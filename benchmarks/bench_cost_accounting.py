@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,6 +36,29 @@ def thread_cpu_ns(native_id: int) -> int:
 
 def oomsight_threads() -> list[int]:
     return [t.native_id for t in threading.enumerate() if t.name.startswith("oomsight") and t.native_id]
+
+
+def hook_seconds_per_call(running: Any, optimizer: Any, calls: int) -> float:
+    """The optimizer step hook (its pre and post callables) timed over ``calls`` calls."""
+    pre, post = running.steps.pre_step, running.steps.post_step
+    c0 = time.perf_counter()
+    for _ in range(calls):
+        pre(optimizer, (), {})
+        post(optimizer, (), {})
+    return (time.perf_counter() - c0) / calls
+
+
+def step_memory_read_seconds(running: Any) -> tuple[float, float]:
+    """Seconds per step-memory read (one raw allocator call per device), and the ``min_interval``
+    at most every which one happens."""
+    memory, interval = running.step_memory, running.step_memory.min_interval
+    memory.min_interval = 0.0
+    c0 = time.perf_counter()
+    for i in range(2000):
+        memory.on_step(10_000 + i)
+    read_seconds = (time.perf_counter() - c0) / 2000
+    memory.min_interval = interval
+    return read_seconds, interval
 
 
 def main() -> None:
@@ -68,20 +92,8 @@ def main() -> None:
     sampler_cpu = (sum(thread_cpu_ns(t) for t in tids) - cpu0) / 1e9
     with_hook = statistics.median(time_steps(step, 200)[0] for _ in range(15))
 
-    pre, post, opt = running.steps.pre_step, running.steps.post_step, step.optimizer  # type: ignore[attr-defined]
-    c0 = time.perf_counter()
-    for _ in range(args.hook_calls):
-        pre(opt, (), {})
-        post(opt, (), {})
-    hook_per_call = (time.perf_counter() - c0) / args.hook_calls
-    # a step-memory read (one raw allocator call per device) happens at most every min_interval
-    memory, interval = running.step_memory, running.step_memory.min_interval
-    memory.min_interval = 0.0
-    c0 = time.perf_counter()
-    for i in range(2000):
-        memory.on_step(10_000 + i)
-    read_seconds = (time.perf_counter() - c0) / 2000
-    memory.min_interval = interval
+    hook_per_call = hook_seconds_per_call(running, step.optimizer, args.hook_calls)  # type: ignore[attr-defined]
+    read_seconds, interval = step_memory_read_seconds(running)
     oomsight.stop()
 
     hook_ratio = hook_per_call / baseline

@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from dashboards import panels as house
+from dashboards import legacy
 
 from fakes import ROOT
 from panelquery import dashboard_files, load, panels
@@ -177,7 +177,7 @@ def test_no_grafanalib_legacy_key_is_left() -> None:
     for board in map(load, BOARDS.values()):
         for panel in panels(board):
             if panel["type"] == "row":
-                assert set(panel) <= house.ROW_KEYS, panel["title"]
+                assert set(panel) <= legacy.ROW_KEYS, panel["title"]
 
 
 PEAK_GAUGES = re.compile(

@@ -1,0 +1,109 @@
+"""The ``TypedDict`` s of the ``oom_event`` document and of the objects first nested in it.
+GENERATED from ``oomsight.wire.fields`` by ``python -m oomsight.wire.rendering``: edit the
+table, not this file. Import them from ``oomsight.wire.documents``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, TypedDict
+
+from oomsight.wire.documents_snapshot import Categories, JobSetup, NvmlSample, ProcessInfo
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired
+
+__all__ = [
+    "Diagnosis",
+    "ModelStates",
+    "OomEvent",
+]
+
+
+class Diagnosis(TypedDict):
+    """Why the OOM happened (docs/diagnosis.md)."""
+
+    #: the diagnosed cause
+    cause: str
+    #: one sentence
+    summary: str
+    #: what to try, best first
+    remedies: list[str]
+    #: the numbers the diagnosis used
+    facts: NotRequired[dict[str, Any]]
+
+
+class ModelStates(TypedDict):
+    """Memory of the model's states at the OOM, summed from the optimizers' tensors."""
+
+    #: parameters
+    parameters_bytes: NotRequired[int]
+    #: gradients
+    gradients_bytes: NotRequired[int]
+    #: optimizer state held now
+    optimizer_state_bytes: NotRequired[int]
+    #: optimizer state once initialised (null: unknown)
+    optimizer_state_expected_bytes: NotRequired[Optional[int]]
+
+
+class OomEvent(TypedDict):
+    """One CUDA OOM (events/<process id>.oom-<seq:05d>.json), rewritten once its outcome is known."""
+
+    #: 1
+    schema_version: int
+    #: "oom_event"
+    kind: str
+    #: who wrote it
+    process: ProcessInfo
+    #: 1, 2, ... per process
+    seq: int
+    #: Unix time of the OOM
+    time: float
+    #: the failing device
+    device: int
+    #: its UUID
+    gpu_uuid: str
+    #: size of the failing allocation (after the allocator's rounding)
+    requested_bytes: int
+    #: what the process could still get, as the allocator's observer saw it
+    device_free_bytes: int
+    #: the device total (the cap under set_per_process_memory_fraction)
+    device_total_bytes: int
+    #: allocator state at the OOM
+    allocated_bytes: int
+    #: allocator state at the OOM
+    reserved_bytes: int
+    #: allocator state at the OOM
+    inactive_split_bytes: NotRequired[int]
+    #: reserved minus allocated at the OOM
+    reserved_unallocated_bytes: NotRequired[int]
+    #: optimizer steps completed before the OOM
+    step: NotRequired[int]
+    #: as in the snapshot, at the OOM
+    nvml: NotRequired[Optional[NvmlSample]]
+    #: as in the snapshot, at the OOM
+    categories: NotRequired[Optional[Categories]]
+    #: torch.cuda.memory_summary(abbreviated=True), at most 8 KiB
+    allocator_summary: NotRequired[str]
+    #: the Python stack of the failing allocation, "file:line in function"
+    stack: NotRequired[list[str]]
+    #: cause, summary, remedies, facts
+    diagnosis: Diagnosis
+    #: file name in artifacts/ of the memory snapshot pickle
+    snapshot_artifact: NotRequired[Optional[str]]
+    #: pending of a process that is gone reads as fatal
+    outcome: str
+    #: when the outcome was decided
+    outcome_time: NotRequired[Optional[float]]
+    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] (since 1.2)
+    steps_memory: NotRequired[list[list[float]]]
+    #: "forward", "backward", "optimizer" or "unknown" (since 1.2)
+    phase: NotRequired[Optional[str]]
+    #: the largest free block of the allocator (since 1.2)
+    largest_free_block_bytes: NotRequired[Optional[int]]
+    #: how the job is set up (since 1.2)
+    job: NotRequired[Optional[JobSetup]]
+    #: model states at the OOM (since 1.2)
+    model_states: NotRequired[Optional[ModelStates]]
+    #: free on the device before any per-process cap (since 1.2)
+    physical_free_bytes: NotRequired[Optional[int]]
+    #: cap of set_per_process_memory_fraction; null if unset (since 1.2)
+    limit_bytes: NotRequired[Optional[int]]

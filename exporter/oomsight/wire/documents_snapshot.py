@@ -1,0 +1,275 @@
+"""The ``TypedDict`` s of the ``snapshot`` document and of the objects first nested in it.
+GENERATED from ``oomsight.wire.fields`` by ``python -m oomsight.wire.rendering``: edit the
+table, not this file. Import them from ``oomsight.wire.documents``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired
+
+__all__ = [
+    "AllocatorSample",
+    "BatchAdvice",
+    "Categories",
+    "DeviceSnapshot",
+    "JobSetup",
+    "LeakFinding",
+    "NvmlSample",
+    "ProcessInfo",
+    "Snapshot",
+    "StepInfo",
+    "StepPeak",
+]
+
+
+class ProcessInfo(TypedDict):
+    """Who wrote the document: one process start."""
+
+    #: unique per process start: "<pid>-<8 random hex digits>"
+    id: str
+    #: the process id in its container's PID namespace
+    pid: int
+    #: the host (pod) name
+    hostname: NotRequired[str]
+    #: RANK of torch.distributed (0 without it)
+    rank: int
+    #: LOCAL_RANK (0 without it)
+    local_rank: int
+    #: WORLD_SIZE (1 without it)
+    world_size: NotRequired[int]
+    #: when the hook started, Unix seconds
+    started_at: float
+    #: the program's file name
+    argv0: NotRequired[str]
+    #: torch.__version__
+    torch_version: NotRequired[str]
+    #: torch.version.cuda
+    cuda_version: NotRequired[str]
+    #: the hook's oomsight version
+    oomsight_version: NotRequired[str]
+    #: "native" or "cudaMallocAsync"
+    allocator_backend: NotRequired[str]
+    #: PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True
+    expandable_segments: NotRequired[bool]
+
+
+class AllocatorSample(TypedDict):
+    """torch.cuda.memory_stats() of one device, all in bytes or counts."""
+
+    #: bytes in live tensors (allocated_bytes.all.current)
+    allocated_bytes: int
+    #: bytes held by the caching allocator
+    reserved_bytes: int
+    #: bytes in active blocks, frees awaiting other streams included
+    active_bytes: int
+    #: bytes tensors asked for, before rounding
+    requested_bytes: int
+    #: free bytes inside split segments: fragmentation
+    inactive_split_bytes: int
+    #: lifetime peak (since the last reset by anybody)
+    peak_allocated_bytes: int
+    #: lifetime peak of reserved bytes
+    peak_reserved_bytes: int
+    #: maximum sampled within the sliding window
+    window_peak_allocated_bytes: int
+    #: maximum sampled reserved bytes within the window
+    window_peak_reserved_bytes: int
+    #: trough within the window: persistent memory
+    window_min_allocated_bytes: int
+    #: cudaMalloc failures after which the allocator freed its cache
+    alloc_retries: int
+    #: OOMs the allocator counted
+    ooms: int
+    #: cudaMalloc calls
+    device_allocs: int
+    #: cudaFree calls
+    device_frees: int
+
+
+class NvmlSample(TypedDict):
+    """What NVML says about the device."""
+
+    #: device memory (NVML total)
+    total_bytes: int
+    #: device memory in use by anybody
+    used_bytes: int
+    #: device memory free
+    free_bytes: int
+    #: driver/firmware reserved (nvmlMemory_v2)
+    reserved_bytes: NotRequired[Optional[int]]
+    #: GPU utilization, 0..1
+    utilization_ratio: NotRequired[Optional[float]]
+    #: this process's own NVML entry, when its PID is visible
+    process_used_bytes: NotRequired[Optional[int]]
+    #: NVML lists this process (same PID namespace)
+    process_visible: bool
+    #: compute processes NVML lists besides this one
+    other_processes: NotRequired[Optional[int]]
+
+
+class Categories(TypedDict):
+    """Device memory by category, summed from the optimizers' tensors."""
+
+    #: parameters of the optimizers' groups
+    parameters_bytes: int
+    #: their .grad tensors
+    gradients_bytes: int
+    #: the optimizers' state tensors
+    optimizer_state_bytes: int
+    #: peak minus the three above; null before a peak is known
+    activations_bytes: Optional[int]
+    #: "step_peak" (opt-in, exact) or "window_peak" (sampled, a lower bound)
+    basis: str
+    #: when the categories were summed
+    measured_at: NotRequired[float]
+    #: state bytes the optimizers will hold once initialised (null: unknown) (since 1.2)
+    optimizer_state_expected_bytes: NotRequired[Optional[int]]
+
+
+class StepPeak(TypedDict):
+    """The exact peak of the last step (OOMSIGHT_STEP_PEAKS=1)."""
+
+    #: peak allocated bytes
+    allocated_bytes: int
+    #: peak reserved bytes
+    reserved_bytes: int
+
+
+class DeviceSnapshot(TypedDict):
+    """One CUDA device the process uses."""
+
+    #: the CUDA device index
+    index: int
+    #: the GPU's UUID (GPU-...)
+    uuid: str
+    #: the GPU model
+    name: NotRequired[str]
+    #: capacity as torch sees it (get_device_properties().total_memory)
+    total_bytes: NotRequired[int]
+    #: cap of set_per_process_memory_fraction; null if unset (since 1.1)
+    limit_bytes: NotRequired[Optional[int]]
+    #: the caching allocator's statistics
+    allocator: AllocatorSample
+    #: null when NVML is unavailable
+    nvml: NotRequired[Optional[NvmlSample]]
+    #: null before the optimizers are known
+    categories: NotRequired[Optional[Categories]]
+    #: null unless OOMSIGHT_STEP_PEAKS=1
+    step_peak: NotRequired[Optional[StepPeak]]
+    #: rows [time, window_min_allocated_bytes, steps], oldest first, at most 64
+    trend: NotRequired[list[list[float]]]
+    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] (since 1.2)
+    steps_memory: NotRequired[list[list[float]]]
+
+
+class StepInfo(TypedDict):
+    """Optimizer steps seen by the global step hook."""
+
+    #: steps so far
+    count: int
+    #: sum of the times between consecutive steps
+    duration_seconds_total: float
+    #: time between the last two steps
+    last_duration_seconds: NotRequired[Optional[float]]
+    #: when the last step ended
+    last_step_time: NotRequired[Optional[float]]
+
+
+class LeakFinding(TypedDict):
+    """Tensors that survived an optimizer step still holding their autograd graph."""
+
+    #: when the scan ran
+    checked_at: float
+    #: the step it ran after
+    step: int
+    #: CUDA tensors with a grad_fn alive at the step boundary
+    graph_tensors: int
+    #: their storage bytes, each storage once
+    graph_bytes: int
+    #: growth of the between-steps floor that triggered the check
+    growth_bytes: NotRequired[Optional[int]]
+    #: where the largest were allocated (needs history), "file:line in fn"
+    sites: list[str]
+
+
+class BatchAdvice(TypedDict):
+    """The answer of oomsight.probe_batch_size (or of observed steps)."""
+
+    #: when it was measured
+    measured_at: float
+    #: the device
+    device: int
+    #: largest batch that keeps the margin
+    max_batch_size: int
+    #: share of capacity kept free
+    margin_ratio: float
+    #: the capacity it was fitted against
+    capacity_bytes: int
+    #: fitted peak at batch size 0 (parameters, gradients, optimizer state, ...)
+    fixed_bytes: float
+    #: fitted peak growth per sample
+    bytes_per_sample: float
+    #: [[batch_size, peak_bytes], ...] measured
+    points: list[list[float]]
+    #: "probe" or "observed"
+    source: str
+
+
+class JobSetup(TypedDict):
+    """How the job is set up, as far as the hook can tell (null: unknown)."""
+
+    #: steps run under torch.autocast
+    autocast: NotRequired[Optional[bool]]
+    #: the parameters' dtype, e.g. "torch.bfloat16"
+    param_dtype: NotRequired[Optional[str]]
+    #: activation checkpointing is in use
+    checkpointing: NotRequired[Optional[bool]]
+    #: backward passes per optimizer step
+    accumulation_steps: NotRequired[Optional[int]]
+    #: the model runs under torch.compile
+    compiled: NotRequired[Optional[bool]]
+    #: zero_grad(set_to_none=True)
+    set_to_none: NotRequired[Optional[bool]]
+    #: the allocator uses expandable segments
+    expandable_segments: NotRequired[Optional[bool]]
+    #: class names of the optimizers
+    optimizers: NotRequired[list[str]]
+
+
+class Snapshot(TypedDict):
+    """One process's state, rewritten every publish (snapshots/<process id>.json)."""
+
+    #: 1
+    schema_version: int
+    #: "snapshot"
+    kind: str
+    #: who wrote it
+    process: ProcessInfo
+    #: Unix time of this snapshot
+    time: float
+    #: increases with every snapshot of the process
+    seq: int
+    #: exited: the last snapshot of the process
+    state: str
+    #: normal, exception, oom, stopped
+    exit_reason: NotRequired[Optional[str]]
+    #: one object per CUDA device the process uses
+    devices: list[DeviceSnapshot]
+    #: optimizer steps
+    steps: StepInfo
+    #: allocator, nvml, oom_observer, step_hook, history, profiler -> works
+    sources: NotRequired[dict[str, bool]]
+    #: component -> count of swallowed errors
+    errors: NotRequired[dict[str, int]]
+    #: OOMs beyond the event-file limit
+    oom_events_unwritten: NotRequired[int]
+    #: the last leak scan's finding (since 1.1)
+    leak: NotRequired[Optional[LeakFinding]]
+    #: the last batch-size advice (since 1.1)
+    batch_advice: NotRequired[Optional[BatchAdvice]]
+    #: id of the profile request running now (since 1.1)
+    profiling: NotRequired[Optional[str]]
+    #: how the job is set up (since 1.2)
+    job: NotRequired[Optional[JobSetup]]
