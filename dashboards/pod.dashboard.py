@@ -1,10 +1,11 @@
 """Workload / pod detail: per rank and GPU the memory timeline (allocated, reserved, NVML used,
 capacity, a forecast), step peaks, memory by category, fragmentation, cudaMalloc retries,
-memory outside PyTorch, the processes, the top operators of the last profiling window, and OOMs
-as annotations with their diagnosis."""
+memory outside PyTorch, the processes, the predicted peak against the measured one, the top
+operators of the last profiling window, and OOMs as annotations with their diagnosis."""
 
 from dashboards import config as c
 from dashboards import panels as p
+from dashboards import prediction_panels as prediction
 from dashboards import queries as q
 
 T = c.THRESHOLDS
@@ -267,6 +268,8 @@ dashboard = p.dashboard(
         (8, outside),
         "Measured advice: leaks and batch size",
         (6, advice),
+        "Prediction: predicted vs measured peak (oomsight predict)",
+        (8, prediction.ROW),
         "Profiles: the last window of each rank",
         (8, profiles),
         "CUDA out-of-memory errors",

@@ -109,6 +109,7 @@ CHANGED = {
     "OOMSIGHT_ARTIFACTS_MAX_BYTES": ("1024", 1024),
     "OOMSIGHT_MAX_OOM_EVENTS": ("9", 9),
     "OOMSIGHT_TERMINATION_MESSAGE_PATH": ("", ""),
+    "OOMSIGHT_PREDICTION": ("/job/prediction.json", "/job/prediction.json"),
 }
 
 
@@ -197,7 +198,7 @@ def test_every_settings_field_has_a_docstring(group):
 
 
 def test_every_hook_group_is_frozen_and_exported():
-    assert len(GROUPS) == 7
+    assert len(GROUPS) == 8
     for group in GROUPS:
         assert getattr(config, group.__name__) is group
         with pytest.raises(dataclasses.FrozenInstanceError):

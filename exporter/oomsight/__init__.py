@@ -8,11 +8,20 @@ imported by ``start()``, and only if the program can use it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from oomsight._version import __version__
 
-__all__ = ["__version__", "largest_batch", "measure_remedies", "predict_peak", "probe_batch_size", "start", "stop"]
+__all__ = [
+    "__version__",
+    "largest_batch",
+    "measure_remedies",
+    "predict_peak",
+    "probe_batch_size",
+    "record_prediction",
+    "start",
+    "stop",
+]
 
 
 def start(**settings: Any) -> bool:
@@ -37,6 +46,26 @@ def predict_peak(model: Any, batch: Any, batch_size: int, *args: Any, **kwargs: 
     from oomsight.tools.predict import predict_peak as predict
 
     return predict(model, batch, batch_size, *args, **kwargs)
+
+
+def record_prediction(
+    prediction: Any,
+    *,
+    model: Optional[str] = None,
+    batch_size: Optional[int] = None,
+    reserved_bytes: Optional[int] = None,
+) -> bool:
+    """Publish the job's predicted peak next to the measured one (metrics, report, pod dashboard).
+
+    ``prediction``: what :func:`predict_peak` returned, the JSON of ``oomsight predict --json``
+    (a dict, or the path of its file), or the predicted peak allocated bytes (an int, or a size
+    such as ``"30GiB"``); the keywords add what it does not say. Call it after
+    ``import oomsight.auto`` (a call before the hook starts is kept for it). Never raises: a value
+    it cannot use is one warning, counted in ``oomsight_hook_errors_total{component="prediction"}``,
+    and False."""
+    from oomsight.hook import runtime as hook
+
+    return hook.record_prediction(prediction, model=model, batch_size=batch_size, reserved_bytes=reserved_bytes)
 
 
 def largest_batch(model: Any, batch: Any, capacity: int, *args: Any, **kwargs: Any) -> Any:

@@ -4,7 +4,8 @@ One frozen dataclass per concern, and each hook component is given only its own 
 :class:`SpoolSettings` (the runtime's spool writer), :class:`SamplingSettings` (the sampler
 thread), :class:`NvmlSettings` (whether the runtime opens NVML), :class:`StepSettings` (the
 step tracker), :class:`OomSettings` (the OOM recorder), :class:`HistorySettings` (allocation
-history, started by the runtime) and :class:`ProfilerSettings` (scheduled profiling windows).
+history, started by the runtime), :class:`ProfilerSettings` (scheduled profiling windows) and
+:class:`PredictionSettings` (the job's predicted peak, published with its measured one).
 :class:`Settings` holds the groups; ``Settings.from_env()`` reads them all, each group its own
 variables, through the one parser of values (:mod:`oomsight.config.values`, shared with the
 sidecar and the webhook).
@@ -43,6 +44,7 @@ ENV_PROFILE_CUDA_TIME = "OOMSIGHT_PROFILE_SCHEDULED_CUDA_TIME"
 ENV_ARTIFACTS_MAX_BYTES = "OOMSIGHT_ARTIFACTS_MAX_BYTES"
 ENV_MAX_OOM_EVENTS = "OOMSIGHT_MAX_OOM_EVENTS"
 ENV_TERMINATION_MESSAGE_PATH = "OOMSIGHT_TERMINATION_MESSAGE_PATH"
+ENV_PREDICTION = "OOMSIGHT_PREDICTION"
 
 HISTORY_MODES = ("all", "state")
 
@@ -176,6 +178,17 @@ class ProfilerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class PredictionSettings:
+    """The job's predicted peak (``oomsight predict``), published next to the measured one."""
+
+    source: str = ""
+    """The path of the JSON that ``oomsight predict --json`` wrote, or a size such as ``30GiB``
+    (the predicted peak allocated bytes); empty: none. Taken as written: the runtime reads it
+    when the hook starts, and a value it cannot use is one warning, counted
+    (``oomsight_hook_errors_total{component="prediction"}``), never a reason to stay off."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything the hook can be told, one group per component; the runtime hands each
     component its group. Defaults keep overhead far below 1 % of a step."""
@@ -203,6 +216,9 @@ class Settings:
 
     profiler: ProfilerSettings = dataclasses.field(default_factory=ProfilerSettings)
     """Scheduled profiling windows."""
+
+    prediction: PredictionSettings = dataclasses.field(default_factory=PredictionSettings)
+    """The job's predicted peak."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -325,6 +341,7 @@ VARIABLES = (
         _verbatim,
         verbatim=True,
     ),
+    Variable(ENV_PREDICTION, "prediction", "prediction", "source", _verbatim, verbatim=True),
 )
 """Every variable of the hook, in the order of ``docs/configuration.md``."""
 

@@ -30,11 +30,12 @@ from oomsight.hook.jobsetup import JobProbe, dominant_dtype
 from oomsight.hook.leakscan import scan
 from oomsight.hook.nvml import Nvml
 from oomsight.hook.oom import OomContext, OomRecorder
+from oomsight.hook.prediction import EXPECTED, from_setting, from_value
 from oomsight.hook.profiler import Profiler
 from oomsight.hook.sampler import Sampler
 from oomsight.hook.stepmemory import StepMemory
 from oomsight.hook.steps import StepTracker, find_optimizers, walk_optimizers
-from oomsight.wire.schema import BatchAdvice, LeakFinding
+from oomsight.wire.schema import BatchAdvice, LeakFinding, PeakPrediction
 from oomsight.wire.spool import SpoolWriter
 
 LEAK_SCAN_INTERVAL_SECONDS = 300.0
@@ -85,16 +86,39 @@ class Hook:
         self.uncaught: Optional[BaseException] = None
         self.leak: Optional[LeakFinding] = None
         self.batch_advice: Optional[BatchAdvice] = None
+        self.prediction: Optional[PeakPrediction] = None
+        """The job's predicted peak (OOMSIGHT_PREDICTION or oomsight.record_prediction)."""
+        if settings.prediction.source:
+            hint = f"OOMSIGHT_PREDICTION takes {EXPECTED}"
+            self.prediction = self._guarded("prediction", lambda: from_setting(settings.prediction.source), None, hint)
         self._leak_due: Optional[int] = None  # growth that asks for a scan at the next step
         self._last_leak_scan = -LEAK_SCAN_INTERVAL_SECONDS
         self._cuda_ready = False
         self._stopped = False
 
-    def _guarded(self, component: str, fn: Any, default: Any) -> Any:
+    def _guarded(self, component: str, fn: Any, default: Any, hint: str = "") -> Any:
         """``fn()``, or ``default`` with the error counted and logged once (the hook's one error path)."""
-        with self.errors.guard(component):
+        with self.errors.guard(component, hint):
             return fn()
         return default
+
+    def record_prediction(self, value: Any, **details: Any) -> bool:
+        """Publish ``value`` (see :func:`oomsight.hook.prediction.from_value`) as the job's predicted
+        peak; a value it cannot use is recorded as an error of ``prediction``, never raised."""
+        found = self._guarded("prediction", lambda: from_value(value, **details), None, f"it takes {EXPECTED}")
+        if found is None:
+            return False
+        self.prediction = found
+        self.sampler.publish_soon()
+        return True
+
+    def _predictions(self) -> dict[int, PeakPrediction]:
+        """The prediction on the process's own device: its current device at CUDA init, else its first."""
+        devices = self.sampler.devices
+        if self.prediction is None or not devices:
+            return {}
+        main = self.sampler.main_device
+        return {main if main in devices else min(devices): self.prediction}
 
     def start(self) -> None:
         try:
@@ -198,6 +222,7 @@ class Hook:
             "profiling": self.profiler.active_id if self.profiler else None,
             "leak": self.leak,
             "batch_advice": self.batch_advice,
+            "predictions": self._predictions(),
         }
         if self.steps is not None:
             extra.update(steps=self.steps.info(), categories=self.steps.categories, step_peaks=self.steps.step_peaks)
@@ -274,6 +299,7 @@ def _safe(fn: Any, default: Any) -> Any:
 _lock = threading.Lock()
 _hook: Optional[Hook] = None
 _warned_twice = False
+_pending_prediction: Optional[PeakPrediction] = None
 
 
 def start(**overrides: Any) -> bool:
@@ -316,6 +342,8 @@ def _build(overrides: dict[str, Any]) -> Optional[Hook]:
         logger.warning("oomsight: idle: %s", reason)
         return None
     hook = Hook(settings, cuda, Nvml() if settings.nvml.enabled else None, torch)
+    if _pending_prediction is not None:
+        hook.prediction = _pending_prediction  # given to oomsight.record_prediction() before start()
     hook.start()
     atexit.register(hook.at_exit)
     _chain_excepthook(hook)
@@ -342,6 +370,21 @@ def stop() -> None:
             hook.stop()
         except Exception as exc:
             logger.warning("oomsight: stop failed: %s", exc)
+
+
+def record_prediction(value: Any, **details: Any) -> bool:
+    """The running hook's :meth:`Hook.record_prediction`; before ``start()`` the prediction is
+    checked now and kept for the hook that starts later. Never raises."""
+    global _pending_prediction
+    hook = _hook
+    if hook is not None:
+        return hook.record_prediction(value, **details)
+    try:
+        _pending_prediction = from_value(value, **details)
+    except Exception as exc:
+        logger.warning("oomsight: prediction not recorded (%s: %s); it takes %s", type(exc).__name__, exc, EXPECTED)
+        return False
+    return True
 
 
 def current() -> Optional[Hook]:

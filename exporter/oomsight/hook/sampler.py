@@ -340,6 +340,7 @@ class Sampler:
             step_peak=step_peak,
             trend=list(dev.trend),
             steps_memory=extra.get("steps_memory", {}).get(dev.index, []),
+            prediction=extra.get("predictions", {}).get(dev.index),
         )
 
 

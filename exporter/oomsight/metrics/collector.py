@@ -48,6 +48,7 @@ from oomsight.metrics.family import (
     DEV,
     LIMIT_GAUGES,
     NVML_GAUGES,
+    PREDICTION_GAUGES,
     PROC,
     STEP_MEMORY_GAUGES,
     STEP_PEAK_GAUGES,
@@ -63,7 +64,14 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
 
 
-_DEVICE_GAUGES = (*ALLOCATOR_GAUGES, *LIMIT_GAUGES, *NVML_GAUGES, *STEP_PEAK_GAUGES, *STEP_MEMORY_GAUGES)
+_DEVICE_GAUGES = (
+    *ALLOCATOR_GAUGES,
+    *LIMIT_GAUGES,
+    *NVML_GAUGES,
+    *STEP_PEAK_GAUGES,
+    *STEP_MEMORY_GAUGES,
+    *PREDICTION_GAUGES,
+)
 
 LAYOUT: tuple[Metric, ...] = (
     InfoMetricFamily("oomsight_build", "Version of the oomsight reader serving these metrics."),

@@ -178,6 +178,18 @@ STEP_MEMORY_GAUGES: Sequence[Row] = (
         lambda d: _trend(d, "seconds_to_oom"),
     ),
 )
+PREDICTION_GAUGES: Sequence[Row] = (
+    (
+        "oomsight_predicted_peak_allocated_bytes",
+        "Peak allocated bytes the job's prediction (oomsight predict) gave for its training step, carried by the job (OOMSIGHT_PREDICTION or oomsight.record_prediction); compare with oomsight_torch_peak_allocated_bytes.",
+        lambda d: _predicted(d, "peak_allocated_bytes"),
+    ),
+    (
+        "oomsight_predicted_peak_reserved_bytes",
+        "Peak reserved bytes the job's prediction gave; absent when it gave none (a bare size).",
+        lambda d: _predicted(d, "peak_reserved_bytes"),
+    ),
+)
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 _TRENDS: dict[int, tuple[DeviceSnapshot, trend.Trend]] = {}
 """One trend per device document (id -> (document, trend)): readers reuse unchanged documents."""
@@ -222,6 +234,11 @@ def leak_suspected(d: DeviceSnapshot) -> bool:
 def _step_peak(d: DeviceSnapshot, key: str) -> Optional[float]:
     peak = d.get("step_peak")
     return None if peak is None else peak[key]  # type: ignore[literal-required]
+
+
+def _predicted(d: DeviceSnapshot, key: str) -> Optional[float]:
+    p = d.get("prediction")
+    return None if p is None else p.get(key)  # type: ignore[return-value]
 
 
 def _nv(d: DeviceSnapshot, key: str) -> Optional[float]:

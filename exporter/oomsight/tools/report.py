@@ -52,6 +52,7 @@ def _process(view: ProcessView) -> list[str]:
     ]
     for d in s["devices"]:
         out.extend(_device(d))
+        out.extend(_predicted(d, steps["count"]))
     off = [k for k, ok in sorted(s.get("sources", {}).items()) if not ok]
     if off:
         out.append(f"  sources off: {', '.join(off)}")
@@ -90,6 +91,32 @@ def _device(d: DeviceSnapshot) -> list[str]:
             f"(from the {c['basis'].replace('_', ' ')})"
         )
     return lines
+
+
+def prediction_error(predicted: Optional[int], measured: int) -> Optional[float]:
+    """``(predicted - measured) / measured``: negative when the prediction was too low (as in
+    docs/prediction.md); None without a prediction or a measured peak."""
+    return None if predicted is None or measured <= 0 else (predicted - measured) / measured
+
+
+def _predicted(d: DeviceSnapshot, steps: int) -> list[str]:
+    """Predicted against measured peaks, where the job carries a prediction."""
+    p = d.get("prediction")
+    if not p:
+        return []
+    a = d["allocator"]
+    about = ", ".join(
+        x for x in (p["source"], p.get("model"), f"batch {p['batch_size']}" if p.get("batch_size") else None) if x
+    )
+    pairs: list[tuple[str, Optional[int], int]] = [("allocated", p["peak_allocated_bytes"], a["peak_allocated_bytes"])]
+    if p.get("peak_reserved_bytes") is not None:
+        pairs.append(("reserved", p.get("peak_reserved_bytes"), a["peak_reserved_bytes"]))
+    parts = []
+    for what, predicted, measured in pairs:
+        error = prediction_error(predicted, measured) if steps else None
+        judged = f"error {100 * error:+.1f} %" if error is not None else "no optimizer step measured yet"
+        parts.append(f"peak {what} predicted {fb(predicted)}, measured {fb(measured)}: {judged}")
+    return [f"    prediction ({about}): " + "; ".join(parts)]
 
 
 def _outside_basis(d: DeviceSnapshot) -> str:

@@ -21,6 +21,7 @@ from oomsight.analysis.inventory import EventView, Inventory, take_inventory
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.analysis.units import format_ratio
 from oomsight.tools import chart
+from oomsight.tools.report import prediction_error
 from oomsight.wire.schema import OomEvent, Profile, ProfileOp, Snapshot
 from oomsight.wire.spool import SpoolReader, SpoolState, write_atomic
 
@@ -80,7 +81,7 @@ def write(path: str, page: str) -> None:
 def render(r: Report) -> str:
     body = [*_header(r)]
     if r.inventory.readable:
-        for section in (_memory, _categories, _ooms, _estimates, _leaks, _batch_advice, _profiles):
+        for section in (_memory, _categories, _ooms, _estimates, _leaks, _batch_advice, _predictions, _profiles):
             body.extend(section(r))
     return (
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(TITLE)}</title>\n'
@@ -342,6 +343,33 @@ def _batch_advice(r: Report) -> list[str]:
         )
         out.append(r.chart(chart.batch_fit, b))
     return ["<h2 id='batch'>Batch size advice</h2>", *out] if out else []
+
+
+def _predictions(r: Report) -> list[str]:
+    """Predicted against measured peaks, for the devices whose job carries a prediction."""
+    rows = []
+    for v in r.inventory.processes:
+        for d in v.snapshot["devices"]:
+            p, a = d.get("prediction"), d["allocator"]
+            if not p:
+                continue
+            errors = [
+                prediction_error(p["peak_allocated_bytes"], a["peak_allocated_bytes"]),
+                prediction_error(p.get("peak_reserved_bytes"), a["peak_reserved_bytes"]),
+            ]
+            shown = [f"{100 * e:+.1f} %" if e is not None and v.snapshot["steps"]["count"] else "n/a" for e in errors]
+            label = f"rank {v.snapshot['process']['rank']} cuda:{d['index']}"
+            rows.append([label, p.get("model") or p["source"], fb(p["peak_allocated_bytes"]),
+                         fb(a["peak_allocated_bytes"]), shown[0], fb(p.get("peak_reserved_bytes")),
+                         fb(a["peak_reserved_bytes"]), shown[1]])  # fmt: skip
+    if not rows:
+        return []
+    head = ("", "prediction", "predicted allocated", "measured", "error", "predicted reserved", "measured", "error")
+    note = (
+        '<p class="note">Predicted by oomsight predict on the CPU and carried by the job; measured: torch\'s '
+        "lifetime peaks. Error: (predicted - measured) / measured, negative where the prediction was too low.</p>"
+    )
+    return ["<h2 id='prediction'>Predicted vs measured peak</h2>", note, _table(head, rows, (2, 3, 4, 5, 6, 7))]
 
 
 def _profiles(r: Report) -> list[str]:

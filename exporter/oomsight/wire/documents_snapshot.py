@@ -17,6 +17,7 @@ __all__ = [
     "JobSetup",
     "LeakFinding",
     "NvmlSample",
+    "PeakPrediction",
     "ProcessInfo",
     "Snapshot",
     "StepInfo",
@@ -137,6 +138,23 @@ class StepPeak(TypedDict):
     reserved_bytes: int
 
 
+class PeakPrediction(TypedDict):
+    """The peak a prediction gave for the job's training step (oomsight predict), carried by the job."""
+
+    #: predicted max_memory_allocated() of the training steps
+    peak_allocated_bytes: int
+    #: predicted max_memory_reserved() (null: not given, e.g. a bare size)
+    peak_reserved_bytes: NotRequired[Optional[int]]
+    #: "env" (OOMSIGHT_PREDICTION) or "api" (oomsight.record_prediction)
+    source: str
+    #: the model it was made for, where known
+    model: NotRequired[Optional[str]]
+    #: the batch size it was made for, where known
+    batch_size: NotRequired[Optional[int]]
+    #: when the hook took it
+    recorded_at: float
+
+
 class DeviceSnapshot(TypedDict):
     """One CUDA device the process uses."""
 
@@ -162,6 +180,8 @@ class DeviceSnapshot(TypedDict):
     trend: NotRequired[list[list[float]]]
     #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] (since 1.2)
     steps_memory: NotRequired[list[list[float]]]
+    #: the job's predicted peak on this device (since 1.3)
+    prediction: NotRequired[Optional[PeakPrediction]]
 
 
 class StepInfo(TypedDict):

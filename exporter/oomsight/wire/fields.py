@@ -27,6 +27,8 @@ LATER = "1.1"
 """Keys and kinds written before this table existed but after the tape was recorded."""
 STEP_MEMORY = "1.2"
 """Step-resolved memory, the job's setup and the OOM's phase and model states."""
+PREDICTED = "1.3"
+"""The job's predicted peak (``oomsight predict``), to be judged against the measured one."""
 
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
@@ -164,6 +166,19 @@ STEP_PEAK = Table(
     "The exact peak of the last step (OOMSIGHT_STEP_PEAKS=1).",
     (req("allocated_bytes", "int", "peak allocated bytes"), req("reserved_bytes", "int", "peak reserved bytes")),
 )
+PREDICTION = Table(
+    "PeakPrediction",
+    "The peak a prediction gave for the job's training step (oomsight predict), carried by the job.",
+    (
+        req("peak_allocated_bytes", "int", "predicted max_memory_allocated() of the training steps"),
+        nullable("peak_reserved_bytes", "int", "predicted max_memory_reserved() (null: not given, e.g. a bare size)"),
+        req("source", "str", '"env" (OOMSIGHT_PREDICTION) or "api" (oomsight.record_prediction)'),
+        nullable("model", "str", "the model it was made for, where known"),
+        nullable("batch_size", "int", "the batch size it was made for, where known"),
+        req("recorded_at", "time", "when the hook took it"),
+    ),
+    since=PREDICTED,
+)
 STEPS_MEMORY_DOC = "by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]"
 DEVICE = Table(
     "DeviceSnapshot",
@@ -180,6 +195,7 @@ DEVICE = Table(
         nullable("step_peak", "object", "null unless OOMSIGHT_STEP_PEAKS=1", table=STEP_PEAK),
         opt("trend", "list", "rows [time, window_min_allocated_bytes, steps], oldest first, at most 64", items="row"),
         opt("steps_memory", "list", STEPS_MEMORY_DOC, items="row", since=STEP_MEMORY),
+        nullable("prediction", "object", "the job's predicted peak on this device", table=PREDICTION, since=PREDICTED),
     ),
 )
 STEPS = Table(
