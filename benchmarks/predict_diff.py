@@ -21,6 +21,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_predict
+import predict_worker
 
 
 def _round(size: int) -> int:
@@ -62,9 +63,9 @@ def _peak_blocks(trace: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]
 def gpu_side(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    s = bench_predict._setup(cfg)
+    s = predict_worker._setup(cfg)
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    bench_predict._run_steps(s, cfg["batch"])
+    predict_worker._run_steps(s, cfg["batch"])
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     peak, blocks = _peak_blocks(snap["device_traces"][0])
@@ -78,11 +79,11 @@ def gpu_side(cfg: dict[str, Any]) -> dict[str, Any]:
 def cpu_side(cfg: dict[str, Any]) -> dict[str, Any]:
     from oomsight.tools.predict import tracing
 
-    s = bench_predict._setup(cfg)
+    s = predict_worker._setup(cfg)
     spec = s["spec"]
     trace = tracing.trace_steps(
         spec.build, lambda: spec.batch(cfg["batch"], "cpu"), lambda m: s["optimizer"](m.parameters()), s["step"],
-        steps=bench_predict.STEPS, workspace_bytes=0,
+        steps=predict_worker.STEPS, workspace_bytes=0,
     )  # fmt: skip
     sizes = _alive_at_peak([(k, _round(v)) if k > 0 else (k, v) for k, v in trace.events])
     return {"peak": sum(sizes), "sizes": sizes}

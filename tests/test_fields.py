@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from oomsight.tools import tape
 from oomsight.tools.demo import TAPE
 from oomsight.wire import documents, rendering, schema
-from oomsight.wire.fields import BASE, DOCUMENTS, tables
+from oomsight.wire.fields import DOCUMENTS, tables
+from oomsight.wire.fieldtypes import BASE
 from oomsight.wire.schema import SchemaError, default_of, validate
 from oomsight.wire.spool import SpoolReader, write_atomic
 

@@ -9,20 +9,22 @@ content is untrusted (any process that can write the spool can write an op name)
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import html
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from oomsight.analysis import advice, timeline
 from oomsight.analysis.inventory import EventView, Inventory, take_inventory
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.analysis.units import format_ratio
-from oomsight.tools import chart
+from oomsight.tools import chart, report_parts
 from oomsight.tools.report import prediction_error
-from oomsight.wire.schema import OomEvent, Profile, ProfileOp, Snapshot
+from oomsight.tools.report_parts import e as _e
+from oomsight.tools.report_parts import figure as _figure
+from oomsight.tools.report_parts import table as _table
+from oomsight.tools.report_parts import when as _when
+from oomsight.wire.schema import OomEvent, Snapshot
 from oomsight.wire.spool import SpoolReader, SpoolState, write_atomic
 
 logger = logging.getLogger(__name__)
@@ -39,8 +41,6 @@ figure{margin:.5em 0 1.5em}figcaption{color:#555;font-size:.9em}svg{max-width:10
 .note{color:#555}.estimate{background:#fffbe6;border-left:4px solid #e6c200;padding:.4em .8em}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}nav a{margin-right:1em}
 """
-LEAK_COLUMNS = ("rank", "step", "tensors with a graph", "their bytes", "floor growth", "allocated at")
-OP_COLUMNS = ("operator", "calls", "self CUDA memory", "self CUDA time", "CUDA time (with children)", "CPU time")
 
 
 @dataclasses.dataclass
@@ -81,37 +81,16 @@ def write(path: str, page: str) -> None:
 def render(r: Report) -> str:
     body = [*_header(r)]
     if r.inventory.readable:
-        for section in (_memory, _categories, _ooms, _estimates, _leaks, _batch_advice, _predictions, _profiles):
+        for section in (_memory, _categories, _ooms, _estimates):
             body.extend(section(r))
+        body.extend(report_parts.leaks(r.state.snapshots))
+        body.extend(_batch_advice(r))
+        body.extend(_predictions(r))
+        body.extend(report_parts.profiles(r.state.profiles))
     return (
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(TITLE)}</title>\n'
         f"<style>{CSS}</style>\n</head>\n<body>\n" + "\n".join(body) + "\n</body>\n</html>\n"
     )
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _when(t: float) -> str:
-    try:
-        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):
-        return str(t)
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: Sequence[int] = ()) -> str:
-    """A table; every cell escaped. ``numeric`` columns are right-aligned."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td{' class=num' if i in numeric else ''}>{_e(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
 
 
 def _header(r: Report) -> list[str]:
@@ -311,24 +290,6 @@ def _estimate_block(r: Report, fp: advice.Footprint, cause: str) -> list[str]:
     return out
 
 
-def _leaks(r: Report) -> list[str]:
-    rows = []
-    for s in r.state.snapshots:
-        leak = s.get("leak")
-        if leak:
-            sites = "; ".join(str(x) for x in leak["sites"]) or "(record history to see them)"
-            growth = fb(leak.get("growth_bytes"))
-            p = s["process"]
-            rows.append([p["rank"], leak["step"], leak["graph_tensors"], fb(leak["graph_bytes"]), growth, sites])
-    if not rows:
-        return []
-    return [
-        "<h2 id='leak'>Leak findings</h2>",
-        "<p>Tensors that survived an optimizer step still holding their autograd graph.</p>",
-        _table(LEAK_COLUMNS, rows, numeric=(1, 2, 3, 4)),
-    ]
-
-
 def _batch_advice(r: Report) -> list[str]:
     out: list[str] = []
     for s in r.state.snapshots:
@@ -372,51 +333,6 @@ def _predictions(r: Report) -> list[str]:
     return ["<h2 id='prediction'>Predicted vs measured peak</h2>", note, _table(head, rows, (2, 3, 4, 5, 6, 7))]
 
 
-def _profiles(r: Report) -> list[str]:
-    out = ['<h2 id="profiles">Profiles: top operators</h2>']
-    if not r.state.profiles:
-        return [*out, "<p>No profiles in the spool.</p>"]
-    for prof in sorted(r.state.profiles, key=lambda x: (x["started_at"], x["process"]["rank"])):
-        out.extend(_profile(prof))
-    return out
-
-
-def _profile(prof: Profile) -> list[str]:
-    p = prof["process"]
-    duration = prof["ended_at"] - prof["started_at"]
-    out = [
-        f"<h3>rank {_e(p['rank'])} cuda:{_e(prof['device'])}, request {_e(prof['request_id'])}: steps "
-        f"{_e(prof['start_step'] + 1)} to {_e(prof['start_step'] + prof['steps'])}</h3>",
-        f"<p>{_e(_when(prof['started_at']))}, {_e(f'{duration:.2f}')} s; peak allocated "
-        f"{fb(prof['peak_allocated_bytes'])}</p>",
-        "<p>By self CUDA memory</p>",
-        _ops_table(prof["top_by_memory"]),
-    ]
-    if prof.get("cuda_time", True):
-        out += ["<p>By self CUDA time</p>", _ops_table(prof["top_by_time"])]
-    else:
-        out.append("<p>A memory-only window: CUDA time was not traced.</p>")
-    artifacts = [x for x in (prof.get("table_artifact"), prof.get("trace_artifact")) if x]
-    if artifacts:
-        out.append("<p>in the spool's artifacts/: " + ", ".join(f"<code>{_e(a)}</code>" for a in artifacts) + "</p>")
-    return out
-
-
-def _ops_table(ops: list[ProfileOp]) -> str:
-    rows = [
-        [
-            op["op"],
-            op["calls"],
-            fb(op["self_cuda_memory_bytes"]),
-            _us(op["self_cuda_time_us"]),
-            _us(op["cuda_time_us"]),
-            _us(op["cpu_time_us"]),
-        ]
-        for op in ops
-    ]
-    return _table(OP_COLUMNS, rows, numeric=(1, 2, 3, 4, 5))
-
-
 def _bytes(value: object) -> str:
     """Bytes of a field the schema does not check: "n/a" unless it is a number."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -424,5 +340,3 @@ def _bytes(value: object) -> str:
     return "n/a"
 
 
-def _us(value: float) -> str:
-    return f"{value / 1000:,.3f} ms"

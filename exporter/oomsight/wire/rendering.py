@@ -15,7 +15,8 @@ import textwrap
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from oomsight.wire.fields import DOCUMENTS, Field, Table, default_of, tables
+from oomsight.wire.fields import DOCUMENTS, tables
+from oomsight.wire.fieldtypes import Field, Table, default_of
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 WIRE = os.path.dirname(os.path.abspath(__file__))

@@ -35,7 +35,8 @@ from oomsight.wire.documents import (
     StepInfo,
     StepPeak,
 )
-from oomsight.wire.fields import DOCUMENTS, Field, Table, default_of
+from oomsight.wire.fields import DOCUMENTS
+from oomsight.wire.fieldtypes import Field, Table, default_of
 
 __all__ = [
     "AllocatorSample",

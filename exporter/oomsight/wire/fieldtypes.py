@@ -1,0 +1,77 @@
+"""The vocabulary of the spool's field tables: a ``Field`` (one key), a ``Table`` (one object),
+the kinds a key can have and the revisions keys appeared in. ``oomsight.wire.fields`` holds the
+tables themselves."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Optional
+
+BASE = "1"
+"""The revision of the shipped H200 tape (``oomsight/tools/data/h200-demo.tape.jsonl.gz``)."""
+LATER = "1.1"
+"""Keys and kinds written before this table existed but after the tape was recorded."""
+STEP_MEMORY = "1.2"
+"""Step-resolved memory, the job's setup and the OOM's phase and model states."""
+PREDICTED = "1.3"
+"""The job's predicted peak (``oomsight predict``), to be judged against the measured one."""
+
+OUTCOME_CHOICES = ("pending", "recovered", "fatal")
+KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
+"""``int`` within ±2**63; ``number`` finite; ``time`` Unix seconds within ±2**33;
+``map`` an object of arbitrary keys whose values are ``items``; ``list`` of ``items``."""
+ITEM_KINDS = ("int", "number", "str", "bool", "any", "row")
+"""``row``: a list of finite numbers (booleans allowed), one row of a table of samples."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str
+    doc: str
+    required: bool = False
+    nullable: bool = False
+    table: Optional[Table] = None
+    """The nested object of an ``object`` field, or the item of a ``list`` of objects."""
+    items: Optional[str] = None
+    """The values of a ``map`` or the items of a ``list`` of scalars (``ITEM_KINDS``)."""
+    since: Optional[str] = None
+    """The revision the key appeared in; None: with its table."""
+    default: Any = None
+    """What a reader sees when an optional key is absent (a fresh copy for lists and maps)."""
+    choices: tuple[str, ...] = ()
+    """The only values a reader accepts (closed sets only; open ones are listed in ``doc``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    name: str
+    """The ``TypedDict`` of this object in ``oomsight.wire.documents``."""
+    doc: str
+    fields: tuple[Field, ...]
+    since: str = BASE
+    kind: Optional[str] = None
+    """The ``kind`` of a top-level document."""
+
+    def field_since(self, f: Field) -> str:
+        return f.since or self.since
+
+
+def default_of(f: Field) -> Any:
+    """What a reader sees when the optional key ``f`` is absent (a fresh copy)."""
+    if f.default is not None:
+        return copy.copy(f.default)
+    return {"list": [], "map": {}}.get(f.kind) if not f.nullable else None
+
+
+def req(name: str, kind: str, doc: str, **kw: Any) -> Field:
+    return Field(name, kind, doc, required=True, **kw)
+
+
+def opt(name: str, kind: str, doc: str, **kw: Any) -> Field:
+    return Field(name, kind, doc, **kw)
+
+
+def nullable(name: str, kind: str, doc: str, required: bool = False, **kw: Any) -> Field:
+    return Field(name, kind, doc, required=required, nullable=True, **kw)
