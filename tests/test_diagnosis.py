@@ -245,3 +245,25 @@ def test_advice_leaves_out_what_the_job_already_does():
     assert d["cause"] == "activations"
     assert d["facts"]["remedies"][0] == "batch" and "autocast" not in d["facts"]["remedies"]
     assert "Already in use: bf16/fp16 autocast, activation checkpointing" in d["summary"]
+
+
+def test_a_leak_that_runs_out_within_a_few_steps_is_a_leak_not_growing_demand():
+    # each step keeps its whole graph (~6 GiB): four rows, then the OOM in the next forward
+    floors = [8 * GIB + i * 6 * GIB for i in range(1, 6)]
+    d = diagnose(training(allocated_bytes=floors[-1] + 5 * GIB, requested_bytes=2 * GIB, reserved_bytes=78 * GIB,
+                          steps_memory=rows(floors, [f + 7 * GIB for f in floors])))
+    assert d["cause"] == "leak", d["summary"]
+    assert d["facts"]["floor_growth_bytes"] == 18 * GIB  # the first step's row is warm-up
+
+
+def test_growing_demand_is_judged_on_the_steps_own_memory_so_a_rising_floor_alone_is_not_growth():
+    # a leak too noisy to call: floors rise; the failing step needs no more on top of its floor than before
+    floors = [10 * GIB, 13 * GIB, 12 * GIB, 16 * GIB, 15 * GIB, 19 * GIB]
+    steady = rows(floors, [f + 8 * GIB for f in floors])
+    d = diagnose(training(allocated_bytes=24 * GIB, requested_bytes=2 * GIB, reserved_bytes=79 * GIB,
+                          device_free_bytes=GIB, steps_memory=steady, largest_free_block_bytes=GIB))
+    assert d["cause"] != "growing_demand", d["summary"]
+    # the same floors, and a step that needs three times its earlier own memory: the input grew
+    d = diagnose(training(allocated_bytes=19 * GIB + 22 * GIB, requested_bytes=2 * GIB, steps_memory=steady))
+    assert d["cause"] == "growing_demand"
+    assert d["facts"]["step_need_bytes"] == 24 * GIB and d["facts"]["prior_step_transient_bytes"] == 8 * GIB

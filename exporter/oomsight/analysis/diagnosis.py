@@ -50,7 +50,10 @@ MODEL_STATES_SHARE = 0.7
 """Parameters, gradients and (expected) optimizer state above this share of capacity leave
 activations too little room for any activation remedy to help."""
 DEMAND_MARGIN = 0.1
-"""The failing step needs more than earlier peaks when it exceeds them by this share."""
+"""The failing step needs more than earlier steps when its own memory (on top of the last floor)
+exceeds the most any earlier step needed on top of its floor by this share..."""
+DEMAND_SLACK_SHARE = 0.01
+"""... plus this share of capacity (steps that need almost nothing of their own)."""
 
 
 class ModelStates(TypedDict):
@@ -112,7 +115,13 @@ class _Evidence:
         self.job = _job(f)
         rows = list(f.get("steps_memory") or [])
         self.trend = trend.analyse(rows, self.total)
-        self.prior_peak = max((int(r[trend.PEAK]) for r in rows if len(r) > trend.PEAK), default=None)
+        full = [r for r in rows if len(r) > trend.PEAK]
+        self.prior_peak = max((int(r[trend.PEAK]) for r in full), default=None)
+        self.prior_transient = max((int(r[trend.PEAK] - r[trend.FLOOR]) for r in full), default=None)
+        """The most any earlier step needed on top of what survives between steps."""
+        self.step_need = self.need - int(full[-1][trend.FLOOR]) if full else None
+        """What the failing step needs on top of the last floor: a leak raises the floor, not this."""
+        self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
         self.states = _states(f)
         self.facts: dict[str, Any] = {
             "requested_bytes": self.requested,
@@ -124,12 +133,20 @@ class _Evidence:
             "phase": f.get("phase"),
             "model_states_bytes": self.states,
             "floor_growth_bytes": self.trend.floor_growth_bytes if self.trend.leak else None,
+            "prior_step_transient_bytes": self.prior_transient,
+            "step_need_bytes": self.step_need,
             "in_use": remedies.in_use(self.job),
         }
         cap_bound = int(f.get("physical_free_bytes", self.free)) >= self.requested
         self.outside, self.others = (None, None) if cap_bound else _outside(f, self.reserved)
         self.facts.update(outside_bytes=self.outside, other_processes_bytes=self.others)
         self.legacy_leak = None if rows else leak_growth(f.get("trend") or [], self.total)
+
+    def outgrew(self, needed: Optional[int]) -> bool:
+        """Whether ``needed`` (bytes on top of the last floor) is more than any earlier step needed."""
+        if needed is None or self.prior_transient is None:
+            return False
+        return needed > self.prior_transient * (1 + DEMAND_MARGIN) + DEMAND_SLACK_SHARE * self.total
 
     def result(self, cause: Cause, keys: Sequence[str], summary: str) -> Diagnosis:
         picked = remedies.pick(keys, self.job)
@@ -170,6 +187,13 @@ def _leak_rule(ev: _Evidence) -> Optional[Diagnosis]:
             f"({fb(int(t.floor_slope))} a step) while each step's own working memory stayed the same: "
             "something keeps tensors alive from every step."
         )
+    elif ev.short_leak is not None:
+        summary = (
+            f"The memory that survives between optimizer steps rose by {fb(ev.short_leak)} at every step "
+            "since the first one while each step's own working memory stayed the same: something keeps "
+            "tensors alive from every step (here so much that it ran out within a few steps)."
+        )
+        ev.facts["floor_growth_bytes"] = ev.short_leak
     elif ev.legacy_leak is not None:
         summary = (
             f"The memory that survives between steps grew by {fb(ev.legacy_leak)} step after step "
@@ -216,7 +240,7 @@ def _parameters(f: OomFacts) -> int:
 def _oversized_rule(ev: _Evidence) -> Optional[Diagnosis]:
     if ev.requested <= OVERSIZED_SHARE * ev.usable:
         return None
-    if ev.prior_peak is not None and ev.allocated > ev.prior_peak * (1 + DEMAND_MARGIN):
+    if ev.step_need is not None and ev.outgrew(ev.step_need - ev.requested):
         return None  # the step had already outgrown earlier ones: growing demand
     return ev.result(
         Cause.OVERSIZED_REQUEST,
@@ -227,16 +251,18 @@ def _oversized_rule(ev: _Evidence) -> Optional[Diagnosis]:
 
 
 def _demand_rule(ev: _Evidence) -> Optional[Diagnosis]:
-    grew = ev.prior_peak is not None and ev.need > ev.prior_peak * (1 + DEMAND_MARGIN)
-    if not grew and not ev.trend.growing:
+    if not ev.outgrew(ev.step_need) and not ev.trend.growing:
         return None
-    prior = fb(ev.prior_peak) if ev.prior_peak is not None else "unknown"
+    own = fb(ev.step_need) if ev.step_need is not None else "unknown"
+    prior = fb(ev.prior_transient) if ev.prior_transient is not None else "unknown"
     return ev.result(
         Cause.GROWING_DEMAND,
         ["bound_input", "checkpointing", "batch"],
         f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
-        f"{fb(ev.requested)} requested), more than any earlier step's peak ({prior}): the input grew "
-        "(batch or sequence). Defragmenting cannot help; bound the input.",
+        f"{fb(ev.requested)} requested), {own} of it on top of what survives between steps, more than "
+        f"any earlier step needed on top of it ({prior}; earlier peaks up to "
+        f"{fb(ev.prior_peak) if ev.prior_peak is not None else 'unknown'}): the input grew (batch or "
+        "sequence). Defragmenting cannot help; bound the input.",
     )
 
 

@@ -40,6 +40,21 @@ MIN_GROWTH_BYTES = 256 * 1024 * 1024
 TRANSIENT_SHARE = 0.5
 """For a leak the transient (peak - floor) grows by less than this share of the floor's growth."""
 GROWING_SHARE = 0.6
+CLEAN_T_STAT = 4.0
+"""A floor that rose at almost every row must also fit a rising line this many standard errors
+above zero: noise alone rises at 4 of 5 rows now and then, never along a line."""
+FEW_ROWS_T_STAT = 36.0
+"""Added to both thresholds over the rows' degrees of freedom: 13 for 6 rows, 7.6 for 12, 4.9 for 42."""
+NOISY_T_STAT = 6.0
+"""A floor that does not rise at almost every row (what the loop keeps across the boundary varies
+with the input; a leak that grows every few steps) is a leak only when its fitted slope is this
+many standard errors above zero and its lower envelope rises through each third of the rows."""
+WINDOWS = (12, 24, 48, 96)
+"""Recent windows judged besides the whole series: a leak that starts late, or grows in stairs."""
+SHORT_MIN_ROWS = 3
+SHORT_MIN_GROWTH_SHARE = 0.05
+"""At an OOM a short series (an OOM within a few steps) is a leak when the floor rose at every row
+by a steady amount, by at least this share of capacity in all, with a flat transient."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +107,8 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
             last_peak_bytes=int(last[PEAK]),
             seconds_per_step=per_step,
         )
-    leak, judged = _leak(usable, capacity_bytes)
+    growth, judged = _leak(usable, capacity_bytes)
+    leak = growth is not None
     floor_slope = _slope([r[STEP] for r in judged], [r[FLOOR] for r in judged])
     recent = usable[-RECENT_POINTS:]
     peak_slope = _slope([r[STEP] for r in recent], [r[PEAK] for r in recent])
@@ -107,7 +123,7 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
         growing=growing,
         floor_slope=floor_slope,
         peak_slope=peak_slope,
-        floor_growth_bytes=int(judged[-1][FLOOR] - judged[0][FLOOR]),
+        floor_growth_bytes=int(growth if growth is not None else judged[-1][FLOOR] - judged[0][FLOOR]),
         max_peak_bytes=max_peak,
         last_floor_bytes=int(last[FLOOR]),
         last_peak_bytes=int(last[PEAK]),
@@ -117,27 +133,67 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
     )
 
 
-def _leak(rows: Sequence[Sequence[float]], capacity: int) -> tuple[bool, Sequence[Sequence[float]]]:
-    """A steady floor rise with a flat transient over the whole series (the fullest evidence), or in
-    the recent window (a leak that started late)."""
-    recent = rows[-RECENT_POINTS:]
-    for judged in (rows, recent):
-        if len(judged) >= MIN_POINTS and _is_leak(judged, capacity):
-            return True, judged
-    return False, recent
+def _leak(rows: Sequence[Sequence[float]], capacity: int) -> tuple[Optional[float], Sequence[Sequence[float]]]:
+    """(the floor's growth, the rows judged) where the floor rose with a flat transient: over the
+    whole series (the fullest evidence), or over a recent window (a leak that started late)."""
+    windows = [rows] + [rows[-n:] for n in WINDOWS if n < len(rows)]
+    for judged in windows:
+        growth = _leak_growth(judged, capacity) if len(judged) >= MIN_POINTS else None
+        if growth is not None:
+            return growth, judged
+    return None, rows[-RECENT_POINTS:]
 
 
-def _is_leak(rows: Sequence[Sequence[float]], capacity: int) -> bool:
+def _leak_growth(rows: Sequence[Sequence[float]], capacity: int) -> Optional[float]:
+    """The floor's growth over ``rows`` if they show a leak, else None."""
     floors = [r[FLOOR] for r in rows]
-    if _rise_share(floors) < RISE_SHARE:
-        return False
-    growth = floors[-1] - floors[0]
-    if growth < min(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * capacity) or growth <= 0:
-        return False
+    # few rows fit a line by chance more often (Student's t has heavy tails at few degrees of freedom)
+    t = _t_stat([r[STEP] for r in rows], floors) - FEW_ROWS_T_STAT / max(len(rows) - 2, 1)
+    if _rise_share(floors) >= RISE_SHARE and t >= CLEAN_T_STAT:
+        growth = floors[-1] - floors[0]
+    elif _envelope_rises(floors) and t >= NOISY_T_STAT:
+        third = len(floors) // 3
+        growth = min(floors[-third:]) - min(floors[:third])
+    else:
+        return None
+    if growth <= 0 or growth < min(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * capacity):
+        return None
+    return growth if _transient_flat(rows, growth) else None
+
+
+def _transient_flat(rows: Sequence[Sequence[float]], growth: float) -> bool:
+    """The step's own working memory (peak - floor) grew by less than half the floor's growth."""
     transients = [r[PEAK] - r[FLOOR] for r in rows]
-    half = max(len(rows) // 3, 1)
-    transient_growth = _mean(transients[-half:]) - _mean(transients[:half])
-    return transient_growth < TRANSIENT_SHARE * growth
+    third = max(len(rows) // 3, 1)
+    return _mean(transients[-third:]) - _mean(transients[:third]) < TRANSIENT_SHARE * growth
+
+
+def _envelope_rises(values: Sequence[float]) -> bool:
+    """The minimum of each third of ``values`` is above the one before: even the lowest rise."""
+    third = len(values) // 3
+    if third < 2:
+        return False
+    lows = [min(values[:third]), min(values[third:-third]), min(values[-third:])]
+    return lows[0] < lows[1] < lows[2]
+
+
+def leak_before_oom(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[int]:
+    """At an OOM that came within a few steps (too few rows for :func:`analyse`): the floor's growth
+    when it rose at every row since the first step by a steady amount, at least
+    ``SHORT_MIN_GROWTH_SHARE`` of capacity, with a flat transient (else None)."""
+    try:
+        usable = [r for r in rows if len(r) >= 5 and r[STEP] > 1][-MIN_POINTS:]
+        if len(usable) < SHORT_MIN_ROWS:
+            return None
+        floors = [float(r[FLOOR]) for r in usable]
+        rises = [b - a for a, b in zip(floors, floors[1:])]
+        growth = floors[-1] - floors[0]
+        steady = min(rises) > 0 and min(rises) >= 0.3 * max(rises)
+        if not steady or growth < SHORT_MIN_GROWTH_SHARE * capacity_bytes or not _transient_flat(usable, growth):
+            return None
+        return int(growth)
+    except (ArithmeticError, TypeError, ValueError):
+        return None
 
 
 def _growing(rows: Sequence[Sequence[float]], capacity: int) -> bool:
@@ -171,6 +227,22 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     mx, my = _mean(xs), _mean(ys)
     var = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+
+
+def _t_stat(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of ``ys`` on ``xs`` over its standard error (inf for an exact line)."""
+    n = len(xs)
+    if n < 3:
+        return 0.0
+    mx, my = _mean(xs), _mean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if not var:
+        return 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
+    if residual <= 0:
+        return float("inf") if slope > 0 else 0.0
+    return slope / (residual / var) ** 0.5
 
 
 def _seconds_per_step(rows: Sequence[Sequence[float]]) -> Optional[float]:
