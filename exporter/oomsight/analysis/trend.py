@@ -242,7 +242,7 @@ def _t_stat(xs: Sequence[float], ys: Sequence[float]) -> float:
     residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
     if residual <= 0:
         return float("inf") if slope > 0 else 0.0
-    return slope / (residual / var) ** 0.5
+    return float(slope / (residual / var) ** 0.5)
 
 
 def _seconds_per_step(rows: Sequence[Sequence[float]]) -> Optional[float]:
