@@ -79,6 +79,7 @@ class FakeCuda:
         self.backward = False
         self.autocast = False
         self.is_compiled = False
+        self.grad = True
 
     def set(self, device: int = 0, **kw: Any) -> None:
         self.stats[device] = nested_stats(**kw)
@@ -170,6 +171,9 @@ class FakeCuda:
 
     def compiled(self) -> bool:
         return self.is_compiled
+
+    def grad_enabled(self) -> bool:
+        return self.grad
 
 
 class FakeNvmlModule(types.SimpleNamespace):

@@ -267,3 +267,21 @@ def test_growing_demand_is_judged_on_the_steps_own_memory_so_a_rising_floor_alon
     d = diagnose(training(allocated_bytes=19 * GIB + 22 * GIB, requested_bytes=2 * GIB, steps_memory=steady))
     assert d["cause"] == "growing_demand"
     assert d["facts"]["step_need_bytes"] == 24 * GIB and d["facts"]["prior_step_transient_bytes"] == 8 * GIB
+
+
+def test_a_process_with_no_optimizer_that_records_autograd_is_first_told_to_turn_it_off():
+    d = diagnose(facts(phase="forward", grad_enabled=True))
+    assert d["cause"] == "exhaustion" and d["facts"]["remedies"][0] == "no_grad"
+    assert "no optimizer" in d["summary"]
+
+
+def test_a_forward_without_autograd_gets_inference_advice_never_checkpointing():
+    d = diagnose(facts(phase="forward", grad_enabled=False))
+    assert d["cause"] == "exhaustion"
+    assert d["facts"]["remedies"] == ["eval_batch", "half_precision", "compile"]
+    # an evaluation step of a training job, under no_grad: still no checkpointing
+    d = diagnose(training(phase="forward", grad_enabled=False))
+    assert d["cause"] == "activations" and "checkpointing" not in d["facts"]["remedies"]
+    # backward runs with grad mode off in the engine's thread: that is not an inference forward
+    d = diagnose(training(phase="backward", grad_enabled=False))
+    assert d["facts"]["remedies"][0] == "checkpointing"

@@ -128,11 +128,27 @@ def test_an_oom_is_written_durably_with_diagnosis_before_returning(make_hook, sp
     assert ev["reserved_unallocated_bytes"] == 2 * GIB
     assert ev["outcome"] == "pending"
     assert ev["diagnosis"]["cause"] == "exhaustion"
+    assert ev["grad_enabled"] is True and ev["diagnosis"]["facts"]["remedies"][0] == "no_grad"
     assert ev["allocator_summary"].startswith("|")
     # the observer itself writes only the event; the sampler's next tick publishes the snapshot
     assert not os.listdir(os.path.join(spool, "snapshots"))
     hook.sampler.tick()
     assert read_snapshot(spool)["devices"][0]["allocator"]["ooms"] == 1
+
+
+def test_an_oom_in_a_forward_without_autograd_is_recorded_so_and_not_advised_checkpointing(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.grad = False
+    cuda.set(0, allocated=130 * GIB, reserved=132 * GIB, ooms=1)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.stop_thread()
+    cuda.observer(0, 20 * GIB, 140 * GIB, 1 * GIB)
+    (name,) = os.listdir(os.path.join(spool, "events"))
+    with open(os.path.join(spool, "events", name)) as fh:
+        ev = json.load(fh)
+    assert ev["grad_enabled"] is False
+    assert ev["diagnosis"]["facts"]["remedies"] == ["eval_batch", "half_precision", "compile"]
 
 
 def test_an_oom_event_that_cannot_be_written_is_counted_and_written_once_there_is_room(make_hook, spool, monkeypatch):

@@ -82,6 +82,7 @@ class OomFacts(TypedDict, total=False):
     model_states: Optional[ModelStates]
     world_size: int
     stack: Sequence[str]  # "file:line in function" of the failing thread, innermost last
+    grad_enabled: Optional[bool]  # autograd recording in the failing thread (False: no_grad, inference_mode)
 
 
 CHECKPOINT_FRAME = "torch/utils/checkpoint.py"
@@ -123,6 +124,12 @@ class _Evidence:
         """What the failing step needs on top of the last floor: a leak raises the floor, not this."""
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
         self.states = _states(f)
+        self.training = self.states is not None or f.get("categories") is not None or bool(full)
+        """An optimizer exists or has stepped: a training job (else inference, evaluation, or a
+        training step before any optimizer was made)."""
+        self.no_grad = f.get("phase") in ("forward", None) and f.get("grad_enabled") is False
+        """The failing forward ran without autograd (no_grad, inference_mode): nothing is kept for a
+        backward, so checkpointing cannot help. (Backward itself runs with grad mode off.)"""
         self.facts: dict[str, Any] = {
             "requested_bytes": self.requested,
             "usable_bytes": self.usable,
@@ -149,7 +156,9 @@ class _Evidence:
         return needed > self.prior_transient * (1 + DEMAND_MARGIN) + DEMAND_SLACK_SHARE * self.total
 
     def result(self, cause: Cause, keys: Sequence[str], summary: str) -> Diagnosis:
-        picked = remedies.pick(keys, self.job)
+        if self.no_grad:
+            keys = [remedies.WITHOUT_GRAD.get(k, k) for k in keys]
+        picked = remedies.pick([k for k in keys if k], self.job)
         self.facts["remedies"] = picked
         used = self.facts["in_use"]
         if used:
@@ -286,6 +295,8 @@ def _fragmentation_rule(ev: _Evidence) -> Optional[Diagnosis]:
 
 
 def _fallback(ev: _Evidence) -> Diagnosis:
+    if not ev.training:
+        return _no_training(ev)
     cats = ev.f.get("categories")
     if ev.states is None and cats is None:
         return ev.result(
@@ -300,6 +311,25 @@ def _fallback(ev: _Evidence) -> Diagnosis:
         ["checkpointing", "autocast", "batch", "compile"],
         f"A steady step does not fit: {fb(ev.need)} needed of {fb(ev.total)}, of which parameters, "
         f"gradients and optimizer state are {fb(states)} and activations and temporaries the rest.",
+    )
+
+
+def _no_training(ev: _Evidence) -> Diagnosis:
+    """Out of memory in a process that has no optimizer and never stepped one."""
+    needed = f"{fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of {fb(ev.total)}"
+    if ev.f.get("grad_enabled") and ev.f.get("phase") in ("forward", None):
+        return ev.result(
+            Cause.EXHAUSTION,
+            ["no_grad", "batch", "autocast", "compile"],
+            f"A forward needs more than the capacity ({needed}) with autograd recording, in a process "
+            "that has no optimizer: if nothing here is trained (inference, evaluation), every "
+            "activation is kept for a backward that never comes.",
+        )
+    return ev.result(
+        Cause.EXHAUSTION,
+        ["batch", "autocast", "checkpointing", "compile"],
+        f"The job needs more than the capacity: {needed} (no optimizer exists, so memory by category "
+        "is unknown).",
     )
 
 
@@ -382,4 +412,5 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         model_states=event.get("model_states"),
         world_size=int(event.get("process", {}).get("world_size") or 1),
         stack=[str(x) for x in event.get("stack") or []],
+        grad_enabled=event.get("grad_enabled"),
     )

@@ -45,6 +45,12 @@ REMEDY = {
     "instead of Adam's two), Adafactor, or 8-bit Adam (bitsandbytes).",
     "shard": "Shard parameters, gradients and optimizer state across GPUs (FSDP, DeepSpeed ZeRO-3), "
     "or offload the optimizer state to the CPU.",
+    "no_grad": "If this forward trains nothing (inference, evaluation), run it under "
+    "torch.inference_mode() or torch.no_grad(): autograd then keeps no activations for a backward.",
+    "eval_batch": "Lower the batch size of this forward (evaluation and inference batches can be "
+    "processed in smaller chunks), and move outputs you keep to the CPU (.cpu()) as you go.",
+    "half_precision": "Run the forward in bf16 (model.to(torch.bfloat16), or torch.autocast): half "
+    "the bytes for weights and activations.",
     "bf16_params": "Keep the parameters in bf16 (model.to(torch.bfloat16), or FSDP mixed precision): "
     "half the bytes for parameters, gradients and the optimizer state.",
 }
@@ -52,6 +58,7 @@ REMEDY = {
 IN_USE = {
     "autocast": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
     "bf16_params": lambda job: job.get("param_dtype") in ("bfloat16", "float16"),
+    "half_precision": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
     "checkpointing": lambda job: bool(job.get("checkpointing")),
     "compile": lambda job: bool(job.get("compiled")),
     "expandable": lambda job: bool(job.get("expandable_segments")),
@@ -62,6 +69,10 @@ IN_USE = {
 
 REPLACES = {"expandable": "split"}
 """A remedy in use is replaced by the next one in line (expandable segments on: limit splitting)."""
+
+WITHOUT_GRAD = {"checkpointing": "", "set_to_none": "", "batch": "eval_batch", "autocast": "half_precision"}
+"""For a forward that ran without autograd: what does not apply (nothing is saved for a backward)
+goes, and the training advice becomes its inference form."""
 
 
 def pick(keys: Sequence[str], job: Optional[Mapping[str, Any]]) -> list[str]:

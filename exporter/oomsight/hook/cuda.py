@@ -104,6 +104,7 @@ class CudaApi(Protocol):
     def open_contexts(self) -> dict[str, bool]: ...
     def saved_tensor_hooks_active(self) -> bool: ...
     def compiled(self) -> bool: ...
+    def grad_enabled(self) -> bool: ...
 
 
 def expandable_segments_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -312,6 +313,10 @@ class TorchCuda:
             return top(True) is not None
         except TypeError:
             return top() is not None
+
+    def grad_enabled(self) -> bool:
+        """Whether autograd records in this thread now (False under no_grad and inference_mode)."""
+        return bool(self.torch.is_grad_enabled())
 
     def compiled(self) -> bool:
         """Whether torch.compile has captured a graph in this process (dynamo's own counter)."""

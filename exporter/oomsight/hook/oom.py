@@ -156,6 +156,7 @@ class OomRecorder:
             outcome_time=None,
             physical_free_bytes=physical_free,
             limit_bytes=dev.limit if dev is not None else None,
+            grad_enabled=self._guarded("grad_enabled", self.cuda.grad_enabled),
             steps_memory=steps_memory,
             phase=phase,
             largest_free_block_bytes=block,

@@ -107,3 +107,5 @@ class OomEvent(TypedDict):
     physical_free_bytes: NotRequired[Optional[int]]
     #: cap of set_per_process_memory_fraction; null if unset (since 1.2)
     limit_bytes: NotRequired[Optional[int]]
+    #: autograd was recording in the failing thread (false: no_grad, inference_mode) (since 1.4)
+    grad_enabled: NotRequired[Optional[bool]]

@@ -17,7 +17,17 @@ Rules (``docs/spool-format.md``, "Versioning"):
 
 from __future__ import annotations
 
-from oomsight.wire.fieldtypes import LATER, OUTCOME_CHOICES, PREDICTED, STEP_MEMORY, Table, nullable, opt, req
+from oomsight.wire.fieldtypes import (
+    GRAD_MODE,
+    LATER,
+    OUTCOME_CHOICES,
+    PREDICTED,
+    STEP_MEMORY,
+    Table,
+    nullable,
+    opt,
+    req,
+)
 
 PROCESS = Table(
     "ProcessInfo",
@@ -295,6 +305,10 @@ OOM_EVENT = Table(
         nullable("model_states", "object", "model states at the OOM", table=MODEL_STATES, since=STEP_MEMORY),
         nullable("physical_free_bytes", "int", "free on the device before any per-process cap", since=STEP_MEMORY),
         nullable("limit_bytes", "int", "cap of set_per_process_memory_fraction; null if unset", since=STEP_MEMORY),
+        nullable(
+            "grad_enabled", "bool", "autograd was recording in the failing thread (false: no_grad, inference_mode)",
+            since=GRAD_MODE,
+        ),
     ),
     kind="oom_event",
 )

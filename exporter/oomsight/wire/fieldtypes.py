@@ -16,6 +16,8 @@ STEP_MEMORY = "1.2"
 """Step-resolved memory, the job's setup and the OOM's phase and model states."""
 PREDICTED = "1.3"
 """The job's predicted peak (``oomsight predict``), to be judged against the measured one."""
+GRAD_MODE = "1.4"
+"""Whether autograd was recording at an OOM (inference and evaluation told from training)."""
 
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
