@@ -192,3 +192,11 @@ def test_the_fast_row_check_accepts_exactly_what_the_item_by_item_check_does(row
         return all(type(x) is bool or schema._is_number(x) for x in v)
 
     assert schema._is_row(row) == exact(row)
+
+
+def test_every_counter_the_hook_reads_has_a_row_in_the_allocator_table_that_the_sampler_fills():
+    from oomsight.hook.cuda import Reading
+    from oomsight.wire.fields import ALLOCATOR
+
+    rows = {f.name for f in ALLOCATOR.fields}
+    assert set(Reading._fields) <= rows, "add a row to wire/fields.py ALLOCATOR for each new Reading field"

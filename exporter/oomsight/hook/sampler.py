@@ -13,7 +13,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from oomsight.config import SamplingSettings
 from oomsight.hook.cuda import CudaApi, Reading
@@ -315,21 +315,14 @@ class Sampler:
             name=dev.name,
             total_bytes=dev.total,
             limit_bytes=dev.limit,
-            allocator=AllocatorSample(
-                allocated_bytes=r.allocated_bytes,
-                reserved_bytes=r.reserved_bytes,
-                active_bytes=r.active_bytes,
-                requested_bytes=r.requested_bytes,
-                inactive_split_bytes=r.inactive_split_bytes,
-                peak_allocated_bytes=r.peak_allocated_bytes,
-                peak_reserved_bytes=r.peak_reserved_bytes,
-                window_peak_allocated_bytes=max(peak_a, r.allocated_bytes),
-                window_peak_reserved_bytes=max(peak_r, r.reserved_bytes),
-                window_min_allocated_bytes=min(low_a, r.allocated_bytes),
-                alloc_retries=r.alloc_retries,
-                ooms=r.ooms,
-                device_allocs=r.device_allocs,
-                device_frees=r.device_frees,
+            allocator=cast(
+                AllocatorSample,
+                {
+                    **r._asdict(),  # every counter the Reading carries, by its wire name
+                    "window_peak_allocated_bytes": max(peak_a, r.allocated_bytes),
+                    "window_peak_reserved_bytes": max(peak_r, r.reserved_bytes),
+                    "window_min_allocated_bytes": min(low_a, r.allocated_bytes),
+                },
             ),
             nvml=dev.nvml,
             categories=categories_with_activations(
