@@ -285,3 +285,28 @@ def test_a_forward_without_autograd_gets_inference_advice_never_checkpointing():
     # backward runs with grad mode off in the engine's thread: that is not an inference forward
     d = diagnose(training(phase="backward", grad_enabled=False))
     assert d["facts"]["remedies"][0] == "checkpointing"
+
+
+def test_a_smaller_tenant_is_still_the_cause_when_the_job_alone_would_fit():
+    # 12 GiB of 80 held by another process (15 %): the job's 70 GiB would fit alone
+    steady = rows([20 * GIB] * 8, [68 * GIB] * 8)
+    d = diagnose(training(allocated_bytes=66 * GIB, reserved_bytes=67 * GIB, requested_bytes=4 * GIB,
+                          device_free_bytes=GIB, steps_memory=steady,
+                          nvml=nvml(80 * GIB - GIB, own=68 * GIB, visible=True)))
+    assert d["cause"] == "other_process" and "would fit the GPU alone" in d["summary"]
+    # the same tenant beside a job that needs more than the whole GPU: not the cause
+    big = rows([20 * GIB] * 8, [90 * GIB] * 8)
+    d = diagnose(training(allocated_bytes=66 * GIB, reserved_bytes=67 * GIB, requested_bytes=4 * GIB,
+                          device_free_bytes=GIB, steps_memory=big,
+                          nvml=nvml(80 * GIB - GIB, own=68 * GIB, visible=True)))
+    assert d["cause"] != "other_process"
+
+
+def test_in_a_container_several_listed_processes_make_memory_outside_the_allocator_another_tenants():
+    seen = nvml(79 * GIB)  # our PID is not visible; NVML lists us and one more
+    seen["other_processes"] = 2
+    d = diagnose(training(allocated_bytes=60 * GIB, reserved_bytes=61 * GIB, device_free_bytes=GIB, nvml=seen))
+    assert d["cause"] == "other_process" and "NVML lists 2 processes" in d["summary"]
+    seen["other_processes"] = 1  # only us: our own memory outside the allocator
+    d = diagnose(training(allocated_bytes=50 * GIB, reserved_bytes=51 * GIB, device_free_bytes=GIB, nvml=seen))
+    assert d["cause"] == "non_pytorch_memory"

@@ -43,6 +43,9 @@ CAUSES = tuple(c.value for c in Cause)
 
 OUTSIDE_SHARE = 0.25
 """Memory outside this process's allocator above this share of the device is a cause."""
+DECISIVE_SHARE = 0.05
+"""Other processes holding less than OUTSIDE_SHARE are still the cause when they hold at least
+this share and the job's own known need (this OOM's, earlier steps' peaks) fits without them."""
 OVERSIZED_SHARE = 0.5
 FRAGMENTATION_MIN_SHARE = 0.05
 """Cached-but-unallocated bytes below this share of the device are noise, not the cause."""
@@ -167,11 +170,20 @@ class _Evidence:
 
 
 def _outside_rule(ev: _Evidence) -> Optional[Diagnosis]:
-    if ev.others is not None and ev.others >= OUTSIDE_SHARE * ev.total:
-        return ev.result(
-            Cause.OTHER_PROCESS, ["other_process"], f"Other processes hold {fb(ev.others)} of the {fb(ev.total)} GPU."
+    if ev.others is not None and _decisive(ev, ev.others, ev.outside or 0):
+        return _other_process(ev, ev.others, f"Other processes hold {fb(ev.others)} of the {fb(ev.total)} GPU.")
+    if ev.outside is None:
+        return None
+    listed = (ev.f.get("nvml") or {}).get("other_processes")
+    if ev.others is None and listed is not None and listed >= 2 and _decisive(ev, ev.outside, 0):
+        # NVML lists processes but not under our PID (a container): we are one of them
+        return _other_process(
+            ev,
+            ev.outside,
+            f"NVML lists {listed} processes on this GPU and {fb(ev.outside)} of it is used outside this "
+            "process's PyTorch allocator: by the other processes (and this process's CUDA context).",
         )
-    if ev.outside is None or ev.outside < OUTSIDE_SHARE * ev.total:
+    if ev.outside < OUTSIDE_SHARE * ev.total:
         return None
     if ev.others is None:  # NVML cannot see our PID (containers): it may be other tenants too
         return ev.result(
@@ -186,6 +198,22 @@ def _outside_rule(ev: _Evidence) -> Optional[Diagnosis]:
         ["non_pytorch"],
         f"{fb(ev.outside)} of the GPU is used by this process outside PyTorch's allocator.",
     )
+
+
+def _decisive(ev: _Evidence, held: int, own_outside: int) -> bool:
+    """Whether ``held`` bytes of other processes are the cause: a large share of the GPU, or enough
+    to matter while the job's own known need (plus its memory outside the allocator) fits alone."""
+    if held >= OUTSIDE_SHARE * ev.total:
+        return True
+    own = max(ev.need, ev.prior_peak or 0) + own_outside
+    return held >= DECISIVE_SHARE * ev.total and own <= ev.total
+
+
+def _other_process(ev: _Evidence, held: int, summary: str) -> Diagnosis:
+    own = max(ev.need, ev.prior_peak or 0)
+    if own <= ev.total:
+        summary += f" This job's own known need ({fb(own)}) would fit the GPU alone."
+    return ev.result(Cause.OTHER_PROCESS, ["other_process"], summary)
 
 
 def _leak_rule(ev: _Evidence) -> Optional[Diagnosis]:
