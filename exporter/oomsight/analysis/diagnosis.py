@@ -19,12 +19,15 @@ does not already use (``remedies.pick``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional, TypedDict
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from oomsight.analysis import remedies, trend
+from oomsight.analysis.oomfacts import ModelStates, OomFacts, facts_from_event, leak_growth, outside, states
 from oomsight.analysis.units import format_bytes as fb
-from oomsight.wire.schema import Categories, Diagnosis, NvmlSample
+from oomsight.wire.schema import Diagnosis
+
+__all__ = ["CAUSES", "Cause", "ModelStates", "OomFacts", "diagnose", "facts_from_event", "leak_growth"]
 
 
 class Cause(str, enum.Enum):
@@ -57,35 +60,6 @@ DEMAND_MARGIN = 0.1
 exceeds the most any earlier step needed on top of its floor by this share..."""
 DEMAND_SLACK_SHARE = 0.01
 """... plus this share of capacity (steps that need almost nothing of their own)."""
-
-
-class ModelStates(TypedDict):
-    parameters_bytes: int
-    gradients_bytes: int
-    optimizer_state_bytes: int
-    optimizer_state_expected_bytes: Optional[int]  # once every optimizer's state exists; None: unknown kind
-
-
-class OomFacts(TypedDict, total=False):
-    requested_bytes: int
-    device_total_bytes: int  # capacity: the per-process cap where one is set, else the device total
-    device_free_bytes: int  # what this process could still get (cap-relative)
-    physical_free_bytes: int  # free on the device, before any per-process cap
-    allocated_bytes: int
-    reserved_bytes: int
-    inactive_split_bytes: int
-    nvml: Optional[NvmlSample]
-    categories: Optional[Categories]
-    trend: Sequence[Sequence[float]]  # legacy window trend: [[time, window_min_allocated, steps], ...]
-    expandable_segments: bool
-    steps_memory: Sequence[Sequence[float]]  # step rows (analysis.trend)
-    largest_free_block_bytes: Optional[int]
-    phase: Optional[str]  # forward, backward, optimizer, unknown
-    job: Optional[Mapping[str, Any]]
-    model_states: Optional[ModelStates]
-    world_size: int
-    stack: Sequence[str]  # "file:line in function" of the failing thread, innermost last
-    grad_enabled: Optional[bool]  # autograd recording in the failing thread (False: no_grad, inference_mode)
 
 
 CHECKPOINT_FRAME = "torch/utils/checkpoint.py"
@@ -126,7 +100,7 @@ class _Evidence:
         self.step_need = self.need - int(full[-1][trend.FLOOR]) if full else None
         """What the failing step needs on top of the last floor: a leak raises the floor, not this."""
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
-        self.states = _states(f)
+        self.states = states(f)
         self.training = self.states is not None or f.get("categories") is not None or bool(full)
         """An optimizer exists or has stepped: a training job (else inference, evaluation, or a
         training step before any optimizer was made)."""
@@ -148,7 +122,7 @@ class _Evidence:
             "in_use": remedies.in_use(self.job),
         }
         cap_bound = int(f.get("physical_free_bytes", self.free)) >= self.requested
-        self.outside, self.others = (None, None) if cap_bound else _outside(f, self.reserved)
+        self.outside, self.others = (None, None) if cap_bound else outside(f, self.reserved)
         self.facts.update(outside_bytes=self.outside, other_processes_bytes=self.others)
         self.legacy_leak = None if rows else leak_growth(f.get("trend") or [], self.total)
 
@@ -174,7 +148,8 @@ def _outside_rule(ev: _Evidence) -> Optional[Diagnosis]:
         return _other_process(ev, ev.others, f"Other processes hold {fb(ev.others)} of the {fb(ev.total)} GPU.")
     if ev.outside is None:
         return None
-    listed = (ev.f.get("nvml") or {}).get("other_processes")
+    nv = ev.f.get("nvml")
+    listed = nv.get("other_processes") if nv else None
     if ev.others is None and listed is not None and listed >= 2 and _decisive(ev, ev.outside, 0):
         # NVML lists processes but not under our PID (a container): we are one of them
         return _other_process(
@@ -356,8 +331,7 @@ def _no_training(ev: _Evidence) -> Diagnosis:
     return ev.result(
         Cause.EXHAUSTION,
         ["batch", "autocast", "checkpointing", "compile"],
-        f"The job needs more than the capacity: {needed} (no optimizer exists, so memory by category "
-        "is unknown).",
+        f"The job needs more than the capacity: {needed} (no optimizer exists, so memory by category is unknown).",
     )
 
 
@@ -367,78 +341,3 @@ def _job(f: OomFacts) -> dict[str, Any]:
     if not job.get("checkpointing") and any(CHECKPOINT_FRAME in str(frame) for frame in f.get("stack") or []):
         job["checkpointing"] = True
     return job
-
-
-def _states(f: OomFacts) -> Optional[int]:
-    """Parameters + gradients + optimizer state (the expected state where known), else None."""
-    ms = f.get("model_states")
-    if ms:
-        state = max(ms["optimizer_state_bytes"], ms.get("optimizer_state_expected_bytes") or 0)
-        return int(ms["parameters_bytes"] + ms["gradients_bytes"] + state)
-    cat = f.get("categories")
-    if cat:
-        expected: Any = cat.get("optimizer_state_expected_bytes")
-        return int(cat["parameters_bytes"] + cat["gradients_bytes"] + max(cat["optimizer_state_bytes"], expected or 0))
-    return None
-
-
-def _outside(f: OomFacts, reserved: int) -> tuple[Optional[int], Optional[int]]:
-    """(memory outside this allocator, memory of other processes) from NVML, if known."""
-    nv = f.get("nvml")
-    if nv is None:
-        return None, None
-    outside = max(nv["used_bytes"] - reserved, 0)
-    own = nv.get("process_used_bytes")
-    if nv.get("process_visible") and own is not None:
-        return max(own - reserved, 0), max(nv["used_bytes"] - own, 0)
-    return outside, None
-
-
-LEAK_MIN_POINTS = 5
-LEAK_MONOTONE_SHARE = 0.8
-LEAK_MIN_GROWTH_SHARE = 0.05
-
-
-def leak_growth(rows: Sequence[Sequence[float]], total: int) -> Optional[int]:
-    """Legacy (spools without step rows): growth of the sampled between-steps trough.
-
-    ``rows`` are ``[time, window_min_allocated_bytes, steps]``, oldest first. The longest
-    recent stretch in which at least 80 % of the points rose is judged.
-    """
-    points = [row for row in rows if len(row) >= 3]
-    stretch: Optional[list[Sequence[float]]] = None
-    for start in range(len(points) - LEAK_MIN_POINTS, -1, -1):
-        seg = points[start:]
-        rising = sum(1 for a, b in zip(seg, seg[1:]) if b[1] > a[1])
-        if rising >= LEAK_MONOTONE_SHARE * (len(seg) - 1):
-            stretch = seg
-    if stretch is None or stretch[-1][2] <= stretch[0][2]:
-        return None
-    growth = int(stretch[-1][1] - stretch[0][1])
-    return growth if growth >= LEAK_MIN_GROWTH_SHARE * total else None
-
-
-def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
-    """The facts of a recorded OOM event, so a newer diagnosis can be re-run on an old event."""
-    free = int(event.get("device_free_bytes", 0))
-    return OomFacts(
-        requested_bytes=int(event.get("requested_bytes", 0)),
-        device_total_bytes=int(event.get("device_total_bytes", 0)),
-        device_free_bytes=free,
-        physical_free_bytes=int(event.get("physical_free_bytes", free)),
-        allocated_bytes=int(event.get("allocated_bytes", 0)),
-        reserved_bytes=int(event.get("reserved_bytes", 0)),
-        inactive_split_bytes=int(event.get("inactive_split_bytes", 0)),
-        nvml=event.get("nvml"),
-        categories=event.get("categories"),
-        trend=event.get("trend") or [],
-        expandable_segments=bool(event.get("process", {}).get("expandable_segments")),
-        steps_memory=event.get("steps_memory") or [],
-        largest_free_block_bytes=event.get("largest_free_block_bytes"),
-        phase=event.get("phase"),
-        job=event.get("job"),
-        model_states=event.get("model_states"),
-        world_size=int(event.get("process", {}).get("world_size") or 1),
-        stack=[str(x) for x in event.get("stack") or []],
-        grad_enabled=event.get("grad_enabled"),
-    )

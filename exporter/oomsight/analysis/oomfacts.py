@@ -1,0 +1,114 @@
+"""The facts an OOM diagnosis reads (:class:`OomFacts`), how they come from a recorded event
+(:func:`facts_from_event`, so a newer oomsight re-diagnoses an old event), the model states and
+the memory outside the allocator they imply, and the legacy leak test for spools without step rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, TypedDict
+
+from oomsight.wire.schema import Categories, NvmlSample
+
+
+class ModelStates(TypedDict):
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    optimizer_state_expected_bytes: Optional[int]  # once every optimizer's state exists; None: unknown kind
+
+
+class OomFacts(TypedDict, total=False):
+    requested_bytes: int
+    device_total_bytes: int  # capacity: the per-process cap where one is set, else the device total
+    device_free_bytes: int  # what this process could still get (cap-relative)
+    physical_free_bytes: int  # free on the device, before any per-process cap
+    allocated_bytes: int
+    reserved_bytes: int
+    inactive_split_bytes: int
+    nvml: Optional[NvmlSample]
+    categories: Optional[Categories]
+    trend: Sequence[Sequence[float]]  # legacy window trend: [[time, window_min_allocated, steps], ...]
+    expandable_segments: bool
+    steps_memory: Sequence[Sequence[float]]  # step rows (analysis.trend)
+    largest_free_block_bytes: Optional[int]
+    phase: Optional[str]  # forward, backward, optimizer, unknown
+    job: Optional[Mapping[str, Any]]
+    model_states: Optional[ModelStates]
+    world_size: int
+    stack: Sequence[str]  # "file:line in function" of the failing thread, innermost last
+    grad_enabled: Optional[bool]  # autograd recording in the failing thread (False: no_grad, inference_mode)
+
+
+def states(f: OomFacts) -> Optional[int]:
+    """Parameters + gradients + optimizer state (the expected state where known), else None."""
+    ms = f.get("model_states")
+    if ms:
+        state = max(ms["optimizer_state_bytes"], ms.get("optimizer_state_expected_bytes") or 0)
+        return int(ms["parameters_bytes"] + ms["gradients_bytes"] + state)
+    cat = f.get("categories")
+    if cat:
+        expected: Any = cat.get("optimizer_state_expected_bytes")
+        return int(cat["parameters_bytes"] + cat["gradients_bytes"] + max(cat["optimizer_state_bytes"], expected or 0))
+    return None
+
+
+def outside(f: OomFacts, reserved: int) -> tuple[Optional[int], Optional[int]]:
+    """(memory outside this allocator, memory of other processes) from NVML, if known."""
+    nv = f.get("nvml")
+    if nv is None:
+        return None, None
+    outside = max(nv["used_bytes"] - reserved, 0)
+    own = nv.get("process_used_bytes")
+    if nv.get("process_visible") and own is not None:
+        return max(own - reserved, 0), max(nv["used_bytes"] - own, 0)
+    return outside, None
+
+
+LEAK_MIN_POINTS = 5
+LEAK_MONOTONE_SHARE = 0.8
+LEAK_MIN_GROWTH_SHARE = 0.05
+
+
+def leak_growth(rows: Sequence[Sequence[float]], total: int) -> Optional[int]:
+    """Legacy (spools without step rows): growth of the sampled between-steps trough.
+
+    ``rows`` are ``[time, window_min_allocated_bytes, steps]``, oldest first. The longest
+    recent stretch in which at least 80 % of the points rose is judged.
+    """
+    points = [row for row in rows if len(row) >= 3]
+    stretch: Optional[list[Sequence[float]]] = None
+    for start in range(len(points) - LEAK_MIN_POINTS, -1, -1):
+        seg = points[start:]
+        rising = sum(1 for a, b in zip(seg, seg[1:]) if b[1] > a[1])
+        if rising >= LEAK_MONOTONE_SHARE * (len(seg) - 1):
+            stretch = seg
+    if stretch is None or stretch[-1][2] <= stretch[0][2]:
+        return None
+    growth = int(stretch[-1][1] - stretch[0][1])
+    return growth if growth >= LEAK_MIN_GROWTH_SHARE * total else None
+
+
+def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
+    """The facts of a recorded OOM event, so a newer diagnosis can be re-run on an old event."""
+    free = int(event.get("device_free_bytes", 0))
+    return OomFacts(
+        requested_bytes=int(event.get("requested_bytes", 0)),
+        device_total_bytes=int(event.get("device_total_bytes", 0)),
+        device_free_bytes=free,
+        physical_free_bytes=int(event.get("physical_free_bytes", free)),
+        allocated_bytes=int(event.get("allocated_bytes", 0)),
+        reserved_bytes=int(event.get("reserved_bytes", 0)),
+        inactive_split_bytes=int(event.get("inactive_split_bytes", 0)),
+        nvml=event.get("nvml"),
+        categories=event.get("categories"),
+        trend=event.get("trend") or [],
+        expandable_segments=bool(event.get("process", {}).get("expandable_segments")),
+        steps_memory=event.get("steps_memory") or [],
+        largest_free_block_bytes=event.get("largest_free_block_bytes"),
+        phase=event.get("phase"),
+        job=event.get("job"),
+        model_states=event.get("model_states"),
+        world_size=int(event.get("process", {}).get("world_size") or 1),
+        stack=[str(x) for x in event.get("stack") or []],
+        grad_enabled=event.get("grad_enabled"),
+    )
