@@ -310,3 +310,47 @@ def test_in_a_container_several_listed_processes_make_memory_outside_the_allocat
     seen["other_processes"] = 1  # only us: our own memory outside the allocator
     d = diagnose(training(allocated_bytes=50 * GIB, reserved_bytes=51 * GIB, device_free_bytes=GIB, nvml=seen))
     assert d["cause"] == "non_pytorch_memory"
+
+
+def sawtooth(start, seconds, rise_per_second, tooth, t0=2000.0, hz=10):
+    """Sampler readings of a loop of forwards: each frees its temporaries (``tooth``) while
+    ``rise_per_second`` stays behind."""
+    n = int(seconds * hz)
+    return [[t0 + i / hz, start + rise_per_second * i / hz + (tooth if i % 3 == 1 else 0)] for i in range(n)]
+
+
+def evaluation(samples, grad, **kw):
+    steady = rows([20 * GIB] * 8, [30 * GIB] * 8, dt=0.1)  # training steps of 0.1 s, the last at 1000.7
+    return training(steps_memory=steady, last_step_time=1000.7, time=samples[-1][0] + 0.05, phase="forward",
+                    grad_enabled=grad, sampled_allocated=samples, allocated_bytes=int(samples[-1][1]), **kw)
+
+
+def test_memory_piling_up_over_an_evaluation_loop_long_after_the_last_step_is_a_leak():
+    samples = sawtooth(20 * GIB, 12, 4 * GIB, GIB)
+    d = diagnose(evaluation(samples, grad=True))
+    assert d["cause"] == "leak", d["summary"]
+    assert d["facts"]["remedies"][:2] == ["no_grad", "leak"] and "autograd graphs" in d["summary"]
+    d = diagnose(evaluation(samples, grad=False))
+    assert d["cause"] == "leak" and d["facts"]["remedies"][0] == "leak"
+    assert "checkpointing" not in d["facts"]["remedies"]
+
+
+def test_the_same_pile_in_generation_is_the_cache_growing_by_design():
+    samples = sawtooth(20 * GIB, 12, 4 * GIB, GIB)
+    stack = ["train.py:40 in main", "transformers/generation/utils.py:2400 in generate"]
+    d = diagnose(evaluation(samples, grad=False, stack=stack))
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_input"
+
+
+def test_memory_rising_within_a_normal_training_step_or_while_a_model_loads_is_no_pile():
+    samples = sawtooth(20 * GIB, 12, 4 * GIB, GIB)
+    # the last step only 0.2 s before the OOM: an ordinary step, judged by the step rules
+    d = diagnose(evaluation(samples, grad=True) | {"last_step_time": samples[-1][0] - 0.2})
+    assert d["cause"] != "leak"
+    # no step ever, memory only rising (a model being loaded), then one forward too big
+    loading = [[2000.0 + i / 10, 1 * GIB + i * 100 * MIB] for i in range(120)]
+    d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=loading, time=2012.0))
+    assert d["cause"] == "exhaustion"
+    # no step ever, a loop of forwards that keeps its outputs: piles up, falling back after each forward
+    d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=samples, time=2012.0))
+    assert d["cause"] == "leak"

@@ -112,3 +112,9 @@ def test_a_floor_that_jumps_at_every_one_of_a_few_steps_is_a_leak_at_the_oom_but
     uneven = [5 * GIB, 9 * GIB, 9.2 * GIB, 9.3 * GIB]
     assert trend.leak_before_oom(rows(uneven, [f + GIB for f in uneven]), 80 * GIB) is None
     assert trend.leak_before_oom(rows(leak[:2], leak[:2]), 80 * GIB) is None
+
+
+def test_readings_no_sampler_could_write_pile_up_nothing():
+    assert trend.piled_up([[1, "x"]] * 40, None, GIB) is None
+    assert trend.piled_up([[1e308 * 10, 1]] * 40, None, GIB) is None
+    assert trend.piled_up([[i / 10, i * GIB] for i in range(5)], None, 80 * GIB) is None  # too few, too short

@@ -100,6 +100,8 @@ class _Evidence:
         self.step_need = self.need - int(full[-1][trend.FLOOR]) if full else None
         """What the failing step needs on top of the last floor: a leak raises the floor, not this."""
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
+        self.piled = _piled(f, self.trend.seconds_per_step, self.total)
+        """Memory that piled up over many forwards since the last optimizer step (or with none)."""
         self.states = states(f)
         self.training = self.states is not None or f.get("categories") is not None or bool(full)
         """An optimizer exists or has stepped: a training job (else inference, evaluation, or a
@@ -206,6 +208,8 @@ def _leak_rule(ev: _Evidence) -> Optional[Diagnosis]:
             "tensors alive from every step (here so much that it ran out within a few steps)."
         )
         ev.facts["floor_growth_bytes"] = ev.short_leak
+    elif ev.piled is not None:
+        return _piled_rule(ev, ev.piled)
     elif ev.legacy_leak is not None:
         summary = (
             f"The memory that survives between steps grew by {fb(ev.legacy_leak)} step after step "
@@ -215,6 +219,48 @@ def _leak_rule(ev: _Evidence) -> Optional[Diagnosis]:
     else:
         return None
     return ev.result(Cause.LEAK, ["leak", "history"], summary)
+
+
+def _piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
+    """``trend.piled_up`` where the OOM came in a forward long after the last optimizer step (at
+    least 3 step times and 3 s), or in a process that never stepped one."""
+    if f.get("phase") not in ("forward", None):
+        return None
+    last, now = f.get("last_step_time"), f.get("time")
+    if last is not None and now is not None:
+        quiet = max(trend.PILE_STEP_TIMES * (per_step or 0.0), trend.PILE_MIN_SECONDS)
+        if now - last < quiet:
+            return None
+    return trend.piled_up(f.get("sampled_allocated") or [], last, total)
+
+
+GENERATION_FRAMES = ("/generation/", " in generate")
+"""A frame of a generation loop on the failing stack (``transformers``' ``generate``): memory that
+piles up there is the key/value cache growing with every token, by design."""
+
+
+def _piled_rule(ev: _Evidence, growth: int) -> Diagnosis:
+    when = (
+        "with no optimizer step in this process"
+        if ev.f.get("last_step_time") is None
+        else (f"{ev.f.get('time', 0.0) - (ev.f.get('last_step_time') or 0.0):.0f} s after the last optimizer step")
+    )
+    if any(mark in str(frame) for frame in ev.f.get("stack") or [] for mark in GENERATION_FRAMES):
+        ev.facts["piled_up_bytes"] = growth
+        return ev.result(
+            Cause.GROWING_DEMAND,
+            ["bound_input", "eval_batch", "half_precision"],
+            f"In generation, {when}, memory rose by {fb(growth)} over the last seconds, forward after "
+            "forward: the key/value cache grows with every token. Bound the new tokens or the batch.",
+        )
+    ev.facts["floor_growth_bytes"] = growth
+    graphs = bool(ev.f.get("grad_enabled"))
+    summary = (
+        f"In a loop of forwards {when} (evaluation, inference), even the lowest memory rose by "
+        f"{fb(growth)} over the last seconds: something keeps tensors from every batch"
+        + (", with their autograd graphs (autograd is recording)." if graphs else ".")
+    )
+    return ev.result(Cause.LEAK, ["no_grad", "leak", "eval_batch"] if graphs else ["leak", "eval_batch"], summary)
 
 
 def _model_states_rule(ev: _Evidence) -> Optional[Diagnosis]:

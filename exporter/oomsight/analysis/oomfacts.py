@@ -37,6 +37,9 @@ class OomFacts(TypedDict, total=False):
     world_size: int
     stack: Sequence[str]  # "file:line in function" of the failing thread, innermost last
     grad_enabled: Optional[bool]  # autograd recording in the failing thread (False: no_grad, inference_mode)
+    time: float  # Unix time of the OOM
+    sampled_allocated: Sequence[Sequence[float]]  # the sampler's last [time, allocated_bytes], oldest first
+    last_step_time: Optional[float]  # Unix time the last optimizer step completed
 
 
 def states(f: OomFacts) -> Optional[int]:
@@ -111,4 +114,7 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         world_size=int(event.get("process", {}).get("world_size") or 1),
         stack=[str(x) for x in event.get("stack") or []],
         grad_enabled=event.get("grad_enabled"),
+        time=float(event.get("time") or 0.0),
+        sampled_allocated=event.get("sampled_allocated") or [],
+        last_step_time=event.get("last_step_time"),
     )

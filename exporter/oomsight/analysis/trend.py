@@ -196,6 +196,48 @@ def leak_before_oom(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Opt
         return None
 
 
+PILE_MIN_SAMPLES = 12
+PILE_MIN_SECONDS = 3.0
+"""Sampled memory that piles up across forwards: at least this many readings over at least this long."""
+PILE_STEP_TIMES = 3.0
+"""...and, in a training job, at least this many step times since the last optimizer step."""
+
+
+def piled_up(samples: Sequence[Sequence[float]], since: Optional[float], capacity_bytes: int) -> Optional[int]:
+    """Memory that piled up while no optimizer step came (evaluation, inference, generation):
+    ``samples`` are the sampler's ``[time, allocated_bytes]`` readings, ``since`` the time of the
+    last optimizer step (None: none ever). Within one forward memory rises for a fraction of a
+    second; across many forwards that keep something each, even the lowest reading of each
+    quarter of the readings rises, for seconds. Without any step the readings must also fall back
+    again and again (forwards freeing their temporaries): loading a model only rises.
+    Returns the rise, or None."""
+    try:
+        points = [(float(t), float(a)) for t, a, *_ in samples if since is None or t > since]
+        if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < PILE_MIN_SECONDS:
+            return None
+        if since is None and not _falls_back(points):
+            return None
+        quarter = len(points) // 4
+        lows = [min(a for _t, a in points[i * quarter : (i + 1) * quarter]) for i in range(3)]
+        lows.append(min(a for _t, a in points[3 * quarter :]))
+        growth = lows[-1] - lows[0]
+        rising = all(b > a for a, b in zip(lows, lows[1:]))
+        if not rising or growth < min(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * capacity_bytes):
+            return None
+        return int(growth)
+    except (ArithmeticError, TypeError, ValueError):
+        return None
+
+
+def _falls_back(points: Sequence[tuple[float, float]]) -> bool:
+    """Readings that fall by at least 1 % of their whole rise, at least once in each half."""
+    values = [a for _t, a in points]
+    least = 0.01 * (max(values) - min(values))
+    half = len(values) // 2
+    falls = [i for i in range(1, len(values)) if values[i - 1] - values[i] > least]
+    return any(i < half for i in falls) and any(i >= half for i in falls) and len(falls) >= 3
+
+
 def _growing(rows: Sequence[Sequence[float]], capacity: int) -> bool:
     peaks = [r[PEAK] for r in rows]
     if len(peaks) < MIN_POINTS or _rise_share(peaks) < GROWING_SHARE:

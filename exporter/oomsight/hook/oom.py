@@ -157,6 +157,8 @@ class OomRecorder:
             physical_free_bytes=physical_free,
             limit_bytes=dev.limit if dev is not None else None,
             grad_enabled=self._guarded("grad_enabled", self.cuda.grad_enabled),
+            sampled_allocated=[list(x) for x in list(dev.recent)] if dev is not None else [],
+            last_step_time=self.steps.last_step_wall if self.steps is not None else None,
             steps_memory=steps_memory,
             phase=phase,
             largest_free_block_bytes=block,

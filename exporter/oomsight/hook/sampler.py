@@ -39,6 +39,9 @@ DISCOVERY_INTERVAL_SECONDS = 5.0
 TREND_POINTS_PER_WINDOW = 6
 """The between-steps trough trend (leak detection) gets a point every window/6 seconds."""
 TREND_POINTS = 64
+RECENT_SAMPLES = 128
+"""The last readings kept per device (12.8 s at 10 Hz), copied into an OOM event: what memory did
+in the seconds before it, also where no optimizer step marks time (evaluation, inference)."""
 
 
 class DeviceState:
@@ -60,6 +63,8 @@ class DeviceState:
         self.trend_min: Optional[int] = None
         self.trend_started = 0.0
         self.nvml: Optional[NvmlSample] = None
+        self.recent: collections.deque[list[float]] = collections.deque(maxlen=RECENT_SAMPLES)
+        """[time, allocated_bytes] of the sampler's last ticks."""
 
     def observe(self, r: Reading) -> None:
         self.last = r
@@ -178,7 +183,9 @@ class Sampler:
         ok = True
         for dev in self.devices.values():
             try:
-                dev.observe(self.cuda.read(dev.index))
+                r = self.cuda.read(dev.index)
+                dev.observe(r)
+                dev.recent.append([round(now, 3), r.allocated_bytes])
             except Exception as exc:
                 ok = False
                 self.errors.record("allocator", exc)

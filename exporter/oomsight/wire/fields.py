@@ -18,7 +18,7 @@ Rules (``docs/spool-format.md``, "Versioning"):
 from __future__ import annotations
 
 from oomsight.wire.fieldtypes import (
-    GRAD_MODE,
+    AT_OOM,
     LATER,
     OUTCOME_CHOICES,
     PREDICTED,
@@ -307,8 +307,13 @@ OOM_EVENT = Table(
         nullable("limit_bytes", "int", "cap of set_per_process_memory_fraction; null if unset", since=STEP_MEMORY),
         nullable(
             "grad_enabled", "bool", "autograd was recording in the failing thread (false: no_grad, inference_mode)",
-            since=GRAD_MODE,
+            since=AT_OOM,
         ),
+        opt(
+            "sampled_allocated", "list", "the sampler's last readings, [[time, allocated_bytes], ...], oldest first",
+            items="row", since=AT_OOM,
+        ),
+        nullable("last_step_time", "time", "Unix time the last optimizer step completed", since=AT_OOM),
     ),
     kind="oom_event",
 )

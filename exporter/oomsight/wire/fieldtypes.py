@@ -16,8 +16,10 @@ STEP_MEMORY = "1.2"
 """Step-resolved memory, the job's setup and the OOM's phase and model states."""
 PREDICTED = "1.3"
 """The job's predicted peak (``oomsight predict``), to be judged against the measured one."""
-GRAD_MODE = "1.4"
-"""Whether autograd was recording at an OOM (inference and evaluation told from training)."""
+AT_OOM = "1.4"
+"""What the failing thread and the last seconds show at an OOM: whether autograd was recording,
+the sampler's last readings and the last optimizer step's time (inference and evaluation told
+from training, memory that piles up across forwards without a step)."""
 
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
