@@ -354,3 +354,17 @@ def test_memory_rising_within_a_normal_training_step_or_while_a_model_loads_is_n
     # no step ever, a loop of forwards that keeps its outputs: piles up, falling back after each forward
     d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=samples, time=2012.0))
     assert d["cause"] == "leak"
+
+
+def test_an_oom_inside_optimizer_step_is_about_model_states_even_below_the_share():
+    states = {
+        "parameters_bytes": 10 * GIB,
+        "gradients_bytes": 10 * GIB,
+        "optimizer_state_bytes": 12 * GIB,
+        "optimizer_state_expected_bytes": 20 * GIB,
+    }
+    d = diagnose(facts(allocated_bytes=70 * GIB, requested_bytes=10 * GIB, model_states=states, phase="optimizer"))
+    assert d["cause"] == "model_states" and d["facts"]["remedies"][0] == "fused_optimizer"
+    assert "inside optimizer.step()" in d["summary"]
+    d = diagnose(facts(allocated_bytes=70 * GIB, requested_bytes=10 * GIB, model_states=states, phase="forward"))
+    assert d["cause"] != "model_states"

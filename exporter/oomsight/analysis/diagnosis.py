@@ -265,9 +265,19 @@ def _piled_rule(ev: _Evidence, growth: int) -> Diagnosis:
 
 def _model_states_rule(ev: _Evidence) -> Optional[Diagnosis]:
     states = ev.states
-    if states is None or states < MODEL_STATES_SHARE * ev.total:
+    in_step = ev.f.get("phase") == "optimizer"
+    if states is None or (states < MODEL_STATES_SHARE * ev.total and not in_step):
         return None
-    where = " in optimizer.step()" if ev.f.get("phase") == "optimizer" else ""
+    if states < MODEL_STATES_SHARE * ev.total:  # activations are gone by optimizer.step()
+        return ev.result(
+            Cause.MODEL_STATES,
+            ["fused_optimizer", *_model_states_order(ev)],
+            f"The OOM came inside optimizer.step(), where activations are already freed: parameters, "
+            f"gradients and optimizer state ({fb(states)}) and the optimizer's own temporaries did not "
+            f"fit in the {fb(ev.total)} capacity ({fb(ev.allocated)} allocated, {fb(ev.requested)} "
+            "requested).",
+        )
+    where = " in optimizer.step()" if in_step else ""
     return ev.result(
         Cause.MODEL_STATES,
         _model_states_order(ev),

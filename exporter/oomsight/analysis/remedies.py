@@ -51,6 +51,8 @@ REMEDY = {
     "processed in smaller chunks), and move outputs you keep to the CPU (.cpu()) as you go.",
     "half_precision": "Run the forward in bf16 (model.to(torch.bfloat16), or torch.autocast): half "
     "the bytes for weights and activations.",
+    "fused_optimizer": "Step the optimizer with fused=True (Adam, AdamW, SGD on CUDA) or foreach=False: "
+    "the default foreach implementation allocates temporaries as large as a whole parameter group.",
     "bf16_params": "Keep the parameters in bf16 (model.to(torch.bfloat16), or FSDP mixed precision): "
     "half the bytes for parameters, gradients and the optimizer state.",
 }
