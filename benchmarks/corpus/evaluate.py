@@ -85,6 +85,16 @@ def judge_tape(path: str) -> dict[str, Any]:
     return out
 
 
+def labels_of(folder: str) -> dict[str, tuple[str, str]]:
+    """The folder's ``labels.json`` ({name: [true cause, remedy key]}, written by a runner of
+    another set of workloads, e.g. ``benchmarks/heldout``), else this corpus's LABELS."""
+    path = os.path.join(folder, "labels.json")
+    if not os.path.exists(path):
+        return LABELS
+    with open(path) as fh:
+        return {name: (str(v[0]), str(v[1])) for name, v in json.load(fh).items()}
+
+
 def evaluate(folder: str) -> dict[str, Any]:
     runs_path = os.path.join(folder, "runs.json")
     runs = []
@@ -93,7 +103,7 @@ def evaluate(folder: str) -> dict[str, Any]:
             runs = json.load(fh)
     remedy_fit = {r["scenario"]: r["fits"] for r in runs if r["remedy"]}
     rows = []
-    for name, (label, applied) in LABELS.items():
+    for name, (label, applied) in labels_of(folder).items():
         path = os.path.join(folder, f"{name}.tape.jsonl.gz")
         if not os.path.exists(path):
             continue
