@@ -2,6 +2,18 @@
 
     PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_predict.py --out $OUT [--only a,b]
 
+A re-check of new predictions against recorded measurements (a few minutes, see
+docs/prediction.md for the command used):
+
+    ... --measured R --reuse R --fresh a,b --diff c --deadline 300   (R: results/predict.json)
+
+``--measured`` keeps an earlier run's measurements (only a changed predicted largest batch is
+run, under the cap), ``--fresh`` measures those configurations again all the same,
+``--reuse`` keeps the true largest batches (no exhaustive search), ``--diff`` runs
+``predict_diff.py --kernels`` for those configurations first, and ``--deadline`` starts no
+GPU work after that many seconds (the rest keep their recorded measurements, marked). The
+JSON is rewritten after every configuration, so a run cut short leaves what it did.
+
 For every configuration below:
 
 * **predicted** (``oomsight.tools.predict``, on this machine's CPU with the GPU hidden):
@@ -81,7 +93,7 @@ def _predict_in_pool(configs: list[dict[str, Any]]) -> dict[str, Any]:
     env_before = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the pool's children must not touch the GPU
     try:  # workers start at submit, with the GPU hidden; the pool is not waited for here
-        pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(len(configs), 14))
+        pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 14))
         futures = {c["name"]: pool.submit(predict, c) for c in configs}
     finally:
         if env_before is None:
@@ -98,12 +110,19 @@ def _measured_rows(path: str) -> dict[str, dict[str, Any]]:
         return {r["config"]["name"]: r for r in json.load(fh)["rows"] if "measured" in r}
 
 
-def _reused(row: Any, cfg: dict[str, Any]) -> dict[str, Any]:
-    """An earlier run's measurements; the predicted largest batch is run again only if it changed."""
+def _reused(row: Any, cfg: dict[str, Any], late: bool = False) -> dict[str, Any]:
+    """An earlier run's measurements; the predicted largest batch is run only if it changed
+    and exceeds the measured true largest (not when ``late``: then it stays unchecked)."""
     got = {k: row[k] for k in ("measured", "true_max_batch", "first_failing_batch", "runs")}
     ran = {b: ok for b, ok in row["runs"]}
     if cfg["predicted_max"] in ran:
         got["predicted_max_ran"] = ran[cfg["predicted_max"]]
+    elif cfg["predicted_max"] <= row["true_max_batch"]:  # a smaller batch than one that ran
+        got["predicted_max_ran"] = True
+        got["predicted_max_ran_by"] = "at or below the measured true largest batch"
+    elif late:
+        got["predicted_max_ran"] = None
+        got["skipped"] = "deadline: the changed predicted largest batch was not run"
     else:
         checked = _spawn({**cfg, "check_only": True}, 120)
         got["predicted_max_ran"] = checked.get("predicted_max_ran")
@@ -163,7 +182,7 @@ def _row(cfg: dict[str, Any], predicted: dict[str, Any], got: dict[str, Any]) ->
     return row
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     p.add_argument("--only", default="")
@@ -172,18 +191,57 @@ def main() -> None:
     p.add_argument(
         "--measured", default="", help="an earlier predict.json: its measurements are kept, only predictions rerun"
     )
+    p.add_argument("--fresh", default="", help="with --measured: configurations measured again all the same")
+    p.add_argument("--diff", default="", help="configurations to run predict_diff.py --kernels for, into --out")
+    p.add_argument("--deadline", type=float, default=0.0, help="seconds after which no GPU work starts (0: none)")
     p.add_argument("--history", default="", help="configurations whose allocator events are dumped into --out")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def _diffs(args: argparse.Namespace, started: float) -> dict[str, Any]:
+    """``predict_diff.py --kernels`` for each ``--diff`` configuration (one process each)."""
+    done: dict[str, Any] = {}
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "predict_diff.py")
+    for name in filter(None, args.diff.split(",")):
+        if args.deadline and time.time() - started > args.deadline / 2:
+            done[name] = "skipped: half the deadline had passed"
+            continue
+        cmd = [sys.executable, script, "--config", name, "--out", args.out, "--kernels"]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+            done[name] = {"rc": out.returncode, "stdout": out.stdout[-4000:], "stderr": out.stderr[-2000:]}
+        except subprocess.TimeoutExpired:
+            done[name] = "timed out after 180 s"
+        print("DIFF", name, json.dumps(done[name])[:3000], flush=True)
+    return done
+
+
+def _document(rows: list[dict[str, Any]], extra: dict[str, Any], started: float) -> dict[str, Any]:
+    return {
+        "benchmark": "bench_predict",
+        "margin": MARGIN,
+        "steps": STEPS,
+        **extra,
+        "summary": summarize(rows),
+        "rows": rows,
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+def main() -> None:
+    args = _arguments()
     if args.worker is not None:
         return _worker(args)
     from common import write
 
     configs = _configurations(args)
     earlier = _measured_rows(args.measured)
+    fresh = set(filter(None, args.fresh.split(",")))
     started = time.time()
     futures = _predict_in_pool(configs)
-    calibration = _spawn({"calibrate": True, "name": "calibrate"}, 120)
-    print("CALIBRATION", json.dumps(calibration), flush=True)
+    extra: dict[str, Any] = {"calibration": _spawn({"calibrate": True, "name": "calibrate"}, 120)}
+    print("CALIBRATION", json.dumps(extra["calibration"]), flush=True)
+    extra["diffs"] = _diffs(args, started)
     rows = []
     for cfg in configs:
         try:
@@ -192,24 +250,19 @@ def main() -> None:
             rows.append({"config": cfg, "error": f"prediction failed: {type(exc).__name__}: {exc}"[:500]})
             continue
         cfg = {**cfg, "predicted_max": predicted["largest"]["max_batch_size"]}
-        got = _reused(earlier.get(cfg["name"]), cfg) if cfg["name"] in earlier else _spawn(cfg, 240)
+        late = bool(args.deadline) and time.time() - started > args.deadline
+        if cfg["name"] in earlier and (cfg["name"] not in fresh or late):
+            got = _reused(earlier[cfg["name"]], cfg, late)
+            if cfg["name"] in fresh:
+                got["skipped"] = "deadline: not measured again, the recorded measurements kept"
+        else:
+            got = _spawn(cfg, 240)
         row = _row(cfg, predicted, got)
         rows.append(row)
         print("ROW", json.dumps({k: row.get(k) for k in ("error_allocated", "error_reserved")}), cfg["name"],
               row.get("true_max_batch"), cfg["predicted_max"], row.get("error", ""), flush=True)  # fmt: skip
-    write(
-        args.out,
-        "predict.json",
-        {
-            "benchmark": "bench_predict",
-            "margin": MARGIN,
-            "steps": STEPS,
-            "calibration": calibration,
-            "summary": summarize(rows),
-            "rows": rows,
-            "seconds": round(time.time() - started, 1),
-        },
-    )
+        write(args.out, "predict.json", {**_document(rows, extra, started), "partial": True})
+    write(args.out, "predict.json", _document(rows, extra, started))
 
 
 if __name__ == "__main__":

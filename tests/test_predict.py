@@ -215,6 +215,48 @@ def test_sdpa_takes_the_kernel_cuda_would_and_saves_only_its_logsumexp():
     assert by_hand.peak_allocated_bytes - fused.peak_allocated_bytes >= attention_matrix
 
 
+def _efficient_backward_args(dtype, permuted_grad):
+    b, heads, length, dim = 2, 4, 40, 16
+    q = torch.empty(b, length, heads, dim, dtype=dtype).transpose(1, 2)  # the forward's own layout
+    if permuted_grad:  # the gradient of out.permute(2, 0, 1, 3).contiguous(), as in multi-head attention
+        grad = torch.empty(length, b, heads, dim, dtype=dtype).permute(1, 2, 0, 3)
+    else:
+        grad = torch.empty(b, length, heads, dim, dtype=dtype).transpose(1, 2)
+    return (grad, q, q, q, None, q), b * heads * length * dim * dtype.itemsize, b * heads * length * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("permuted_grad", [True, False])
+def test_efficient_attention_backward_takes_a_grad_copy_and_fp32_delta_inside_the_call(dtype, permuted_grad):
+    from oomsight.tools.predict import kernels
+
+    op = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
+    args, grad_bytes, rows_bytes = _efficient_backward_args(dtype, permuted_grad)
+    expected = [grad_bytes] if permuted_grad else []  # grad_out_.contiguous()
+    if dtype == torch.float32:  # (grad_out * out).sum(-1).transpose(-2, -1).contiguous(): not in the kernel
+        expected += [grad_bytes, rows_bytes, rows_bytes]
+    assert kernels.private_bytes(op, args) == expected
+    assert kernels.private_bytes(torch.ops.aten.mm.default, args[:2]) == []
+
+
+def test_the_trace_holds_the_kernels_temporaries_only_inside_the_attention_backward():
+    # nn.MultiheadAttention permutes the attention output before its projection, so the
+    # efficient kernel's backward copies the gradient; fp32 also computes delta with tensor ops
+    b, length, embed, heads = 2, 64, 256, 4
+    build = functools.partial(torch.nn.MultiheadAttention, embed, heads, batch_first=True)
+
+    def step(model, batch, optimizer):
+        model(batch, batch, batch, need_weights=False)[0].mean().backward()
+
+    trace = tracing.trace_steps(build, lambda: torch.randn(b, length, embed), lambda m: torch.optim.SGD(m.parameters()),
+                                step, steps=1)  # fmt: skip
+    q_bytes, rows_bytes = b * length * embed * 4, b * heads * length * 4
+    sizes = [size for _, size in trace.events]
+    at = next(i for i in range(len(sizes)) if sizes[i : i + 4] == [q_bytes, q_bytes, rows_bytes, rows_bytes])
+    born = [aid for aid, _ in trace.events[at : at + 4]]
+    assert [-aid for aid, _ in trace.events[at + 4 : at + 8]] == born[::-1]  # freed before the call returns
+
+
 def test_checkpointed_segments_are_recomputed_under_the_forwards_autocast():
     from torch.utils.checkpoint import checkpoint
 
@@ -281,6 +323,27 @@ def test_a_recorded_configuration_predicts_the_same_here_and_matches_the_h200(na
     recorded = row["prediction"]["peak_allocated_bytes"]
     assert abs(p.peak_allocated_bytes - recorded) / recorded < 0.005  # torch 2.13 here, 2.11 there
     assert abs(p.peak_allocated_bytes - measured) / measured < 0.01
+
+
+# changed by the dispatcher-level autocast (commit 6fcd7d7): the recorded predictions are
+# the earlier code's; the H200's measurements stand (docs/prediction.md, "Re-predicted")
+REPREDICTED = {"bert-bf16-adamw": 0.005, "vit_b_16-fp32-adamw": 0.015, "vit_b_16-bf16-accum2": 0.015}
+
+
+@pytest.mark.parametrize("name", sorted(REPREDICTED))
+def test_a_repredicted_configuration_is_now_close_to_its_h200_measurement(name):
+    pytest.importorskip("transformers")
+    if name.startswith("vit"):
+        pytest.importorskip("torchvision")
+    row = next(r for r in _recorded()["rows"] if r["config"]["name"] == name)
+    cfg = row["config"]
+    spec = models.get(cfg["model"])
+    p = predict_peak(
+        spec.build, lambda n: spec.batch(n, "cpu"), cfg["batch"], functools.partial(torch.optim.AdamW, lr=1e-4),
+        autocast=torch.bfloat16 if cfg.get("autocast") == "bf16" else None, accumulation=cfg.get("accumulation", 1),
+    )  # fmt: skip
+    measured = row["measured"]["peak_allocated_bytes"]
+    assert abs(p.peak_allocated_bytes - measured) / measured < REPREDICTED[name]
 
 
 def test_the_recorded_table_holds_its_published_figures():

@@ -6,9 +6,11 @@ forward, backward, optimizer — ``steps`` times. A ``TorchDispatchMode`` under 
 sees every ATen call, so it sees each new storage when the call returns it (outputs,
 saved activations, gradients, optimizer state, recomputed checkpoint segments) and its
 end through a weak reference: the same lifetimes the CUDA caching allocator sees, in the
-same order. Kernel-private workspaces are invisible to a trace; the one that persists and
+same order. Kernel-private allocations are invisible to a trace: the one that persists and
 counts in ``memory_allocated`` — cuBLAS's workspace, one per thread and stream — is added
-where the first matrix product of the forward and of the backward pass would create it.
+where the first matrix product of the forward and of the backward pass would create it, and
+the temporaries a CUDA kernel allocates and frees inside one call (``kernels.py``) are added
+around that call.
 
 Each allocation gets a category afterwards: parameters and buffers (alive after the model
 is built), gradients (``.grad`` after a backward), optimizer state (``optimizer.state``
@@ -29,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from oomsight.tools.predict import emulation
+from oomsight.tools.predict import emulation, kernels
 
 PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, WORKSPACE = (
     "parameters",
@@ -92,6 +94,7 @@ class Recorder(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.seen(t)
+        self._private(kernels.private_bytes(func, args))
         return out
 
     def seen(self, t: torch.Tensor) -> None:
@@ -128,6 +131,12 @@ class Recorder(TorchDispatchMode):
         aid = next(self._ids)
         self.trace.events.append((aid, size))
         self.trace.categories[aid] = WORKSPACE
+
+    def _private(self, sizes: list[int]) -> None:
+        """What the CUDA kernel allocates and frees inside the call (``kernels.py``), while its outputs live."""
+        ids = [next(self._ids) for _ in sizes]
+        self.trace.events.extend((aid, size) for aid, size in zip(ids, sizes))
+        self.trace.events.extend((-aid, 0) for aid in reversed(ids))
 
     def _mark_activations(self) -> None:
         for aid in self._live.values():
