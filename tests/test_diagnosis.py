@@ -368,3 +368,38 @@ def test_an_oom_inside_optimizer_step_is_about_model_states_even_below_the_share
     assert "inside optimizer.step()" in d["summary"]
     d = diagnose(facts(allocated_bytes=70 * GIB, requested_bytes=10 * GIB, model_states=states, phase="forward"))
     assert d["cause"] != "model_states"
+
+
+def weights(params, dtype="float32", grads=0):
+    return {"parameters_bytes": params, "gradients_bytes": grads, "optimizer_state_bytes": 0,
+            "optimizer_state_expected_bytes": 0, "optimizers": 0, "param_dtype": dtype}
+
+
+def test_an_inference_forward_that_does_not_fit_is_activations_once_the_weights_are_known():
+    d = diagnose(facts(phase="forward", grad_enabled=False, model_states=weights(10 * GIB)))
+    assert d["cause"] == "activations" and d["facts"]["remedies"][0] == "eval_batch"
+    assert "checkpointing" not in d["facts"]["remedies"] and "the weights are 10.00 GiB" in d["summary"]
+    d = diagnose(facts(phase="forward", grad_enabled=True, model_states=weights(10 * GIB)))
+    assert d["cause"] == "activations" and d["facts"]["remedies"][0] == "no_grad"
+
+
+def test_weights_that_fill_the_gpu_alone_are_model_states_with_inference_remedies():
+    d = diagnose(facts(phase="forward", grad_enabled=False, allocated_bytes=70 * GIB, model_states=weights(70 * GIB)))
+    assert d["cause"] == "model_states" and d["facts"]["remedies"][0] == "half_precision"
+    d = diagnose(facts(phase="forward", allocated_bytes=70 * GIB, model_states=weights(70 * GIB, "bfloat16")))
+    assert d["facts"]["remedies"] == ["shard"]  # already half precision
+
+
+def test_a_bf16_model_that_runs_out_before_the_job_probe_looked_is_never_told_to_use_bf16():
+    states = {
+        "parameters_bytes": 10 * GIB,
+        "gradients_bytes": 10 * GIB,
+        "optimizer_state_bytes": 0,
+        "optimizer_state_expected_bytes": 20 * GIB,
+        "optimizers": 1,
+        "param_dtype": "bfloat16",
+    }
+    d = diagnose(facts(device_total_bytes=48 * GIB, allocated_bytes=30 * GIB, model_states=states, job={}))
+    assert d["cause"] == "model_states"
+    assert "bf16_params" not in d["facts"]["remedies"] and "autocast" not in d["facts"]["remedies"]
+    assert d["facts"]["remedies"][0] == "light_optimizer"  # 2.1 x 10 GiB fits 70 % of 48 GiB

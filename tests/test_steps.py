@@ -83,3 +83,21 @@ def test_the_real_global_hook_sees_a_real_optimizer_step():
         t.unregister()
     opt.step()  # after unregistering: not counted
     assert t.count == 3
+
+
+def test_with_no_optimizer_the_live_parameters_are_found_and_walked_like_an_optimizers():
+    torch = pytest.importorskip("torch")
+    from oomsight.hook.steps import Unstepped, find_live, walk_optimizers
+
+    model = torch.nn.Linear(4, 4)
+    optimizers, parameters = find_live(__import__("gc"), torch.optim.Optimizer, torch.nn.Parameter)
+    assert not [o for o in optimizers if any(p is model.weight for g in o.param_groups for p in g["params"])]
+    assert any(p is model.weight for p in parameters) and any(p is model.bias for p in parameters)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizers, _ = find_live(__import__("gc"), torch.optim.Optimizer, torch.nn.Parameter)
+    assert any(o is opt for o in optimizers)
+    # walked like an optimizer with no state: bytes by device, dtype counted, nothing expected
+    w = FakeTensor(400, 1)
+    w.dtype = "torch.bfloat16"
+    totals, dtypes, _expected = walk_optimizers([Unstepped([w, FakeTensor(40, 2, cuda=False)])])
+    assert totals[0] == [400, 0, 0] and dtypes == {"bfloat16": 400}

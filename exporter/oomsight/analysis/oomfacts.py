@@ -10,11 +10,23 @@ from typing import Any, Optional, TypedDict
 from oomsight.wire.schema import Categories, NvmlSample
 
 
-class ModelStates(TypedDict):
+class _ModelStatesBase(TypedDict):
     parameters_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
     optimizer_state_expected_bytes: Optional[int]  # once every optimizer's state exists; None: unknown kind
+
+
+class ModelStates(_ModelStatesBase, total=False):
+    optimizers: Optional[int]  # 0: no optimizer, the live parameters were summed; None: unknown (older hooks)
+    param_dtype: Optional[str]  # the dtype holding most parameter bytes
+
+
+def trains(f: OomFacts) -> bool:
+    """Whether the process trains: it has stepped (step rows, categories) or holds an optimizer."""
+    ms = f.get("model_states")
+    stepped = bool(f.get("steps_memory")) or f.get("categories") is not None
+    return stepped or (ms is not None and ms.get("optimizers") != 0)
 
 
 class OomFacts(TypedDict, total=False):

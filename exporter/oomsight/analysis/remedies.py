@@ -41,8 +41,9 @@ REMEDY = {
     "channels, and check other CUDA libraries (CuPy, JAX, TensorRT) in the process.",
     "oversized": "Split the one huge tensor: chunk the loss/logits over the sequence or "
     "vocabulary, or use a memory-efficient kernel (scaled_dot_product_attention).",
-    "light_optimizer": "Give the optimizer a lighter state: SGD with momentum (one buffer "
-    "instead of Adam's two), Adafactor, or 8-bit Adam (bitsandbytes).",
+    "light_optimizer": "Give the optimizer a lighter state: Adafactor (torch.optim.Adafactor: a factored "
+    "second moment and no momentum, a few % of the parameters), 8-bit Adam (bitsandbytes), or SGD with "
+    "momentum (one buffer instead of Adam's two).",
     "shard": "Shard parameters, gradients and optimizer state across GPUs (FSDP, DeepSpeed ZeRO-3), "
     "or offload the optimizer state to the CPU.",
     "no_grad": "If this forward trains nothing (inference, evaluation), run it under "

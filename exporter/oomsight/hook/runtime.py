@@ -34,7 +34,7 @@ from oomsight.hook.prediction import EXPECTED, from_setting, from_value
 from oomsight.hook.profiler import Profiler
 from oomsight.hook.sampler import Sampler
 from oomsight.hook.stepmemory import StepMemory
-from oomsight.hook.steps import StepTracker, find_optimizers, walk_optimizers
+from oomsight.hook.steps import StepTracker, model_states
 from oomsight.wire.schema import BatchAdvice, LeakFinding, PeakPrediction
 from oomsight.wire.spool import SpoolWriter
 
@@ -271,17 +271,7 @@ class _Context(OomContext):
         steps, torch = self.hook.steps, self.hook.torch
         if steps is None or torch is None:
             return None
-        optimizers = steps.optimizers or find_optimizers(gc, torch.optim.Optimizer)
-        if not optimizers:
-            return None
-        totals, _dtypes, expected = walk_optimizers(optimizers)
-        params, grads, state = totals.get(device, [0, 0, 0])
-        return {
-            "parameters_bytes": params,
-            "gradients_bytes": grads,
-            "optimizer_state_bytes": state,
-            "optimizer_state_expected_bytes": expected.get(device),
-        }
+        return model_states(steps.optimizers, torch, device, gc)
 
 
 def _is_oom(exc: BaseException) -> bool:

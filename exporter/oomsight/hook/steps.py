@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from oomsight.config import StepSettings
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
+from oomsight.hook.jobsetup import dominant_dtype
 from oomsight.wire.schema import StepInfo, StepPeak
 
 PARAMS, GRADS, STATE = 0, 1, 2
@@ -204,6 +205,46 @@ def walk_optimizers(optimizers: list[Any]) -> tuple[dict[int, list[int]], dict[s
     return totals, dtypes, expected
 
 
-def find_optimizers(gc_module: Any, optimizer_type: Any) -> list[Any]:
-    """Every live optimizer, from the garbage collector (at an OOM before the first step)."""
-    return [o for o in gc_module.get_objects() if isinstance(o, optimizer_type)]
+def find_live(gc_module: Any, optimizer_type: Any, parameter_type: Any) -> tuple[list[Any], list[Any]]:
+    """(every live optimizer, every live parameter) in one pass over the garbage collector's
+    objects: at an OOM of a process that has stepped no optimizer (before the first step, or
+    inference, which has none)."""
+    optimizers: list[Any] = []
+    parameters: list[Any] = []
+    for o in gc_module.get_objects():
+        t = type(o)  # type(), not isinstance(): no lazy object's __class__ property runs
+        if issubclass(t, parameter_type):
+            parameters.append(o)
+        elif issubclass(t, optimizer_type):
+            optimizers.append(o)
+    return optimizers, parameters
+
+
+def model_states(optimizers: list[Any], torch: Any, device: int, gc_module: Any) -> Optional[dict[str, Any]]:
+    """At an OOM: parameters, gradients and optimizer state on ``device`` (``ModelStates``), from the
+    optimizers seen stepping, else from the live ones, else from the live parameters (no optimizer:
+    inference); None when there is no parameter at all."""
+    parameters: list[Any] = []
+    if not optimizers:
+        optimizers, parameters = find_live(gc_module, torch.optim.Optimizer, torch.nn.Parameter)
+    walked = optimizers or ([Unstepped(parameters)] if parameters else [])
+    if not walked:
+        return None
+    totals, dtypes, expected = walk_optimizers(walked)
+    params, grads, state = totals.get(device, [0, 0, 0])
+    return {
+        "parameters_bytes": params,
+        "gradients_bytes": grads,
+        "optimizer_state_bytes": state,
+        "optimizer_state_expected_bytes": expected.get(device) if optimizers else 0,
+        "optimizers": len(optimizers),
+        "param_dtype": dominant_dtype(dtypes),
+    }
+
+
+class Unstepped:
+    """Parameters that no optimizer holds, walked like an optimizer's (``walk_optimizers``)."""
+
+    def __init__(self, parameters: list[Any]) -> None:
+        self.param_groups = [{"params": parameters}]
+        self.state: dict[Any, Any] = {}

@@ -32,7 +32,7 @@ class Diagnosis(TypedDict):
 
 
 class ModelStates(TypedDict):
-    """Memory of the model's states at the OOM, summed from the optimizers' tensors."""
+    """Memory of the model's states at the OOM, from the optimizers (or, with none, the live parameters)."""
 
     #: parameters
     parameters_bytes: NotRequired[int]
@@ -42,6 +42,10 @@ class ModelStates(TypedDict):
     optimizer_state_bytes: NotRequired[int]
     #: optimizer state once initialised (null: unknown)
     optimizer_state_expected_bytes: NotRequired[Optional[int]]
+    #: optimizers found (0: none, the parameters were found as live tensors); null: unknown (since 1.4)
+    optimizers: NotRequired[Optional[int]]
+    #: the dtype holding most parameter bytes, e.g. "bfloat16" (since 1.4)
+    param_dtype: NotRequired[Optional[str]]
 
 
 class OomEvent(TypedDict):

@@ -262,12 +262,17 @@ DIAGNOSIS = Table(
 )
 MODEL_STATES = Table(
     "ModelStates",
-    "Memory of the model's states at the OOM, summed from the optimizers' tensors.",
+    "Memory of the model's states at the OOM, from the optimizers (or, with none, the live parameters).",
     (
         opt("parameters_bytes", "int", "parameters", default=0),
         opt("gradients_bytes", "int", "gradients", default=0),
         opt("optimizer_state_bytes", "int", "optimizer state held now", default=0),
         nullable("optimizer_state_expected_bytes", "int", "optimizer state once initialised (null: unknown)"),
+        nullable(
+            "optimizers", "int", "optimizers found (0: none, the parameters were found as live tensors); null: unknown",
+            since=AT_OOM,
+        ),
+        nullable("param_dtype", "str", 'the dtype holding most parameter bytes, e.g. "bfloat16"', since=AT_OOM),
     ),
     since=STEP_MEMORY,
 )

@@ -1,0 +1,141 @@
+"""The closed set of OOM causes, their thresholds, and the evidence every diagnosis rule reads
+(:class:`Evidence`: the numbers of one OOM, computed once). The rules are in ``analysis.diagnosis``."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from oomsight.analysis import remedies, trend
+from oomsight.analysis.oomfacts import OomFacts, leak_growth, outside, states, trains
+from oomsight.wire.schema import Diagnosis
+
+
+class Cause(str, enum.Enum):
+    OTHER_PROCESS = "other_process"
+    NON_PYTORCH_MEMORY = "non_pytorch_memory"
+    LEAK = "leak"
+    MODEL_STATES = "model_states"
+    OVERSIZED_REQUEST = "oversized_request"
+    GROWING_DEMAND = "growing_demand"
+    FRAGMENTATION = "fragmentation"
+    ACTIVATIONS = "activations"
+    EXHAUSTION = "exhaustion"
+
+
+CAUSES = tuple(c.value for c in Cause)
+
+OUTSIDE_SHARE = 0.25
+"""Memory outside this process's allocator above this share of the device is a cause."""
+DECISIVE_SHARE = 0.05
+"""Other processes holding less than OUTSIDE_SHARE are still the cause when they hold at least
+this share and the job's own known need (this OOM's, earlier steps' peaks) fits without them."""
+OVERSIZED_SHARE = 0.5
+FRAGMENTATION_MIN_SHARE = 0.05
+"""Cached-but-unallocated bytes below this share of the device are noise, not the cause."""
+MODEL_STATES_SHARE = 0.7
+"""Parameters, gradients and (expected) optimizer state above this share of capacity leave
+activations too little room for any activation remedy to help."""
+DEMAND_MARGIN = 0.1
+"""The failing step needs more than earlier steps when its own memory (on top of the last floor)
+exceeds the most any earlier step needed on top of its floor by this share..."""
+DEMAND_SLACK_SHARE = 0.01
+"""... plus this share of capacity (steps that need almost nothing of their own)."""
+
+
+CHECKPOINT_FRAME = "torch/utils/checkpoint.py"
+"""A frame of torch's checkpointing on the failing stack: the OOM came in a checkpointed block
+(forward, or its recomputation in backward), so the job uses activation checkpointing."""
+
+
+class Evidence:
+    """The numbers every rule reads, computed once."""
+
+    def __init__(self, f: OomFacts) -> None:
+        self.f = f
+        self.total = max(int(f.get("device_total_bytes", 0)), 1)
+        self.requested = int(f.get("requested_bytes", 0))
+        self.allocated = int(f.get("allocated_bytes", 0))
+        self.reserved = int(f.get("reserved_bytes", 0))
+        self.free = int(f.get("device_free_bytes", 0))
+        self.cached_free = max(self.reserved - self.allocated, 0)
+        self.usable = self.reserved + self.free
+        self.need = self.allocated + self.requested
+        self.job = _job(f)
+        rows = list(f.get("steps_memory") or [])
+        self.trend = trend.analyse(rows, self.total)
+        full = [r for r in rows if len(r) > trend.PEAK]
+        self.prior_peak = max((int(r[trend.PEAK]) for r in full), default=None)
+        self.prior_transient = max((int(r[trend.PEAK] - r[trend.FLOOR]) for r in full), default=None)
+        """The most any earlier step needed on top of what survives between steps."""
+        self.step_need = self.need - int(full[-1][trend.FLOOR]) if full else None
+        """What the failing step needs on top of the last floor: a leak raises the floor, not this."""
+        self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
+        self.piled = piled(f, self.trend.seconds_per_step, self.total)
+        """Memory that piled up over many forwards since the last optimizer step (or with none)."""
+        self.states = states(f)
+        self.training = trains(f)
+        """An optimizer exists or has stepped: a training job (else inference, evaluation, or a
+        training step before any optimizer was made)."""
+        self.no_grad = f.get("phase") in ("forward", None) and f.get("grad_enabled") is False
+        """The failing forward ran without autograd (no_grad, inference_mode): nothing is kept for a
+        backward, so checkpointing cannot help. (Backward itself runs with grad mode off.)"""
+        self.facts: dict[str, Any] = {
+            "requested_bytes": self.requested,
+            "usable_bytes": self.usable,
+            "reserved_unallocated_bytes": self.cached_free,
+            "need_bytes": self.need,
+            "prior_step_peak_bytes": self.prior_peak,
+            "largest_free_block_bytes": f.get("largest_free_block_bytes"),
+            "phase": f.get("phase"),
+            "model_states_bytes": self.states,
+            "floor_growth_bytes": self.trend.floor_growth_bytes if self.trend.leak else None,
+            "prior_step_transient_bytes": self.prior_transient,
+            "step_need_bytes": self.step_need,
+            "in_use": remedies.in_use(self.job),
+        }
+        cap_bound = int(f.get("physical_free_bytes", self.free)) >= self.requested
+        self.outside, self.others = (None, None) if cap_bound else outside(f, self.reserved)
+        self.facts.update(outside_bytes=self.outside, other_processes_bytes=self.others)
+        self.legacy_leak = None if rows else leak_growth(f.get("trend") or [], self.total)
+
+    def outgrew(self, needed: Optional[int]) -> bool:
+        """Whether ``needed`` (bytes on top of the last floor) is more than any earlier step needed."""
+        if needed is None or self.prior_transient is None:
+            return False
+        return needed > self.prior_transient * (1 + DEMAND_MARGIN) + DEMAND_SLACK_SHARE * self.total
+
+    def result(self, cause: Cause, keys: Sequence[str], summary: str) -> Diagnosis:
+        if self.no_grad:
+            keys = [remedies.WITHOUT_GRAD.get(k, k) for k in keys]
+        picked = remedies.pick([k for k in keys if k], self.job)
+        self.facts["remedies"] = picked
+        used = self.facts["in_use"]
+        if used:
+            summary += f" Already in use: {', '.join(used)}."
+        return Diagnosis(cause=cause.value, summary=summary, remedies=remedies.texts(picked), facts=self.facts)
+
+
+def _job(f: OomFacts) -> dict[str, Any]:
+    """The job's setup as the hook saw it, completed by what the failing stack shows."""
+    job = dict(f.get("job") or {})
+    ms: Mapping[str, Any] = f.get("model_states") or {}
+    if not job.get("param_dtype") and ms.get("param_dtype"):  # an OOM before the job probe's first window
+        job["param_dtype"] = ms.get("param_dtype")
+    if not job.get("checkpointing") and any(CHECKPOINT_FRAME in str(frame) for frame in f.get("stack") or []):
+        job["checkpointing"] = True
+    return job
+
+
+def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
+    """``trend.piled_up`` where the OOM came in a forward long after the last optimizer step (at
+    least 3 step times and 3 s), or in a process that never stepped one."""
+    if f.get("phase") not in ("forward", None):
+        return None
+    last, now = f.get("last_step_time"), f.get("time")
+    if last is not None and now is not None:
+        quiet = max(trend.PILE_STEP_TIMES * (per_step or 0.0), trend.PILE_MIN_SECONDS)
+        if now - last < quiet:
+            return None
+    return trend.piled_up(f.get("sampled_allocated") or [], last, total)
