@@ -17,24 +17,30 @@ import os
 import subprocess
 import sys
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "scenarios.py")
 REMEDY_KEYS: dict[str, str] = {}
-ALONE = ("another_process_holds_memory", "library_cudamalloc")
+ALONE_LABELS = ("other_process", "non_pytorch_memory")
+"""Scenarios with these labels fill the real device: they run alone, after the capped ones."""
 
 
-def scenarios() -> list[tuple[str, str, str]]:
-    out = subprocess.run([sys.executable, os.path.join(HERE, "scenarios.py"), "--list"], capture_output=True, text=True)
+def scenarios(script: str = SCRIPT) -> list[tuple[str, str, str]]:
+    """``(name, true cause, remedy key)`` of every scenario ``script --list`` prints."""
+    out = subprocess.run([sys.executable, script, "--list"], capture_output=True, text=True)
     return [tuple(line.split()) for line in out.stdout.splitlines() if line.strip()]  # type: ignore[misc]
 
 
-def run_one(out_dir: str, name: str, remedy: bool) -> dict[str, object]:
+def run_one(out_dir: str, name: str, remedy: bool, script: str = SCRIPT, bare: bool = False) -> dict[str, object]:
+    """One run of ``script NAME [--remedy]`` under ``oomsight run --tape`` (``bare``: without it)."""
     tag = f"{name}.remedy" if remedy else name
     spool = os.path.join(out_dir, "spools", tag)
     cmd = [sys.executable, "-m", "oomsight", "run", "--port", "0", "--no-report", "--spool", spool]
     if not remedy:
         cmd += ["--tape", os.path.join(out_dir, f"{name}.tape.jsonl.gz")]
-    cmd += ["--", sys.executable, os.path.join(HERE, "scenarios.py"), name] + (["--remedy"] if remedy else [])
+    cmd = [] if bare else [*cmd, "--"]
+    cmd += [sys.executable, script, name] + (["--remedy"] if remedy else [])
     env = {**os.environ, "OOMSIGHT_PUBLISH_INTERVAL_SECONDS": "0.5"}
     if remedy and REMEDY_KEYS.get(name) == "expandable":
         env["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
@@ -54,32 +60,35 @@ def run_one(out_dir: str, name: str, remedy: bool) -> dict[str, object]:
     }
 
 
-def main() -> int:
+def main(argv: Optional[list[str]] = None, script: str = SCRIPT) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--only", default="")
     ap.add_argument("--no-remedy", action="store_true", help="only the plain runs (re-record tapes)")
-    args = ap.parse_args()
+    ap.add_argument("--bare", action="store_true", help="without oomsight: check outcomes and times only")
+    args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     wanted = set(filter(None, args.only.split(",")))
-    found = scenarios()
+    found = scenarios(script)
     REMEDY_KEYS.update({n: key for n, _label, key in found})
+    with open(os.path.join(args.out, "labels.json"), "w") as fh:  # for evaluate.py
+        json.dump({n: [label, key] for n, label, key in found}, fh, indent=1)
     todo = [(n, label) for n, label, _key in found if not wanted or n in wanted]
     labels = dict(todo)
     runs: list[dict[str, object]] = []
 
     def batch(items: list[tuple[str, bool]], jobs: int) -> None:
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            for r in pool.map(lambda it: run_one(args.out, *it), items):
+            for r in pool.map(lambda it: run_one(args.out, *it, script=script, bare=args.bare), items):
                 r["label"] = labels[str(r["scenario"])]
                 runs.append(r)
                 print(json.dumps({k: v for k, v in r.items() if k != "tail"}), flush=True)
                 with open(os.path.join(args.out, "runs.json"), "w") as fh:
                     json.dump(runs, fh, indent=1)
 
-    capped = [n for n, _ in todo if n not in ALONE]
-    alone = [n for n, _ in todo if n in ALONE]
+    capped = [n for n, label in todo if label not in ALONE_LABELS]
+    alone = [n for n, label in todo if label in ALONE_LABELS]
     batch([(n, False) for n in capped], args.jobs)
     if not args.no_remedy:
         batch([(n, True) for n in capped if labels[n] != "none"], args.jobs)
