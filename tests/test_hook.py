@@ -151,6 +151,20 @@ def test_an_oom_in_a_forward_without_autograd_is_recorded_so_and_not_advised_che
     assert ev["diagnosis"]["facts"]["remedies"] == ["eval_batch", "half_precision", "compile"]
 
 
+def test_an_oom_before_the_job_probe_looked_still_knows_the_model_is_compiled(make_hook, spool):
+    cuda = FakeCuda()
+    cuda.is_compiled = True
+    cuda.set(0, allocated=130 * GIB, reserved=132 * GIB, ooms=1)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.stop_thread()
+    cuda.observer(0, 20 * GIB, 140 * GIB, 1 * GIB)
+    (name,) = os.listdir(os.path.join(spool, "events"))
+    with open(os.path.join(spool, "events", name)) as fh:
+        ev = json.load(fh)
+    assert ev["job"]["compiled"] is True and "compile" not in ev["diagnosis"]["facts"]["remedies"]
+
+
 def test_an_oom_event_that_cannot_be_written_is_counted_and_written_once_there_is_room(make_hook, spool, monkeypatch):
     cuda = FakeCuda()
     cuda.set(0, allocated=130 * GIB, reserved=132 * GIB, ooms=1)

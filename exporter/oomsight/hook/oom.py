@@ -192,6 +192,8 @@ class OomRecorder:
         if job is None:
             return job
         job = dict(job)
+        if job.get("compiled") is None:  # before the job probe's first window: dynamo's own counter
+            job["compiled"] = self._guarded("compiled", self.cuda.compiled)
         if phase == "forward" and self._guarded("checkpointing", self.cuda.saved_tensor_hooks_active):
             job["checkpointing"] = True
         for key, seen in (self._guarded("open_contexts", self.cuda.open_contexts) or {}).items():
