@@ -403,3 +403,9 @@ def test_a_bf16_model_that_runs_out_before_the_job_probe_looked_is_never_told_to
     assert d["cause"] == "model_states"
     assert "bf16_params" not in d["facts"]["remedies"] and "autocast" not in d["facts"]["remedies"]
     assert d["facts"]["remedies"][0] == "light_optimizer"  # 2.1 x 10 GiB fits 70 % of 48 GiB
+
+
+def test_readings_and_times_no_hook_could_write_give_no_pile_and_no_error():
+    for bad in ({"last_step_time": "x"}, {"time": float("nan")}, {"sampled_allocated": [[1], ["a", "b"], None]}):
+        d = diagnose(facts(phase="forward", **bad))
+        assert d["cause"] in CAUSES

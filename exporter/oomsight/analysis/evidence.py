@@ -134,8 +134,10 @@ def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
     if f.get("phase") not in ("forward", None):
         return None
     last, now = f.get("last_step_time"), f.get("time")
-    if last is not None and now is not None:
-        quiet = max(trend.PILE_STEP_TIMES * (per_step or 0.0), trend.PILE_MIN_SECONDS)
-        if now - last < quiet:
+    quiet = max(trend.PILE_STEP_TIMES * (per_step or 0.0), trend.PILE_MIN_SECONDS)
+    try:
+        if last is not None and now is not None and float(now) - float(last) < quiet:
             return None
+    except (TypeError, ValueError, OverflowError):  # numbers no hook wrote: no verdict
+        return None
     return trend.piled_up(f.get("sampled_allocated") or [], last, total)
