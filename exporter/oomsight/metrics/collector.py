@@ -53,6 +53,7 @@ from oomsight.metrics.family import (
     STEP_MEMORY_GAUGES,
     STEP_PEAK_GAUGES,
     carry_trend,
+    keep_trends,
     leak_suspected,
 )
 from oomsight.wire.schema import Profile
@@ -231,6 +232,7 @@ class SpoolCollector(Collector):
         inv = take_inventory(state, self.clock(), self.retention_seconds, self.stale_after_seconds, self.ledger)
         if self.last_inventory is not None:
             _carry_trends(self.last_inventory, inv)
+            keep_trends(d for v in inv.processes for d in v.snapshot["devices"])
         self.last_inventory = inv
         return inv
 

@@ -6,7 +6,7 @@ rows into Prometheus families, the text report reuses the derived values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Callable, Optional
 
 from oomsight.analysis import trend
@@ -217,6 +217,14 @@ def carry_trend(new: DeviceSnapshot, old: DeviceSnapshot) -> None:
         return
     if new.get("steps_memory") == old.get("steps_memory") and _capacity(new) == _capacity(old):
         _keep_trend(new, cached[1])
+
+
+def keep_trends(devices: Iterable[DeviceSnapshot]) -> None:
+    """Forget the trends of every device document but ``devices`` (a long-lived reader's current
+    ones): the trends of documents read again would keep those documents alive."""
+    kept = {id(d): found for d in devices if (found := _TRENDS.get(id(d))) is not None and found[0] is d}
+    _TRENDS.clear()
+    _TRENDS.update(kept)
 
 
 def _capacity(d: DeviceSnapshot) -> int:
