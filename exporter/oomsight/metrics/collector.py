@@ -52,8 +52,7 @@ from oomsight.metrics.family import (
     PROC,
     STEP_MEMORY_GAUGES,
     STEP_PEAK_GAUGES,
-    carry_trend,
-    keep_trends,
+    follow_trends,
     leak_suspected,
 )
 from oomsight.wire.schema import Profile
@@ -230,9 +229,7 @@ class SpoolCollector(Collector):
     def inventory(self) -> Inventory:
         state = self.reader.read()
         inv = take_inventory(state, self.clock(), self.retention_seconds, self.stale_after_seconds, self.ledger)
-        if self.last_inventory is not None:
-            _carry_trends(self.last_inventory, inv)
-            keep_trends(d for v in inv.processes for d in v.snapshot["devices"])
+        follow_trends(self.last_inventory, inv)
         self.last_inventory = inv
         return inv
 
@@ -245,19 +242,6 @@ class SpoolCollector(Collector):
         from the last scrape when its snapshot is the one read then. ``fmt`` names the format
         (the content type): text cached for one format is never served for another."""
         return self.cache.render(LAYOUT, parts(self.inventory()), encoder, fmt, others)
-
-
-def _carry_trends(before: Inventory, now: Inventory) -> None:
-    """Each rank's device documents parsed again keep the trend of their step rows when the rows
-    did not move (``carry_trend``): judging them is a tenth of a changed file's cost."""
-    last = {v.rank_labels: v.snapshot for v in before.processes}
-    for v in now.processes:
-        old = last.get(v.rank_labels)
-        if old is not None and old is not v.snapshot:
-            olds = {d["index"]: d for d in old["devices"]}
-            for d in v.snapshot["devices"]:
-                if d["index"] in olds:
-                    carry_trend(d, olds[d["index"]])
 
 
 def families(inv: Inventory) -> list[Metric]:

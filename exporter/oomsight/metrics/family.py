@@ -6,11 +6,12 @@ rows into Prometheus families, the text report reuses the derived values.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Callable, Optional
 
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
+from oomsight.analysis.inventory import Inventory
 from oomsight.wire.schema import DeviceSnapshot
 
 PROC = ["rank", "local_rank"]
@@ -219,10 +220,24 @@ def carry_trend(new: DeviceSnapshot, old: DeviceSnapshot) -> None:
         _keep_trend(new, cached[1])
 
 
-def keep_trends(devices: Iterable[DeviceSnapshot]) -> None:
-    """Forget the trends of every device document but ``devices`` (a long-lived reader's current
-    ones): the trends of documents read again would keep those documents alive."""
-    kept = {id(d): found for d in devices if (found := _TRENDS.get(id(d))) is not None and found[0] is d}
+def follow_trends(before: Optional[Inventory], now: Inventory) -> None:
+    """A long-lived reader's step: each rank's device documents parsed again keep the trend of
+    their step rows when the rows did not move (:func:`carry_trend`), and the trends of every
+    document but ``now``'s are forgotten (they would keep replaced documents alive)."""
+    last = {v.rank_labels: v.snapshot for v in before.processes} if before is not None else {}
+    for v in now.processes:
+        old = last.get(v.rank_labels)
+        if old is not None and old is not v.snapshot:
+            olds = {d["index"]: d for d in old["devices"]}
+            for d in v.snapshot["devices"]:
+                if d["index"] in olds:
+                    carry_trend(d, olds[d["index"]])
+    kept = {}
+    for v in now.processes:
+        for d in v.snapshot["devices"]:
+            found = _TRENDS.get(id(d))
+            if found is not None and found[0] is d:
+                kept[id(d)] = found
     _TRENDS.clear()
     _TRENDS.update(kept)
 
