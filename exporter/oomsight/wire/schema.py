@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
-from typing import Any
+from typing import Any, Callable, Optional
 
 from oomsight.wire.documents import (
     AllocatorSample,
@@ -189,18 +189,33 @@ def _check_value(f: Field, value: Any, where: str, fill: bool) -> None:
 def _check(doc: Any, table: Table, where: str, fill: bool) -> None:
     if type(doc) is not dict:
         raise SchemaError(f"{where} is not an object")
-    for f in table.fields:
-        value = doc.get(f.name, _ABSENT)
+    for name, f, fits in _plan(table):
+        value = doc.get(name, _ABSENT)
         if value is _ABSENT:
             if f.required:
-                raise SchemaError(f"{where}.{f.name} is missing")
+                raise SchemaError(f"{where}.{name} is missing")
             if fill:
-                doc[f.name] = default_of(f)
+                doc[name] = default_of(f)
         elif value is None:
             if not f.nullable:
-                raise SchemaError(f"{where}.{f.name} is null")
-        else:
-            _check_value(f, value, f"{where}.{f.name}", fill)
+                raise SchemaError(f"{where}.{name} is null")
+        elif fits is None or not fits(value):
+            _check_value(f, value, f"{where}.{name}", fill)  # nested, or wrong: raises with the path
+
+
+_PLANS: dict[int, tuple[Table, tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]]] = {}
+
+
+def _plan(table: Table) -> tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]:
+    """Each field of ``table`` with, for a scalar without choices, the test a value must pass
+    (a value that fails it goes to ``_check_value``, which says why); made once per table."""
+    found = _PLANS.get(id(table))
+    if found is None or found[0] is not table:
+        plan = tuple(
+            (f.name, f, _SCALARS[f.kind] if f.kind in _SCALARS and not f.choices else None) for f in table.fields
+        )
+        found = _PLANS[id(table)] = (table, plan)
+    return found[1]
 
 
 _ABSENT = object()
