@@ -300,6 +300,7 @@ class ExpositionCache:
             except Drift as exc:
                 self._formats.pop(fmt, None)
                 self._kept.clear()
+                self._fresh.clear()
                 if not self.drifted:
                     logger.warning("oomsight: scrapes are rendered whole from now on, without the cache (%s)", exc)
                 self.drifted += 1
@@ -311,6 +312,7 @@ class ExpositionCache:
             if len(self._formats) >= MAX_FORMATS:
                 self._formats.clear()
                 self._kept.clear()
+                self._fresh.clear()
             found = self._formats[fmt] = _Format(encoder)
         return found
 
