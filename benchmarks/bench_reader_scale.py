@@ -23,6 +23,12 @@ counts the full garbage collections that ran inside its timed scrapes, and the l
 - ``live``: a separate writer process rewrites every snapshot at ``--hz`` while this process
   scrapes at its own rate; the scrape parses whatever changed in between
   (``parsed_per_scrape``).
+
+Every publish also slides the device's step rows (one row in, the oldest out), as the hook's
+ring does between two real publishes, so a changed file's trend is judged again. The process
+runs with the sidecar's garbage collection thresholds (``oomsight_sidecar.main.tune_gc``);
+``--gc default`` keeps CPython's. ``--before FILE`` keeps an earlier run's results in the new
+file, under ``before``.
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ def move(doc: dict[str, Any], seq: int, i: int) -> None:
     nv["used_bytes"] = 8276213760 + (seq % 5) * 2**21
     nv["free_bytes"] = nv["total_bytes"] - nv["used_bytes"]
     nv["utilization_ratio"] = (seq % 100) / 100
+    rows = d["steps_memory"]  # the hook's ring of step rows slides: one row in, the oldest out
+    last = rows[-1]
+    rows.append([last[0] + 1, last[1] + 0.025, last[2], last[3] - (seq % 3) * 2**20, last[4], last[5]])
+    del rows[0]
 
 
 WRITER = """
@@ -239,7 +249,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--gc", choices=("sidecar", "default"), default="sidecar", help="thresholds (default: sidecar)")
+    parser.add_argument("--before", help="an earlier run's results file, kept under 'before' (default: none)")
     args = parser.parse_args()
+    if args.gc == "sidecar":
+        from oomsight_sidecar.main import tune_gc
+
+        tune_gc()
     results = {
         "64_ranks": {
             "changed": measured(lambda: measure_changed(64, 200)),
@@ -267,9 +283,13 @@ def main() -> int:
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "gc_threshold": list(gc.get_threshold()),
         },
         "results": results,
     }
+    if args.before:
+        with open(args.before) as fh:
+            doc["before"] = json.load(fh)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "reader_scale.json")
     with open(path, "w") as fh:

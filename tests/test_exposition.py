@@ -113,6 +113,26 @@ def test_an_unchanged_spool_is_neither_parsed_nor_rendered_again(spool):
     assert scrape(om.generate_latest, om.CONTENT_TYPE_LATEST)[1:] == (5, in_text)
 
 
+def test_step_rows_that_did_not_move_are_not_judged_again(spool, monkeypatch):
+    from oomsight.analysis import trend
+
+    judged = []
+    analyse = trend.analyse
+    monkeypatch.setattr(trend, "analyse", lambda rows, capacity: judged.append(len(rows)) or analyse(rows, capacity))
+    put(spool, snapshot_path(1), snapshot(pid=1))
+    collector = SpoolCollector(spool, clock=lambda: NOW)
+    assert_cached_equals_uncached(collector)
+    assert len(judged) == 1
+    put(spool, snapshot_path(1), snapshot(pid=1, t=NOW - 1))  # parsed again, the same rows: the same trend
+    assert_cached_equals_uncached(collector)
+    assert collector.reader.parsed == 2 and len(judged) == 1
+    moved = snapshot(pid=1, t=NOW - 1)
+    moved["devices"][0]["steps_memory"][-1][3] += 2**30  # a new step peak: judged again
+    put(spool, snapshot_path(1), moved)
+    assert_cached_equals_uncached(collector)
+    assert len(judged) == 2
+
+
 def test_the_cache_holds_only_what_the_last_scrape_served(spool):
     for pid in (1, 2, 3):
         put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))

@@ -71,3 +71,19 @@ def test_two_processes_reach_promql_through_sidecar_and_prometheus(tmp_path, mon
         assert [(r["metric"]["rank"], r["metric"]["cause"]) for r in cause] == [("1", "oversized_request")]
         # the first OOM of a series is visible through the timestamp gauge
         assert promql(url, "time() - oomsight_last_oom_timestamp_seconds < 600")
+
+
+def test_the_sidecar_sets_its_garbage_collection_thresholds_at_start(monkeypatch):
+    """Parsed snapshots are kept between scrapes: CPython's default thresholds re-scan them all
+    many times a scrape (docs/testing.md, "Reader scale")."""
+    import gc
+
+    from oomsight_sidecar import main
+
+    before = gc.get_threshold()
+    monkeypatch.setattr(main, "run", lambda *a, **kw: gc.get_threshold())
+    monkeypatch.setattr(main.signal, "signal", lambda *a: None)  # not this test process's handlers
+    try:
+        assert main.main({}) == main.GC_THRESHOLD
+    finally:
+        gc.set_threshold(*before)

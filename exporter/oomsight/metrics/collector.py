@@ -40,7 +40,7 @@ from oomsight.analysis.inventory import (
     ProcessView,
     take_inventory,
 )
-from oomsight.metrics.exposition import Encoder, ExpositionCache, Part, empty, merge
+from oomsight.metrics.exposition import Encoder, ExpositionCache, Items, Part, Rows, merge
 from oomsight.metrics.family import (
     ALLOCATOR_COUNTERS,
     ALLOCATOR_GAUGES,
@@ -52,6 +52,7 @@ from oomsight.metrics.family import (
     PROC,
     STEP_MEMORY_GAUGES,
     STEP_PEAK_GAUGES,
+    follow_trends,
     leak_suspected,
 )
 from oomsight.wire.schema import Profile
@@ -181,15 +182,24 @@ LAYOUT: tuple[Metric, ...] = (
     _gauge("oomsight_profile_last_timestamp_seconds", "When the last profiling window of the process ended.", PROC),
 )
 """Every family of the spool, without samples, in exposition order."""
-_BY_NAME = {f.name: f for f in LAYOUT}
 
 
-class _Families(dict[str, Any]):
-    """Families by name, each made (empty, from ``LAYOUT``) when first asked for."""
+_SAMPLE = {f.name: f.name + {"counter": "_total", "info": "_info"}.get(f.type, "") for f in LAYOUT}
+"""Each family's sample name, as its ``add_metric`` names it."""
 
-    def __missing__(self, name: str) -> Any:
-        family = self[name] = empty(_BY_NAME[name])
-        return family
+
+class _Rows(Rows):
+    """A part's samples, added as ``add_metric`` would add them to the families of ``LAYOUT``."""
+
+    def add(self, name: str, items: Items, value: Any) -> None:
+        self.append((name, _SAMPLE[name], items, value))
+
+    def info(self, name: str, items: Items, about: dict[str, str]) -> None:
+        self.append((name, _SAMPLE[name], (*items, *about.items()), 1))
+
+
+def _items(names: list[str], values: Iterable[str]) -> Items:
+    return tuple(zip(names, values))
 
 
 class SpoolCollector(Collector):
@@ -219,6 +229,7 @@ class SpoolCollector(Collector):
     def inventory(self) -> Inventory:
         state = self.reader.read()
         inv = take_inventory(state, self.clock(), self.retention_seconds, self.stale_after_seconds, self.ledger)
+        follow_trends(self.last_inventory, inv)
         self.last_inventory = inv
         return inv
 
@@ -250,37 +261,41 @@ def parts(inv: Inventory) -> Iterator[Part]:
         yield Part(("profile", *rank), (profile,), functools.partial(_profile, rank, profile))
 
 
-def _fresh(inv: Inventory) -> Iterable[Metric]:
+def _fresh(inv: Inventory) -> Rows:
     """What changes with every read: the reader's own health and the snapshots' ages."""
-    f = _Families()
-    f["oomsight_build"].add_metric([], {"version": __version__, "python_version": platform.python_version()})
+    f = _Rows()
+    f.info("oomsight_build", (), {"version": __version__, "python_version": platform.python_version()})
     for reason in SKIP_REASONS:
-        f["oomsight_spool_skipped_files"].add_metric([reason], inv.skipped_total.get(reason, 0))
-    f["oomsight_source_up"].add_metric(["", "", "spool"], float(inv.readable and not inv.error))
+        f.add("oomsight_spool_skipped_files", (("reason", reason),), inv.skipped_total.get(reason, 0))
+    f.add("oomsight_source_up", _items(_SOURCE, ("", "", "spool")), float(inv.readable and not inv.error))
     for v in inv.processes:
-        f["oomsight_snapshot_age_seconds"].add_metric(list(v.rank_labels), v.age_seconds)
-    return f.values()
+        f.add("oomsight_snapshot_age_seconds", _items(PROC, v.rank_labels), v.age_seconds)
+    return f
 
 
-def _process(v: ProcessView) -> Iterable[Metric]:
+_SOURCE = [*PROC, "source"]
+
+
+def _process(v: ProcessView) -> Rows:
     """Everything of one process but its age: a function of its snapshot, ``up`` and exit reason."""
-    f = _Families()
-    labels = list(v.rank_labels)
+    f = _Rows()
+    labels = _items(PROC, v.rank_labels)
     for source, ok in sorted(v.snapshot["sources"].items()):
-        f["oomsight_source_up"].add_metric([*labels, source], float(bool(ok) and v.up))
-    f["oomsight_process_up"].add_metric(labels, float(v.up))
+        f.add("oomsight_source_up", (*labels, ("source", source)), float(bool(ok) and v.up))
+    f.add("oomsight_process_up", labels, float(v.up))
     if not v.up:
-        f["oomsight_process_exit"].add_metric(labels, {"reason": v.exit_reason or "vanished"})
+        f.info("oomsight_process_exit", labels, {"reason": v.exit_reason or "vanished"})
     _process_info(f, v, labels)
     _devices(f, v, labels)
     _advice(f, v, labels)
-    return f.values()
+    return f
 
 
-def _process_info(f: _Families, v: ProcessView, labels: list[str]) -> None:
+def _process_info(f: _Rows, v: ProcessView, labels: Items) -> None:
     s = v.snapshot
     p = s["process"]
-    f["oomsight_process"].add_metric(
+    f.info(
+        "oomsight_process",
         labels,
         {
             "world_size": str(p.get("world_size", 1)),
@@ -291,56 +306,63 @@ def _process_info(f: _Families, v: ProcessView, labels: list[str]) -> None:
             "oomsight_version": str(p.get("oomsight_version", "")),
         },
     )
-    f["oomsight_steps"].add_metric(labels, s["steps"].get("count", 0))
-    f["oomsight_step_duration_seconds"].add_metric(labels, s["steps"].get("duration_seconds_total", 0.0))
+    f.add("oomsight_steps", labels, s["steps"].get("count", 0))
+    f.add("oomsight_step_duration_seconds", labels, s["steps"].get("duration_seconds_total", 0.0))
     last_duration = s["steps"].get("last_duration_seconds")
     if last_duration is not None:
-        f["oomsight_step_last_duration_seconds"].add_metric(labels, last_duration)
+        f.add("oomsight_step_last_duration_seconds", labels, last_duration)
     for component, n in sorted(s.get("errors", {}).items()):
-        f["oomsight_hook_errors"].add_metric([*labels, component], n)
-    f["oomsight_oom_events_unwritten"].add_metric(labels, s.get("oom_events_unwritten", 0))
+        f.add("oomsight_hook_errors", (*labels, ("component", component)), n)
+    f.add("oomsight_oom_events_unwritten", labels, s.get("oom_events_unwritten", 0))
 
 
-def _devices(f: _Families, v: ProcessView, ranks: list[str]) -> None:
+def _device_items(ranks: Items, d: Any) -> Items:
+    return (*ranks, ("device", str(d["index"])), ("gpu_uuid", d["uuid"]))
+
+
+def _devices(f: _Rows, v: ProcessView, ranks: Items) -> None:
     for d in v.snapshot["devices"]:
-        labels = [*ranks, str(d["index"]), d["uuid"]]
-        for name, _, value in (*_DEVICE_GAUGES, *ALLOCATOR_COUNTERS):
+        labels = _device_items(ranks, d)
+        for name, _, value in _DEVICE_ROWS:
             x = value(d)
             if x is not None:
-                f[name].add_metric(labels, float(x))
-        f["oomsight_gpu"].add_metric(labels, {"name": d.get("name", "")})
+                f.add(name, labels, float(x))
+        f.info("oomsight_gpu", labels, {"name": d.get("name", "")})
         c: Any = d.get("categories")
         if c:
             for name in CATEGORIES:
                 if c.get(f"{name}_bytes") is not None:
-                    f["oomsight_memory_by_category_bytes"].add_metric([*labels, name], c[f"{name}_bytes"])
+                    f.add("oomsight_memory_by_category_bytes", (*labels, ("category", name)), c[f"{name}_bytes"])
 
 
-def _advice(f: _Families, v: ProcessView, labels: list[str]) -> None:
+_DEVICE_ROWS = (*_DEVICE_GAUGES, *ALLOCATOR_COUNTERS)
+
+
+def _advice(f: _Rows, v: ProcessView, labels: Items) -> None:
     """Leak findings and batch advice: what oomsight measured on request."""
     s = v.snapshot
     for d in s["devices"]:
-        f["oomsight_leak_suspected"].add_metric([*labels, str(d["index"]), d["uuid"]], float(leak_suspected(d)))
+        f.add("oomsight_leak_suspected", _device_items(labels, d), float(leak_suspected(d)))
     if s.get("leak"):
-        f["oomsight_leak_graph_tensors"].add_metric(labels, s["leak"]["graph_tensors"])  # type: ignore[index]
-        f["oomsight_leak_graph_bytes"].add_metric(labels, s["leak"]["graph_bytes"])  # type: ignore[index]
+        f.add("oomsight_leak_graph_tensors", labels, s["leak"]["graph_tensors"])  # type: ignore[index]
+        f.add("oomsight_leak_graph_bytes", labels, s["leak"]["graph_bytes"])  # type: ignore[index]
     if s.get("batch_advice"):
-        f["oomsight_advice_max_batch_size"].add_metric(labels, s["batch_advice"]["max_batch_size"])  # type: ignore[index]
-    f["oomsight_profiling"].add_metric(labels, float(bool(s.get("profiling"))))
+        f.add("oomsight_advice_max_batch_size", labels, s["batch_advice"]["max_batch_size"])  # type: ignore[index]
+    f.add("oomsight_profiling", labels, float(bool(s.get("profiling"))))
 
 
-def _oom(key: DeviceKey, tally: OomTally) -> Iterable[Metric]:
-    f = _Families()
-    labels = list(key)
-    f["oomsight_oom_events"].add_metric(labels, tally.events)
-    f["oomsight_oom_fatal_events"].add_metric(labels, tally.fatal)
-    f["oomsight_oom_recovered_events"].add_metric(labels, tally.recovered)
+def _oom(key: DeviceKey, tally: OomTally) -> Rows:
+    f = _Rows()
+    labels = _items(DEV, key)
+    f.add("oomsight_oom_events", labels, tally.events)
+    f.add("oomsight_oom_fatal_events", labels, tally.fatal)
+    f.add("oomsight_oom_recovered_events", labels, tally.recovered)
     if tally.last is not None:
-        f["oomsight_last_oom_timestamp_seconds"].add_metric(labels, tally.last["time"])
-        f["oomsight_last_oom_requested_bytes"].add_metric(labels, tally.last["requested_bytes"])
-        f["oomsight_last_oom_device_free_bytes"].add_metric(labels, tally.last["device_free_bytes"])
-        f["oomsight_last_oom_cause"].add_metric(labels, {"cause": tally.last["diagnosis"]["cause"]})
-    return f.values()
+        f.add("oomsight_last_oom_timestamp_seconds", labels, tally.last["time"])
+        f.add("oomsight_last_oom_requested_bytes", labels, tally.last["requested_bytes"])
+        f.add("oomsight_last_oom_device_free_bytes", labels, tally.last["device_free_bytes"])
+        f.info("oomsight_last_oom_cause", labels, {"cause": tally.last["diagnosis"]["cause"]})
+    return f
 
 
 def latest_profiles(inv: Inventory) -> dict[tuple[str, str], Profile]:
@@ -354,11 +376,12 @@ def latest_profiles(inv: Inventory) -> dict[tuple[str, str], Profile]:
     return latest
 
 
-def _profile(rank: tuple[str, str], p: Profile) -> Iterable[Metric]:
-    f = _Families()
+def _profile(rank: tuple[str, str], p: Profile) -> Rows:
+    f = _Rows()
+    labels = _items(PROC, rank)
     for op in p["top_by_memory"]:
-        f["oomsight_profile_op_self_cuda_memory_bytes"].add_metric([*rank, op["op"]], op["self_cuda_memory_bytes"])
+        f.add("oomsight_profile_op_self_cuda_memory_bytes", (*labels, ("op", op["op"])), op["self_cuda_memory_bytes"])
     for op in p["top_by_time"]:
-        f["oomsight_profile_op_self_cuda_time_seconds"].add_metric([*rank, op["op"]], op["self_cuda_time_us"] / 1e6)
-    f["oomsight_profile_last_timestamp_seconds"].add_metric(list(rank), p["ended_at"])
-    return f.values()
+        f.add("oomsight_profile_op_self_cuda_time_seconds", (*labels, ("op", op["op"])), op["self_cuda_time_us"] / 1e6)
+    f.add("oomsight_profile_last_timestamp_seconds", labels, p["ended_at"])
+    return f

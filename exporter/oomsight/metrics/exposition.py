@@ -1,21 +1,25 @@
-"""Exposition text written by prometheus_client part by part, and kept while a part's inputs
-are unchanged (issue 13, "Incremental reads").
+"""Exposition text written part by part, and kept while a part's inputs are unchanged
+(issue 13, "Incremental reads").
 
 A scrape is a sequence of :class:`Part`\\ s over a fixed layout of families; each part gives
-samples of some of them. prometheus_client writes a family as its header (``# HELP``,
-``# TYPE``, ``# UNIT``) and then one line per sample, and a registry as its families in turn,
-so the text of the merged families is, family by family of the layout, the header and then
-the lines every part gave that family, in part order. Nothing here formats a line: each part
-is rendered by the encoder itself, and its text is cut at the headers, which that encoder wrote
-for the empty families. Where the cut does not add up (a prometheus_client that writes a family
-differently), the scrape is rendered whole instead, and that is logged once.
+samples of some of them, as prometheus_client families or, lighter, as :class:`Rows`.
+prometheus_client writes a family as its header (``# HELP``, ``# TYPE``, ``# UNIT``) and then
+one line per sample, and a registry as its families in turn, so the text of the merged families
+is, family by family of the layout, the header and then the lines every part gave that family,
+in part order. The headers are the encoder's own text for the empty families. A sample line is
+its head (name and labels) and then its value as prometheus_client's ``floatToGoString`` writes
+it: each head is learnt once from the encoder's own line for that sample (with a sentinel
+value), and kept while the part keeps giving that sample, so a changed value costs one
+``floatToGoString`` and no encoder call. Each format is checked when first asked for (a probe
+family of hard values and label values must come out of the encoder as head and value); where
+that or a cut does not add up (a prometheus_client that writes a family differently), the
+scrape is rendered whole by the encoder instead, and that is logged once.
 
 A part's lines are kept under its key while its inputs are the same: the same objects (a
 document the reader parsed again is a new object, whatever it holds) or equal plain values.
-When they are not, the part is built again, and only its families whose samples differ from
-the kept ones are rendered again (a snapshot written again changes a few of its 48 samples).
-Parts missing from a scrape are forgotten with it, so the cache holds only what the last
-scrape served, in at most :data:`MAX_FORMATS` formats.
+When they are not, the part is built and written again from its kept heads. Parts missing
+from a scrape are forgotten with it, so the cache holds only what the last scrape served, in
+at most :data:`MAX_FORMATS` formats.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ import logging
 import math
 import threading
 from collections.abc import Hashable, Iterable, Iterator, Sequence
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString as _float_to_go
 
 logger = logging.getLogger(__name__)
+_go: Callable[[Any], str] = _float_to_go
+"""A sample value as prometheus_client's encoders write it."""
 
 Encoder = Callable[[Collector], bytes]
 """``prometheus_client.generate_latest``, its OpenMetrics twin, or what ``choose_encoder`` gives."""
@@ -45,7 +53,35 @@ class Part(NamedTuple):
     key: Optional[Hashable]
     """Where its text is kept between scrapes; None: rendered on every scrape."""
     inputs: tuple[Any, ...]
-    build: Callable[[], Iterable[Metric]]
+    build: Callable[[], Built]
+
+
+Items = tuple[tuple[str, str], ...]
+"""Label names and values of a sample, in the family's label order."""
+Row = tuple[str, str, Items, Any]
+"""A sample: (family name, sample name, label items, value)."""
+
+
+class Rows(list[Row]):
+    """Samples of a part as plain rows: what prometheus_client's ``add_metric`` would make
+    (a gauge's sample is named as its family, a counter's ``_total``, an info's ``_info`` with
+    value 1), without making a family or a sample object per value."""
+
+
+Built = Union[Iterable[Metric], Rows]
+
+
+def families_of(built: Built, layout: dict[str, Metric]) -> list[Metric]:
+    """A part's families: ``built`` itself, or its rows as families of ``layout`` (by name)."""
+    if not isinstance(built, Rows):
+        return list(built)
+    out: dict[str, Any] = {}
+    for family, name, items, value in built:
+        found = out.get(family)
+        if found is None:
+            found = out[family] = empty(layout[family])
+        found.samples.append(Sample(name, dict(items), value))
+    return list(out.values())
 
 
 class Drift(Exception):
@@ -54,9 +90,10 @@ class Drift(Exception):
 
 def merge(layout: Sequence[Metric], parts: Iterable[Part]) -> list[Metric]:
     """The families of ``layout``, each holding the samples every part gave it, in part order."""
+    by_name = {f.name: f for f in layout}
     merged = {f.name: empty(f) for f in layout}
     for part in parts:
-        for family in part.build():
+        for family in families_of(part.build(), by_name):
             merged[family.name].samples.extend(family.samples)
     return list(merged.values())
 
@@ -89,13 +126,22 @@ def empty(family: Metric) -> Any:
 
 
 class _Format:
-    """One encoder's headers and end, and the cutting of its text into sample lines."""
+    """One encoder's headers and end, and the cutting of its text into sample lines.
+
+    A sample line is its head (name and labels, as the encoder writes them) and then its value
+    as ``floatToGoString`` writes it: the head of each (name, labels) is learnt once, from the
+    encoder's own line for the sample with the value :data:`_SENTINEL`, and kept by the caller;
+    the encoder writes the values of a probe family the same way, or :class:`Drift` is raised
+    when the format is made."""
 
     def __init__(self, encoder: Encoder) -> None:
         self.encoder = encoder
         self.end = encoder(_Only([]))
         """What the format writes after the last family (OpenMetrics: ``# EOF``)."""
         self._headers: dict[str, bytes] = {}
+        probes = _probes()
+        if self.write(probes, {}, {})[0] != self.lines(probes):
+            raise Drift("the format does not write a sample as its head and then its value")
 
     def header(self, family: Metric) -> bytes:
         found = self._headers.get(family.name)
@@ -129,30 +175,91 @@ class _Format:
             out[family.name], pos = body, end
         return out
 
+    def write(self, built: Built, known: Heads, layout: dict[str, Metric]) -> tuple[dict[str, bytes], Heads]:
+        """What :meth:`lines` gives for ``built``, written from the heads in ``known`` (those
+        missing learnt with one encoder call); also the heads of these samples alone."""
+        out: dict[str, bytes] = {}
+        if not isinstance(built, Rows):
+            present = [f for f in built if f.samples]
+            plain = [f for f in present if _plain(f)]
+            out.update(self.lines(f for f in present if not _plain(f)))
+            built = Rows((f.name, s.name, tuple(s.labels.items()), s.value) for f in plain for s in f.samples)
+            layout = {f.name: f for f in plain}
+        heads: Heads = {}
+        missing = Rows()
+        for row in built:
+            key = row[1:3]
+            head = known.get(key)
+            if head is None:
+                missing.append(row)
+            else:
+                heads[key] = head
+        if missing:
+            self._learn(missing, layout, heads)
+        bodies: dict[str, list[str]] = {}
+        for family, name, items, value in built:
+            line = heads[name, items] + _go(value) + "\n"
+            found = bodies.get(family)
+            if found is None:
+                bodies[family] = [line]
+            else:
+                found.append(line)
+        out.update((family, "".join(lines).encode()) for family, lines in bodies.items())
+        return out, heads
+
+    def _learn(self, rows: Rows, layout: dict[str, Metric], heads: Heads) -> None:
+        """The heads of ``rows``, from the encoder's lines for them with the sentinel value."""
+        groups: dict[str, list[Row]] = {}
+        for row in rows:
+            groups.setdefault(row[0], []).append(row)
+        probes = families_of(Rows((f, n, items, _SENTINEL) for f, n, items, _ in rows), layout)
+        learnt = self.lines(probes)
+        for probe in probes:
+            for (_, name, items, _), line in zip(groups[probe.name], learnt[probe.name].decode().split("\n")):
+                if not line.endswith(_SENTINEL_TEXT):
+                    raise Drift(f"a sample of {probe.name} does not end with its value")
+                heads[name, items] = line[: -len(_SENTINEL_TEXT)]
+
+
+Heads = dict[Hashable, str]
+"""(sample name, label items) -> the text of its line before the value, in one format."""
+_SENTINEL = 1.2345678901234567e-300
+_SENTINEL_TEXT = _go(_SENTINEL)
+_TYPES = frozenset(("gauge", "counter", "info"))
+_NOTHING = (None, None, None)
+"""A sample's timestamp, exemplar and native histogram."""
+
+
+def _plain(family: Metric) -> bool:
+    """Samples as ``add_metric`` makes them for a gauge, counter or info: a name, labels and a
+    value, nothing else (each line of such a family is a head and a value)."""
+    return family.type in _TYPES and all([s[2] is not None and s[3:] == _NOTHING for s in family.samples])
+
+
+def _probes() -> list[Metric]:
+    """Families whose values (and label values) are hard to write: each format must write them
+    as a head and ``floatToGoString``'s text."""
+    values = (0, 0.0, -0.0, 1, -1, 2**53 + 1, 2**63 - 1, 0.1, 1e-7, 1234567.0, 1e21, -1e300, math.inf, -math.inf)
+    gauge = GaugeMetricFamily("oomsight_probe", "Values.", labels=["i", "x"])
+    counter = CounterMetricFamily("oomsight_probe_count", "Values.", labels=["i"])
+    for i, v in enumerate((*values, math.nan, True)):
+        gauge.add_metric([str(i), 'a"b\\c\nd é'], v)
+        counter.add_metric([str(i)], abs(v))
+    info = InfoMetricFamily("oomsight_probe_about", "Text.", labels=["x"])
+    info.add_metric(["1"], {"y": '\\ " \n ü'})
+    return [gauge, counter, info]
+
 
 class _Kept:
-    """A part's families (those with samples) and their lines in each format asked for."""
+    """A part's inputs, how it is built, and its lines and line heads in each format asked for."""
 
-    def __init__(self, inputs: tuple[Any, ...], families: list[Metric]) -> None:
+    def __init__(self, inputs: tuple[Any, ...], build: Callable[[], Built]) -> None:
         self.inputs = inputs
-        self.families = families
+        self.build = build
         self.lines: dict[str, dict[str, bytes]] = {}
         """Format -> family name -> sample lines."""
-        self.complete: set[str] = set()
-        """Formats whose lines hold every family."""
-
-    def take_unchanged(self, old: _Kept) -> None:
-        """Take ``old``'s lines of every family whose samples are the same: a snapshot written
-        again changes a few of its process's 48 samples (the rest need not be rendered again)."""
-        before = {f.name: f.samples for f in old.families}
-        same = [f.name for f in self.families if _same_samples(f.samples, before.get(f.name))]
-        for fmt, lines in old.lines.items():
-            self.lines[fmt] = {name: lines[name] for name in same if name in lines}
-
-
-def _same_samples(a: list[Any], b: Optional[list[Any]]) -> bool:
-    """Samples that give the same lines: equal, and no value's sign flipped (0.0 and -0.0 are equal)."""
-    return a == b and all(math.copysign(1.0, x.value) == math.copysign(1.0, y.value) for x, y in zip(a, b))
+        self.heads: dict[str, Heads] = {}
+        """Format -> the heads of the part's samples (a process's label sets do not change)."""
 
 
 class ExpositionCache:
@@ -161,9 +268,11 @@ class ExpositionCache:
     def __init__(self) -> None:
         self._formats: dict[str, _Format] = {}
         self._kept: dict[Hashable, _Kept] = {}
+        self._fresh: dict[str, Heads] = {}
+        """Format -> the line heads of the part rendered on every scrape."""
         self._lock = threading.Lock()
         self.rendered = 0
-        """Families of keyed parts rendered so far (the others of each scrape were reused)."""
+        """Families of keyed parts whose text was new in their scrape (the others were reused)."""
         self.drifted = 0
         """Scrapes rendered whole since a cut did not add up (:class:`Drift`): then every one is."""
 
@@ -191,6 +300,7 @@ class ExpositionCache:
             except Drift as exc:
                 self._formats.pop(fmt, None)
                 self._kept.clear()
+                self._fresh.clear()
                 if not self.drifted:
                     logger.warning("oomsight: scrapes are rendered whole from now on, without the cache (%s)", exc)
                 self.drifted += 1
@@ -202,33 +312,39 @@ class ExpositionCache:
             if len(self._formats) >= MAX_FORMATS:
                 self._formats.clear()
                 self._kept.clear()
+                self._fresh.clear()
             found = self._formats[fmt] = _Format(encoder)
         return found
 
     def _render(self, layout: Sequence[Metric], parts: list[Part], form: _Format, fmt: str) -> bytes:
         chunks = {f.name: [form.header(f)] for f in layout}
+        by_name = {f.name: f for f in layout}
         kept: dict[Hashable, _Kept] = {}
         for part in parts:
-            for name, body in self._lines(part, form, fmt, kept).items():
+            for name, body in self._lines(part, (form, fmt, by_name), kept).items():
                 chunks[name].append(body)
         self._kept = kept
         return b"".join(itertools.chain.from_iterable(chunks.values()))
 
-    def _lines(self, part: Part, form: _Format, fmt: str, kept: dict[Hashable, _Kept]) -> dict[str, bytes]:
+    def _lines(
+        self, part: Part, to: tuple[_Format, str, dict[str, Metric]], kept: dict[Hashable, _Kept]
+    ) -> dict[str, bytes]:
+        form, fmt, layout = to
         if part.key is None:
-            return form.lines(part.build())
+            lines, self._fresh[fmt] = form.write(part.build(), self._fresh.get(fmt, {}), layout)
+            return lines
         old = self._kept.get(part.key)
         if old is not None and same_inputs(old.inputs, part.inputs):
-            entry = old
+            entry = kept[part.key] = old
+            found = entry.lines.get(fmt)
+            if found is not None:
+                return found
         else:
-            entry = _Kept(part.inputs, [f for f in part.build() if f.samples])
+            entry = kept[part.key] = _Kept(part.inputs, part.build)
             if old is not None:
-                entry.take_unchanged(old)
-        kept[part.key] = entry
-        lines = entry.lines.setdefault(fmt, {})
-        if fmt not in entry.complete:
-            missing = [f for f in entry.families if f.name not in lines]
-            lines.update(form.lines(missing))
-            self.rendered += len(missing)
-            entry.complete.add(fmt)
+                entry.heads = dict(old.heads)
+        before = old.lines.get(fmt, {}) if old is not None else {}
+        lines, entry.heads[fmt] = form.write(entry.build(), entry.heads.get(fmt, {}), layout)
+        entry.lines[fmt] = lines
+        self.rendered += sum(1 for name, body in lines.items() if before.get(name) != body)
         return lines

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
+from oomsight.analysis.inventory import Inventory
 from oomsight.wire.schema import DeviceSnapshot
 
 PROC = ["rank", "local_rank"]
@@ -203,11 +204,52 @@ def device_trend(d: DeviceSnapshot) -> Optional[trend.Trend]:
     cached = _TRENDS.get(id(d))
     if cached is not None and cached[0] is d:
         return cached[1]
+    found = trend.analyse(rows, _capacity(d))
+    _keep_trend(d, found)
+    return found
+
+
+def carry_trend(new: DeviceSnapshot, old: DeviceSnapshot) -> None:
+    """Give ``new`` the trend already judged for ``old`` (the same device's previous document)
+    when its step rows and capacity are the same: a process that publishes again without a new
+    step row (steps longer than the publish interval, a paused job) is not judged again."""
+    cached, known = _TRENDS.get(id(old)), _TRENDS.get(id(new))
+    if cached is None or cached[0] is not old or (known is not None and known[0] is new):
+        return
+    if new.get("steps_memory") == old.get("steps_memory") and _capacity(new) == _capacity(old):
+        _keep_trend(new, cached[1])
+
+
+def follow_trends(before: Optional[Inventory], now: Inventory) -> None:
+    """A long-lived reader's step: each rank's device documents parsed again keep the trend of
+    their step rows when the rows did not move (:func:`carry_trend`), and the trends of every
+    document but ``now``'s are forgotten (they would keep replaced documents alive)."""
+    last = {v.rank_labels: v.snapshot for v in before.processes} if before is not None else {}
+    for v in now.processes:
+        old = last.get(v.rank_labels)
+        if old is not None and old is not v.snapshot:
+            olds = {d["index"]: d for d in old["devices"]}
+            for d in v.snapshot["devices"]:
+                if d["index"] in olds:
+                    carry_trend(d, olds[d["index"]])
+    kept = {}
+    for v in now.processes:
+        for d in v.snapshot["devices"]:
+            found = _TRENDS.get(id(d))
+            if found is not None and found[0] is d:
+                kept[id(d)] = found
+    _TRENDS.clear()
+    _TRENDS.update(kept)
+
+
+def _capacity(d: DeviceSnapshot) -> int:
+    return int(d.get("limit_bytes") or d.get("total_bytes") or 0) or 1
+
+
+def _keep_trend(d: DeviceSnapshot, found: trend.Trend) -> None:
     if len(_TRENDS) > 4096:
         _TRENDS.clear()
-    found = trend.analyse(rows, int(d.get("limit_bytes") or d.get("total_bytes") or 0) or 1)
     _TRENDS[id(d)] = (d, found)
-    return found
 
 
 def _row(d: DeviceSnapshot, column: int) -> Optional[float]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain
-from typing import Any
+from typing import Any, Callable, Optional
 
 from oomsight.wire.documents import (
     AllocatorSample,
@@ -121,12 +121,15 @@ def _is_json(v: Any) -> bool:
 
 
 _ROW_TYPES = frozenset((int, float, bool))
+_LIST = frozenset((list,))
 
 
 def _is_row(v: Any) -> bool:
     """A list of booleans and numbers; the hook writes hundreds a snapshot, so the usual row
     (every int within ``INT_MIN..INT_MAX``, every float finite) is checked in C passes, and only
-    a row that fails them is checked item by item."""
+    a row that fails them is checked item by item. A float sum is finite only when every float
+    in it is (an infinity or NaN stays one whatever is added), and an int beyond float range
+    cannot be added to a float: both fall to the item-by-item check."""
     if type(v) is not list:
         return False
     if not v:
@@ -134,11 +137,16 @@ def _is_row(v: Any) -> bool:
     if not _ROW_TYPES.issuperset(map(type, v)):
         return False
     try:
-        if min(v) >= INT_MIN and max(v) <= INT_MAX and all(map(math.isfinite, v)):
+        if min(v) >= INT_MIN and max(v) <= INT_MAX and math.isfinite(sum(v)):
             return True
     except OverflowError:  # an int beyond float range
         pass
     return all(type(x) is bool or _is_number(x) for x in v)
+
+
+def _are_rows(value: list[Any]) -> bool:
+    """Every item a row, checked as one row (hundreds of rows a snapshot)."""
+    return _LIST.issuperset(map(type, value)) and _is_row(list(chain.from_iterable(value)))
 
 
 _SCALARS = {
@@ -159,7 +167,7 @@ def _check_value(f: Field, value: Any, where: str, fill: bool) -> None:
     elif f.kind == "list":
         if type(value) is not list:
             raise SchemaError(f"{where} is not a list")
-        if f.items == "row" and all(type(item) is list for item in value) and _is_row([*chain(*value)]):
+        if f.items == "row" and _are_rows(value):
             return  # hundreds of rows a snapshot: checked as one; a bad one is found below
         for i, item in enumerate(value):
             if f.table is not None:
@@ -181,18 +189,33 @@ def _check_value(f: Field, value: Any, where: str, fill: bool) -> None:
 def _check(doc: Any, table: Table, where: str, fill: bool) -> None:
     if type(doc) is not dict:
         raise SchemaError(f"{where} is not an object")
-    for f in table.fields:
-        value = doc.get(f.name, _ABSENT)
+    for name, f, fits in _plan(table):
+        value = doc.get(name, _ABSENT)
         if value is _ABSENT:
             if f.required:
-                raise SchemaError(f"{where}.{f.name} is missing")
+                raise SchemaError(f"{where}.{name} is missing")
             if fill:
-                doc[f.name] = default_of(f)
+                doc[name] = default_of(f)
         elif value is None:
             if not f.nullable:
-                raise SchemaError(f"{where}.{f.name} is null")
-        else:
-            _check_value(f, value, f"{where}.{f.name}", fill)
+                raise SchemaError(f"{where}.{name} is null")
+        elif fits is None or not fits(value):
+            _check_value(f, value, f"{where}.{name}", fill)  # nested, or wrong: raises with the path
+
+
+_PLANS: dict[int, tuple[Table, tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]]] = {}
+
+
+def _plan(table: Table) -> tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]:
+    """Each field of ``table`` with, for a scalar without choices, the test a value must pass
+    (a value that fails it goes to ``_check_value``, which says why); made once per table."""
+    found = _PLANS.get(id(table))
+    if found is None or found[0] is not table:
+        plan = tuple(
+            (f.name, f, _SCALARS[f.kind] if f.kind in _SCALARS and not f.choices else None) for f in table.fields
+        )
+        found = _PLANS[id(table)] = (table, plan)
+    return found[1]
 
 
 _ABSENT = object()
