@@ -43,8 +43,8 @@ GROWING_SHARE = 0.6
 CLEAN_T_STAT = 4.0
 """A floor that rose at almost every row must also fit a rising line this many standard errors
 above zero: noise alone rises at 4 of 5 rows now and then, never along a line."""
-FEW_ROWS_T_STAT = 36.0
-"""Added to both thresholds over the rows' degrees of freedom: 13 for 6 rows, 7.6 for 12, 4.9 for 42."""
+FEW_ROWS_T_STAT = 48.0
+"""Added to both thresholds over the rows' degrees of freedom: 16 for 6 rows, 8.8 for 12, 5.2 for 42."""
 NOISY_T_STAT = 6.0
 """A floor that does not rise at almost every row (what the loop keeps across the boundary varies
 with the input; a leak that grows every few steps) is a leak only when its fitted slope is this
