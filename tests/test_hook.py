@@ -136,9 +136,11 @@ def test_an_oom_is_written_durably_with_diagnosis_before_returning(make_hook, sp
     assert read_snapshot(spool)["devices"][0]["allocator"]["ooms"] == 1
 
 
-def test_an_oom_in_a_forward_without_autograd_is_recorded_so_and_not_advised_checkpointing(make_hook, spool):
+def one_oom_event(make_hook, spool, **fake):
+    """The event file of one 20 GiB OOM on a 140 GiB device, with ``fake``'s attributes set on the FakeCuda."""
     cuda = FakeCuda()
-    cuda.grad = False
+    for key, value in fake.items():
+        setattr(cuda, key, value)
     cuda.set(0, allocated=130 * GIB, reserved=132 * GIB, ooms=1)
     hook = make_hook(cuda)
     hook.start()
@@ -146,22 +148,17 @@ def test_an_oom_in_a_forward_without_autograd_is_recorded_so_and_not_advised_che
     cuda.observer(0, 20 * GIB, 140 * GIB, 1 * GIB)
     (name,) = os.listdir(os.path.join(spool, "events"))
     with open(os.path.join(spool, "events", name)) as fh:
-        ev = json.load(fh)
+        return json.load(fh)
+
+
+def test_an_oom_in_a_forward_without_autograd_is_recorded_so_and_not_advised_checkpointing(make_hook, spool):
+    ev = one_oom_event(make_hook, spool, grad=False)
     assert ev["grad_enabled"] is False
     assert ev["diagnosis"]["facts"]["remedies"] == ["eval_batch", "half_precision", "compile"]
 
 
 def test_an_oom_before_the_job_probe_looked_still_knows_the_model_is_compiled(make_hook, spool):
-    cuda = FakeCuda()
-    cuda.is_compiled = True
-    cuda.set(0, allocated=130 * GIB, reserved=132 * GIB, ooms=1)
-    hook = make_hook(cuda)
-    hook.start()
-    hook.sampler.stop_thread()
-    cuda.observer(0, 20 * GIB, 140 * GIB, 1 * GIB)
-    (name,) = os.listdir(os.path.join(spool, "events"))
-    with open(os.path.join(spool, "events", name)) as fh:
-        ev = json.load(fh)
+    ev = one_oom_event(make_hook, spool, is_compiled=True)
     assert ev["job"]["compiled"] is True and "compile" not in ev["diagnosis"]["facts"]["remedies"]
 
 

@@ -262,26 +262,26 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    n = len(xs)
-    if n < 2:
-        return 0.0
+def _fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float, float]:
+    """Least squares of ``ys`` on ``xs``: (slope, mean x, mean y, sum of squared x deviations)."""
     mx, my = _mean(xs), _mean(ys)
     var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return slope, mx, my, var
+
+
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    return _fit(xs, ys)[0] if len(xs) >= 2 else 0.0
 
 
 def _t_stat(xs: Sequence[float], ys: Sequence[float]) -> float:
     """The least-squares slope of ``ys`` on ``xs`` over its standard error (inf for an exact line)."""
-    n = len(xs)
-    if n < 3:
+    if len(xs) < 3:
         return 0.0
-    mx, my = _mean(xs), _mean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
+    slope, mx, my, var = _fit(xs, ys)
     if not var:
         return 0.0
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (len(xs) - 2)
     if residual <= 0:
         return float("inf") if slope > 0 else 0.0
     return float(slope / (residual / var) ** 0.5)
