@@ -43,7 +43,7 @@ unit:
 # On the GPU machine (no network; run from the tree):
 #   PYTHONPATH=exporter:sidecar:webhook python3 -m pytest -m gpu -p no:cacheprovider tests
 gpu-test:
-	PYTHONPATH=exporter:sidecar:webhook $(PYTHON) -m pytest -m gpu tests
+	PYTHONPATH=exporter:sidecar:webhook $(PYTHON) -m pytest -m "gpu or gpu_image" tests
 
 clean:
 	rm -rf $(VENV) .tools

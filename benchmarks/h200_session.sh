@@ -16,6 +16,7 @@ for s in $STAGES; do case $s in
   fixtures) stage fixtures 90 python3 tests/fixtures/record_h200.py "$R/fixtures";;
   demo) stage demo 150 python3 -m oomsight run --port 0 --spool /tmp/demo-spool --tape "$R/h200-demo.tape.jsonl.gz" -- python3 -m oomsight.tools.demo_train;;
   gpu-tests) stage gpu-tests 300 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py;;
+  gpu-image) stage gpu-image 200 python3 -m pytest -m gpu_image -v -p no:cacheprovider tests/test_predict.py;;
   overhead) stage overhead 240 python3 benchmarks/bench_overhead.py --out "$R/bench";;
   sample-cost) stage sample-cost 90 python3 benchmarks/bench_sample_cost.py --out "$R/bench";;
   oom-latency) stage oom-latency 120 python3 benchmarks/bench_oom_latency.py --out "$R/bench";;

@@ -330,11 +330,13 @@ def test_a_recorded_configuration_predicts_the_same_here_and_matches_the_h200(na
 REPREDICTED = {"bert-bf16-adamw": 0.005, "vit_b_16-fp32-adamw": 0.015, "vit_b_16-bf16-accum2": 0.015}
 
 
-@pytest.mark.parametrize("name", sorted(REPREDICTED))
+# torchvision's wheel does not load against the CPU machines' local torch build: the ViT rows run
+# with the GPU machine's suite (marker ``gpu_image``), the rest everywhere
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.gpu_image) if n.startswith("vit") else n for n in sorted(REPREDICTED)]
+)
 def test_a_repredicted_configuration_is_now_close_to_its_h200_measurement(name):
     pytest.importorskip("transformers")
-    if name.startswith("vit"):
-        pytest.importorskip("torchvision")
     row = next(r for r in _recorded()["rows"] if r["config"]["name"] == name)
     cfg = row["config"]
     spec = models.get(cfg["model"])
