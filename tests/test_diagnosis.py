@@ -409,3 +409,12 @@ def test_readings_and_times_no_hook_could_write_give_no_pile_and_no_error():
     for bad in ({"last_step_time": "x"}, {"time": float("nan")}, {"sampled_allocated": [[1], ["a", "b"], None]}):
         d = diagnose(facts(phase="forward", **bad))
         assert d["cause"] in CAUSES
+
+
+def test_after_training_steps_a_pile_of_one_second_spanning_many_step_times_is_enough():
+    samples = sawtooth(20 * GIB, 1.2, 8 * GIB, GIB)  # 1.2 s of an evaluation loop keeping every output
+    d = diagnose(evaluation(samples, grad=True))
+    assert d["cause"] == "leak" and d["facts"]["remedies"][0] == "no_grad"
+    # the same 1.2 s in a process that never stepped: one long forward cannot be told from many
+    d = diagnose(facts(phase="forward", grad_enabled=True, sampled_allocated=samples, time=samples[-1][0] + 0.05))
+    assert d["cause"] != "leak"

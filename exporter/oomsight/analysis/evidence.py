@@ -130,14 +130,15 @@ def _job(f: OomFacts) -> dict[str, Any]:
 
 def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
     """``trend.piled_up`` where the OOM came in a forward long after the last optimizer step (at
-    least 3 step times and 3 s), or in a process that never stepped one."""
+    least 3 step times and 1 s), or in a process that never stepped one."""
     if f.get("phase") not in ("forward", None):
         return None
     last, now = f.get("last_step_time"), f.get("time")
-    quiet = max(trend.PILE_STEP_TIMES * (per_step or 0.0), trend.PILE_MIN_SECONDS)
+    quiet = max(trend.PILE_STEP_TIMES * (per_step or 0.0), trend.PILE_AFTER_STEPS_MIN_SECONDS)
     try:
         if last is not None and now is not None and float(now) - float(last) < quiet:
             return None
     except (TypeError, ValueError, OverflowError):  # numbers no hook wrote: no verdict
         return None
-    return trend.piled_up(f.get("sampled_allocated") or [], last, total)
+    span = trend.PILE_MIN_SECONDS if last is None else quiet
+    return trend.piled_up(f.get("sampled_allocated") or [], last, total, span)

@@ -196,14 +196,22 @@ def leak_before_oom(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Opt
         return None
 
 
-PILE_MIN_SAMPLES = 12
+PILE_MIN_SAMPLES = 8
 PILE_MIN_SECONDS = 3.0
-"""Sampled memory that piles up across forwards: at least this many readings over at least this long."""
+"""Sampled memory that piles up across forwards: at least this many readings over at least this long
+in a process that never stepped an optimizer (nothing tells one long forward from many)..."""
 PILE_STEP_TIMES = 3.0
-"""...and, in a training job, at least this many step times since the last optimizer step."""
+PILE_AFTER_STEPS_MIN_SECONDS = 1.0
+"""...and after optimizer steps, over at least this many step times and this many seconds: a forward
+of the model takes less than a step, so memory that keeps rising for longer spans many forwards."""
 
 
-def piled_up(samples: Sequence[Sequence[float]], since: Optional[float], capacity_bytes: int) -> Optional[int]:
+def piled_up(
+    samples: Sequence[Sequence[float]],
+    since: Optional[float],
+    capacity_bytes: int,
+    min_seconds: float = PILE_MIN_SECONDS,
+) -> Optional[int]:
     """Memory that piled up while no optimizer step came (evaluation, inference, generation):
     ``samples`` are the sampler's ``[time, allocated_bytes]`` readings, ``since`` the time of the
     last optimizer step (None: none ever). Within one forward memory rises for a fraction of a
@@ -213,7 +221,7 @@ def piled_up(samples: Sequence[Sequence[float]], since: Optional[float], capacit
     Returns the rise, or None."""
     try:
         points = [(float(t), float(a)) for t, a, *_ in samples if since is None or t > since]
-        if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < PILE_MIN_SECONDS:
+        if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < min_seconds:
             return None
         if since is None and not _falls_back(points):
             return None
