@@ -30,7 +30,8 @@ for s in $STAGES; do case $s in
   overhead-launch) stage overhead-launch 240 python3 benchmarks/bench_overhead.py --models launch_bound --variants baseline,oomsight_defaults --rounds 150 --steps 100 --name overhead-launch-bound.json --out "$R/bench";;
   overhead-dose) stage overhead-dose 200 python3 benchmarks/bench_overhead.py --models launch_bound --variants baseline,oomsight_defaults,oomsight_sample_1khz --rounds 60 --steps 100 --name overhead-launch-bound-dose.json --out "$R/bench";;
   accounting) stage accounting 120 python3 benchmarks/bench_cost_accounting.py --out "$R/bench";;
-  heldout) stage heldout 420 python3 benchmarks/heldout/run.py --out "$R/heldout" --jobs 6;;
+  heldout) stage heldout 330 python3 benchmarks/heldout/run.py --out "$R/heldout" --jobs 8 --no-remedy;;
+  heldout-remedy) stage heldout-remedy 420 python3 benchmarks/heldout/run.py --out "$R/heldout" --jobs 8;;
   heldout-judge) stage heldout-judge 60 python3 benchmarks/corpus/evaluate.py "$R/heldout" --json "$R/heldout/judged.json";;
   predict-verify) stage predict-verify 300 python3 benchmarks/bench_predict.py --out "$R/bench" --measured benchmarks/results/predict.json --reuse benchmarks/results/predict.json --fresh bert-bf16-adamw,vit_b_16-fp32-adamw,vit_b_16-bf16-accum2 --deadline 200;;
   overhead-gpu) stage overhead-gpu 120 python3 benchmarks/bench_overhead.py --rounds 20 --models gpu_bound --name overhead-gpu-bound.json --out "$R/bench";;
