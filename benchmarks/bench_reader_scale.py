@@ -50,6 +50,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from oomsight.analysis import trend
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.tools import tape
 from oomsight.tools.demo import TAPE
@@ -71,6 +72,10 @@ def move(doc: dict[str, Any], seq: int, i: int) -> None:
     last = rows[-1]
     rows.append([last[0] + 1, last[1] + 0.025, last[2], last[3] - (seq % 3) * 2**20, last[4], last[5]])
     del rows[0]
+    judged = d.get("step_trend")
+    if judged is not None:  # a 1.5 writer: only the last row, and its verdict judged again
+        judged["points"] += 1
+        judged["floor_slope_bytes"] = float((seq % 11) * 1024)
 
 
 WRITER = """
@@ -101,10 +106,18 @@ def _writer_source() -> str:
     return textwrap.dedent(head) + inspect.getsource(move) + "seq = 0\n" + loop
 
 
-def reference_snapshot() -> dict[str, Any]:
+def reference_snapshot(older: bool = False) -> dict[str, Any]:
+    """The tape's last snapshot, running: as this hook writes it (wire 1.5: the verdict on its
+    step rows and the last row alone, no sampled trend), or, ``older``, as the tape holds it
+    (every step row, 20 KB)."""
     _, records = tape.read(TAPE)
     doc = next(r["doc"] for r in reversed(records) if r["doc"]["kind"] == "snapshot")
     doc.update(state="running", exit_reason=None)
+    if not older:
+        for d in doc["devices"]:
+            rows = d["steps_memory"]
+            d["step_trend"] = trend.verdict(trend.analyse(rows, d.get("limit_bytes") or d["total_bytes"]))
+            d["steps_memory"], d["trend"] = rows[-1:], []
     return doc
 
 
@@ -172,12 +185,15 @@ def measured(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return {**found, "full_gc_in_scrapes": full}
 
 
-def measure_changed(n: int, scrapes: int, fmt: tuple[Any, str] = TEXT, cached: bool = True) -> dict[str, Any]:
+def measure_changed(
+    n: int, scrapes: int, fmt: tuple[Any, str] = TEXT, cached: bool = True, older: bool = False
+) -> dict[str, Any]:
     """Every rank changed since the last scrape. One collector; a scrape is its two parts timed
     apart: ``read`` (the reader parses the changed files) and ``render`` (the collector's
     exposition, whose own read finds nothing changed: an ``lstat`` a file). ``cached=False``:
-    ``render`` is ``generate_latest`` over a registry holding the collector, as before the cache."""
-    doc = reference_snapshot()
+    ``render`` is ``generate_latest`` over a registry holding the collector, as before the cache.
+    ``older``: every rank an older writer's 20 KB snapshot, whose step rows the reader judges."""
+    doc = reference_snapshot(older)
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, "snapshots"))
         collector, registry = collector_for(root), CollectorRegistry()
@@ -260,6 +276,7 @@ def main() -> int:
         "64_ranks": {
             "changed": measured(lambda: measure_changed(64, 200)),
             "changed_uncached": measured(lambda: measure_changed(64, 200, cached=False)),
+            "changed_older_writer": measured(lambda: measure_changed(64, 100, older=True)),
             "changed_openmetrics": measured(lambda: measure_changed(64, 50, OPENMETRICS)),
             "unchanged": measured(lambda: measure_unchanged(64, 200)),
             "live_publish_10hz_scrape_10hz": measured(lambda: measure_live(64, 10.0, args.seconds)),
@@ -268,6 +285,7 @@ def main() -> int:
         "1000_ranks": {
             "changed": measured(lambda: measure_changed(1000, 20)),
             "changed_uncached": measured(lambda: measure_changed(1000, 20, cached=False)),
+            "changed_older_writer": measured(lambda: measure_changed(1000, 10, older=True)),
             "unchanged": measured(lambda: measure_unchanged(1000, 50)),
             "live_publish_1hz_scrape_1hz": measured(lambda: measure_live(1000, 1.0, 3 * args.seconds)),
             "live_publish_0.1hz_scrape_1hz": measured(

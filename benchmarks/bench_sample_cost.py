@@ -9,23 +9,10 @@ import argparse
 import os
 import sys
 import tempfile
-import time
-from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import build, percentile, write
-
-
-def measure(fn: Callable[[], Any], n: int) -> dict[str, float]:
-    for _ in range(min(n, 200)):
-        fn()
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1000.0)
-    return {"median_us": percentile(samples, 50), "p99_us": percentile(samples, 99), "n": n}
+from common import build, measure, write
 
 
 def main() -> None:

@@ -76,6 +76,18 @@ def percentile(values: list[float], p: float) -> float:
     return vs[min(len(vs) - 1, round(p / 100 * (len(vs) - 1)))]
 
 
+def measure(fn: Any, n: int) -> dict[str, float]:
+    """Median and p99 microseconds of one call of ``fn`` over ``n`` calls, after a warm-up."""
+    for _ in range(min(n, 200)):
+        fn()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0)
+    return {"median_us": percentile(samples, 50), "p99_us": percentile(samples, 99), "n": n}
+
+
 def environment() -> dict[str, Any]:
     import torch
 

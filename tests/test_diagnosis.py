@@ -418,3 +418,53 @@ def test_after_training_steps_a_pile_of_one_second_spanning_many_step_times_is_e
     # the same 1.2 s in a process that never stepped: one long forward cannot be told from many
     d = diagnose(facts(phase="forward", grad_enabled=True, sampled_allocated=samples, time=samples[-1][0] + 0.05))
     assert d["cause"] != "leak"
+
+
+def test_a_pile_that_begins_after_an_idle_or_loading_start_of_the_readings_is_still_seen():
+    idle = [[1994.0 + i / 10, 0] for i in range(60)]  # 6 s before the loop: nothing on the GPU yet
+    samples = idle + sawtooth(20 * GIB, 6, 4 * GIB, GIB)
+    d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=samples, time=2006.0))
+    assert d["cause"] == "leak", d["summary"]
+
+
+def test_generation_whose_cache_rises_between_every_two_readings_is_growing_demand_not_a_forward():
+    """A token's forward frees its temporaries between two readings: generation only rises, as a model
+    loading would; but no model loads inside ``generate``."""
+    load = [[1994.0 + i / 10, min(i, 20) * 100 * MIB] for i in range(60)]
+    cache = [[2000.0 + i / 10, 6 * GIB + i * 25 * MIB] for i in range(70)]
+    stack = ["serve.py:40 in main", "transformers/generation/utils.py:2802 in generate",
+             "torch/nn/modules/module.py:1790 in _call_impl"]
+    d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=load + cache, time=2007.0,
+                       stack=stack, model_states=weights(2 * GIB, "bfloat16")))
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_input", d["summary"]
+    # the same readings outside generation: a model loading then one forward, no pile
+    d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=load + cache, time=2007.0,
+                       stack=stack[::2], model_states=weights(2 * GIB, "bfloat16")))
+    assert d["cause"] == "activations"
+
+
+def test_one_huge_request_inside_a_models_forward_is_an_activation_that_a_smaller_batch_shrinks():
+    inside = ["embed.py:20 in main", "torch/nn/modules/module.py:1790 in _call_impl",
+              "transformers/models/bert/modeling_bert.py:408 in forward"]
+    huge = dict(requested_bytes=60 * GIB, allocated_bytes=10 * GIB, reserved_bytes=10 * GIB,
+                device_free_bytes=69 * GIB, phase="forward")
+    d = diagnose(facts(stack=inside, grad_enabled=False, model_states=weights(GIB, "bfloat16"), **huge))
+    assert d["cause"] == "activations" and d["facts"]["remedies"][:2] == ["eval_batch", "oversized"]
+    d = diagnose(facts(stack=inside, grad_enabled=True, model_states=weights(GIB, "bfloat16"), **huge))
+    assert d["facts"]["remedies"][0] == "no_grad"
+    # the same request written in user code (one product over whole sets): split that operation
+    d = diagnose(facts(stack=inside[:1], grad_enabled=False, model_states=weights(GIB, "bfloat16"), **huge))
+    assert d["cause"] == "oversized_request" and d["facts"]["remedies"][0] == "oversized"
+
+
+def test_grad_mode_off_inside_an_autograd_function_is_not_inference():
+    """A compiled graph's forward (and a reentrant checkpoint's) runs inside ``autograd.Function``
+    with grad mode off, whatever its caller records: a training step, not inference."""
+    compiled = ["train.py:80 in step", "torch/autograd/function.py:596 in apply",
+                "torch/_functorch/_aot_autograd/runtime_wrappers.py:2503 in forward"]
+    states = {"parameters_bytes": GIB, "gradients_bytes": 0, "optimizer_state_bytes": 0,
+              "optimizer_state_expected_bytes": 2 * GIB, "optimizers": 1, "param_dtype": "float32"}
+    d = diagnose(facts(phase="forward", grad_enabled=False, stack=compiled, model_states=states))
+    assert "checkpointing" in d["facts"]["remedies"] and "eval_batch" not in d["facts"]["remedies"]
+    d = diagnose(facts(phase="forward", grad_enabled=False, stack=compiled[:1], model_states=states))
+    assert "checkpointing" not in d["facts"]["remedies"]

@@ -133,17 +133,44 @@ def test_step_rows_that_did_not_move_are_not_judged_again(spool, monkeypatch):
     assert len(judged) == 2
 
 
+def test_a_hooks_own_verdict_is_read_not_judged_again_and_an_older_writers_rows_still_are(spool, monkeypatch):
+    from oomsight.analysis import trend
+
+    judged = []
+    analyse = trend.analyse
+    monkeypatch.setattr(trend, "analyse", lambda rows, capacity: judged.append(len(rows)) or analyse(rows, capacity))
+    older = snapshot(pid=1)
+    rows = older["devices"][0]["steps_memory"]
+    newer = snapshot(pid=2, rank=1)
+    verdict = trend.verdict(analyse(rows, older["devices"][0]["total_bytes"]))
+    verdict.update(leak=True, floor_slope_bytes=12345.0, steps_to_oom=None)
+    newer["devices"][0].update(steps_memory=rows[-1:], step_trend=verdict)
+    put(spool, snapshot_path(1), older)
+    put(spool, snapshot_path(2), newer)
+    reg = CollectorRegistry()
+    reg.register(SpoolCollector(spool, clock=lambda: NOW))
+    def value(name, rank):
+        labels = {"rank": rank, "local_rank": rank, "device": "0", "gpu_uuid": newer["devices"][0]["uuid"]}
+        return reg.get_sample_value(name, labels)
+
+    assert value("oomsight_leak_suspected", "1") == 1.0 and value("oomsight_leak_suspected", "0") == 0.0
+    assert value("oomsight_step_floor_slope_bytes", "1") == 12345.0
+    assert value("oomsight_oom_forecast_steps", "1") == float("inf")
+    assert value("oomsight_step_floor_allocated_bytes", "1") == rows[-1][2]
+    assert judged and set(judged) == {len(rows)}  # the older writer's rows alone, never the newer's one
+
+
 def test_the_cache_holds_only_what_the_last_scrape_served(spool):
     for pid in (1, 2, 3):
         put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
     put(spool, event_path(1, 1), event(pid=1, rank=1))
     collector = SpoolCollector(spool, clock=lambda: NOW)
     assert_cached_equals_uncached(collector)
-    assert len(collector.cache) == 3 + 3  # processes and OOM tallies
+    assert len(collector.cache) == 3 * 3 + 3  # each process's own, steps and devices parts; OOM tallies
     os.unlink(os.path.join(spool, snapshot_path(3)))  # its file is gone: so are its series
     inv = assert_cached_equals_uncached(collector)
     assert [v.rank_labels for v in inv.processes] == [("1", "1"), ("2", "2")]
-    assert len(collector.cache) == 2 + 3  # its OOM counters stay, at 0 (the Ledger: they never vanish)
+    assert len(collector.cache) == 2 * 3 + 3  # its OOM counters stay, at 0 (the Ledger: they never vanish)
 
 
 def test_a_file_that_turns_bad_drops_its_series_and_is_counted_as_without_the_cache(spool):
@@ -292,3 +319,13 @@ def test_the_sidecar_answers_metrics_as_prometheus_client_s_own_app_does(spool, 
             body, want = gzip.decompress(body), (*want[:2], gzip.decompress(want[2]))
         assert body == want[2]
     assert wsgi(app, method="OPTIONS")[:2] == wsgi(reference, method="OPTIONS")[:2]
+
+
+def test_the_kept_value_texts_are_what_prometheus_client_writes_zeros_of_either_sign_included():
+    from prometheus_client.utils import floatToGoString
+
+    from oomsight.metrics.rows import text_of as _text
+
+    values = [0, 0.0, -0.0, 0, -0.0, 1, 1.0, True, 2**53 + 1, 2.0**53, float("nan"), float("inf"), -1e300, 0.1]
+    for v in values + values[::-1]:  # each seen twice, in both orders
+        assert _text(v) == floatToGoString(v), v

@@ -381,3 +381,31 @@ def test_a_failing_nvml_call_is_counted_in_the_hooks_errors_and_the_snapshot(mak
     hook.sampler.publish()
     assert hook.errors.counts["nvml"] >= 1
     assert read_snapshot(spool)["errors"]["nvml"] >= 1
+
+
+def test_the_hook_publishes_its_verdict_on_the_step_rows_with_only_the_last_row(make_hook, spool, monkeypatch):
+    """Wire 1.5: the sidecar reads the verdict instead of judging 256 rows a scrape; the rows are
+    judged once per new row, in the sampler thread."""
+    from oomsight.analysis import trend
+
+    judged = []
+    analyse = trend.analyse
+    monkeypatch.setattr(trend, "analyse", lambda rows, cap: judged.append(len(rows)) or analyse(rows, cap))
+    cuda = FakeCuda()
+    cuda.set(0, allocated=GIB, reserved=40 * GIB)
+    hook = make_hook(cuda)
+    hook.steps.on_step = hook._on_step  # what start() wires where torch has the global step hook
+    hook.step_memory.min_interval = 0.0
+    hook.sampler.tick()
+    for step in range(1, 21):  # 1 GiB more survives every step: a leak
+        cuda.set(0, allocated=step * GIB, reserved=40 * GIB, peak_allocated=(step + 4) * GIB)
+        hook.steps.post_step(FakeOptimizer(), (), {})
+    assert hook.errors.counts == {}
+    hook.sampler.publish()
+    hook.sampler.publish()  # no new row: not judged again
+    d = read_snapshot(spool)["devices"][0]
+    assert d["steps_memory"] == [hook.step_memory.series(0)[-1]] and len(hook.step_memory.series(0)) == 20
+    t = d["step_trend"]
+    assert t["leak"] is True and t["points"] == 18 and t["floor_slope_bytes"] == GIB
+    assert t["steps_to_oom"] is not None and judged == [20]
+    assert validate(read_snapshot(spool)) == "snapshot"

@@ -43,6 +43,10 @@ HOSTILE = {
     "lone_surrogate_in_a_label": json.dumps(snapshot(pid=9)).replace("NVIDIA H200", "\\udc80").encode(),
     "lone_surrogate_as_raw_bytes": json.dumps(snapshot(pid=9)).encode().replace(b"NVIDIA", b"\xed\xb2\x80"),
     "huge_time": json.dumps(snapshot(pid=9, t=1e300)).encode(),
+    "newer_key_nested_40_deep": json.dumps(snapshot(pid=9, x=json.loads(deep(40)))).encode(),
+    "newer_device_key_nested_40_deep": json.dumps(snapshot(pid=9)).replace(
+        '"index": 0', '"index": 0, "x": ' + deep(40).decode()
+    ).encode(),
 }
 
 
@@ -79,6 +83,31 @@ def test_json_nested_1000_deep_is_corrupt_before_it_reaches_the_parser():
     assert not decoding.nesting_within(b'{"a": [1, {"c": []}]}', 3)
     assert not decoding.nesting_within(b"[" * 5000 + b"]" * 5000, 32)  # the regex passes, on long input
     assert not decoding.nesting_within(b"[[]", 32) and not decoding.nesting_within(b"][", 32)
+
+
+def test_a_file_parsed_again_shares_what_did_not_change_and_checks_what_did(spool):
+    """The reader validates only what changed since a file's last version (the rest is the last
+    version's, already checked): a bad value is still caught where it changed, and a newer
+    writer's key nested within bounds is kept."""
+    reader = SpoolReader(spool)
+    put(spool, snapshot_path(1), snapshot(pid=1, x=json.loads(deep(20))))
+    first = reader.read().snapshots[0]
+    moved = snapshot(pid=1, x=json.loads(deep(20)))
+    moved["time"] -= 1
+    moved["devices"][0]["allocator"]["allocated_bytes"] += 1
+    put(spool, snapshot_path(1), moved)
+    second = reader.read().snapshots[0]
+    assert second["process"] is first["process"] and second["x"] is first["x"]  # unchanged: shared
+    assert second["devices"][0]["nvml"] is first["devices"][0]["nvml"]
+    assert second["devices"][0]["allocator"] is not first["devices"][0]["allocator"]
+    bad = json.loads(json.dumps(moved))
+    bad["devices"][0]["allocator"]["reserved_bytes"] = -1.5  # an int field
+    put(spool, snapshot_path(1), bad)
+    assert reader.read().snapshots == [] and reader._skipped["invalid"] == 1
+    put(spool, snapshot_path(1), moved)
+    assert reader.read().snapshots[0]["devices"][0]["allocator"]["allocated_bytes"] == first["devices"][0][
+        "allocator"
+    ]["allocated_bytes"] + 1
 
 
 def test_a_device_without_its_optional_nvml_key_scrapes(spool):

@@ -47,6 +47,20 @@ LABELS = {
 EXPECTED_OUTCOME = {"recovered_by_user_code": "recovered"}
 
 
+def leak_flag(dev: dict[str, Any]) -> Any:
+    """The step at which a snapshot's device first showed the leak flag, or None without one: the
+    hook's own verdict (wire 1.5: the step of the snapshot's last row), or an older writer's rows
+    judged here (the first row at which they were a leak)."""
+    rows = dev.get("steps_memory") or []
+    judged = dev.get("step_trend")
+    if judged is not None:
+        return (int(rows[-1][trend.STEP]) if rows else 0) if judged.get("leak") else None
+    capacity = dev.get("limit_bytes") or dev.get("total_bytes") or 1
+    if rows and trend.analyse(rows, capacity).leak:
+        return trend.first_leak_step(rows, capacity)
+    return None
+
+
 def judge_tape(path: str) -> dict[str, Any]:
     """The OOM diagnoses and the leak flag of one recorded run."""
     _header, records = tape.read(path)
@@ -59,12 +73,10 @@ def judge_tape(path: str) -> dict[str, Any]:
             events[rec["path"]] = doc  # the last write of each event (outcome settled)
         elif doc.get("kind") == "snapshot":
             for dev in doc.get("devices", []):
-                rows = dev.get("steps_memory") or []
-                capacity = dev.get("limit_bytes") or dev.get("total_bytes") or 1
-                if rows and trend.analyse(rows, capacity).leak:
+                flag = leak_flag(dev)
+                if flag is not None:
                     flagged_rows += 1
-                    if first_flag is None:
-                        first_flag = trend.first_leak_step(rows, capacity)
+                    first_flag = flag if first_flag is None else first_flag
     first = sorted(events.values(), key=lambda e: e["seq"])[:1]
     out: dict[str, Any] = {"ooms": len(events), "leak_flag_snapshots": flagged_rows, "leak_first_step": first_flag}
     if first:

@@ -24,11 +24,14 @@ from oomsight.analysis.evidence import (
     CAUSES,
     DECISIVE_SHARE,
     FRAGMENTATION_MIN_SHARE,
+    GENERATION_FRAMES,
     MODEL_STATES_SHARE,
+    MODULE_FRAME,
     OUTSIDE_SHARE,
     OVERSIZED_SHARE,
     Cause,
     Evidence,
+    on_stack,
 )
 from oomsight.analysis.oomfacts import ModelStates, OomFacts, facts_from_event, leak_growth
 from oomsight.analysis.units import format_bytes as fb
@@ -123,18 +126,13 @@ def _leak_rule(ev: Evidence) -> Optional[Diagnosis]:
     return ev.result(Cause.LEAK, ["leak", "history"], summary)
 
 
-GENERATION_FRAMES = ("/generation/", " in generate")
-"""A frame of a generation loop on the failing stack (``transformers``' ``generate``): memory that
-piles up there is the key/value cache growing with every token, by design."""
-
-
 def _piled_rule(ev: Evidence, growth: int) -> Diagnosis:
     when = (
         "with no optimizer step in this process"
         if ev.f.get("last_step_time") is None
         else (f"{ev.f.get('time', 0.0) - (ev.f.get('last_step_time') or 0.0):.0f} s after the last optimizer step")
     )
-    if any(mark in str(frame) for frame in ev.f.get("stack") or [] for mark in GENERATION_FRAMES):
+    if on_stack(ev.f, GENERATION_FRAMES):
         ev.facts["piled_up_bytes"] = growth
         return ev.result(
             Cause.GROWING_DEMAND,
@@ -207,11 +205,28 @@ def _oversized_rule(ev: Evidence) -> Optional[Diagnosis]:
         return None
     if ev.step_need is not None and ev.outgrew(ev.step_need - ev.requested):
         return None  # the step had already outgrown earlier ones: growing demand
+    if ev.f.get("phase") == "forward" and on_stack(ev.f, (MODULE_FRAME,)):
+        return _huge_activation(ev)
     return ev.result(
         Cause.OVERSIZED_REQUEST,
         ["oversized", "bound_input"],
         f"One request of {fb(ev.requested)} is more than half of the {fb(ev.usable)} this process could "
         "use (reserved plus free).",
+    )
+
+
+def _huge_activation(ev: Evidence) -> Diagnosis:
+    """One huge request made by a module in the model's forward: one of its activations, whose size
+    follows what the step takes in (batch x sequence), not an operation written to do everything at
+    once in user code. A smaller batch shrinks it; chunking that operation does too."""
+    recording = bool(ev.f.get("grad_enabled"))
+    first = ["no_grad"] if recording and not ev.training else []
+    return ev.result(
+        Cause.ACTIVATIONS,
+        [*first, "batch", "oversized", "bound_input"],
+        f"One tensor of {fb(ev.requested)}, more than half of the {fb(ev.usable)} this process could use "
+        "(reserved plus free), was asked for inside the model's forward: an activation, whose size "
+        "follows the batch and the sequence length.",
     )
 
 

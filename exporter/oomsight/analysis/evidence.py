@@ -78,9 +78,15 @@ class Evidence:
         self.training = trains(f)
         """An optimizer exists or has stepped: a training job (else inference, evaluation, or a
         training step before any optimizer was made)."""
-        self.no_grad = f.get("phase") in ("forward", None) and f.get("grad_enabled") is False
+        self.no_grad = (
+            f.get("phase") in ("forward", None)
+            and f.get("grad_enabled") is False
+            and not on_stack(f, (FUNCTION_FRAME,))
+        )
         """The failing forward ran without autograd (no_grad, inference_mode): nothing is kept for a
-        backward, so checkpointing cannot help. (Backward itself runs with grad mode off.)"""
+        backward, so checkpointing cannot help. (Backward itself runs with grad mode off, and so does
+        the forward of an ``autograd.Function``: a compiled graph's, a reentrant checkpoint's, whose
+        caller may well be recording.)"""
         self.facts: dict[str, Any] = {
             "requested_bytes": self.requested,
             "usable_bytes": self.usable,
@@ -128,9 +134,24 @@ def _job(f: OomFacts) -> dict[str, Any]:
     return job
 
 
+GENERATION_FRAMES = ("/generation/", " in generate")
+"""A frame of a generation loop on the failing stack (``transformers``' ``generate``): memory that
+piles up there is the key/value cache growing with every token, by design."""
+FUNCTION_FRAME = "torch/autograd/function.py"
+"""A frame of ``autograd.Function.apply``: its forward runs with grad mode off whatever its caller's."""
+MODULE_FRAME = "torch/nn/modules/module.py"
+"""A frame of ``nn.Module.__call__``: the failing allocation was made inside a model's forward."""
+
+
+def on_stack(f: OomFacts, marks: Sequence[str]) -> bool:
+    return any(mark in str(frame) for frame in f.get("stack") or [] for mark in marks)
+
+
 def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
     """``trend.piled_up`` where the OOM came in a forward long after the last optimizer step (at
-    least 3 step times and 1 s), or in a process that never stepped one."""
+    least 3 step times and 1 s), or in a process that never stepped one. Inside a generation loop
+    the readings need not fall back: loading a model never happens there, and the cache's rise of a
+    token at a time hides each forward's temporaries between two readings."""
     if f.get("phase") not in ("forward", None):
         return None
     last, now = f.get("last_step_time"), f.get("time")
@@ -141,4 +162,5 @@ def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
     except (TypeError, ValueError, OverflowError):  # numbers no hook wrote: no verdict
         return None
     span = trend.PILE_MIN_SECONDS if last is None else quiet
-    return trend.piled_up(f.get("sampled_allocated") or [], last, total, span)
+    generating = on_stack(f, GENERATION_FRAMES)
+    return trend.piled_up(f.get("sampled_allocated") or [], last, total, span, falls=not generating)

@@ -7,6 +7,7 @@ Shared by the Prometheus collector and the text report, so both tell the same st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Optional
 
@@ -37,7 +38,7 @@ class ProcessView:
     age_seconds: float
     exit_reason: Optional[str]
 
-    @property
+    @functools.cached_property
     def rank_labels(self) -> tuple[str, str]:
         p = self.snapshot["process"]
         return str(p["rank"]), str(p["local_rank"])

@@ -20,8 +20,11 @@ skipped. Pure functions, no torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Optional
+
+from oomsight.wire.schema import StepTrend
 
 STEP, TIME, FLOOR, PEAK, RESERVED, EXACT = range(6)
 ROW_FIELDS = ("step", "time", "floor_bytes", "peak_bytes", "reserved_bytes", "exact")
@@ -80,6 +83,23 @@ class Trend:
 
 
 EMPTY = Trend(0, False, False, 0.0, 0.0, 0, 0, 0, 0, None, None, None)
+
+
+def verdict(t: Trend) -> StepTrend:
+    """What a snapshot carries of ``t`` (its ``step_trend``): the numbers the sidecar exports.
+    A number past float range (rows no hook writes) is 0, a forecast without one is null."""
+    return StepTrend(
+        points=t.points,
+        leak=t.leak,
+        floor_slope_bytes=_finite(t.floor_slope) or 0.0,
+        floor_growth_bytes=int(_finite(t.floor_growth_bytes) or 0),
+        steps_to_oom=_finite(t.steps_to_oom),
+        seconds_to_oom=_finite(t.seconds_to_oom),
+    )
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    return float(x) if x is not None and math.isfinite(x) else None
 
 
 def analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
@@ -211,19 +231,35 @@ def piled_up(
     since: Optional[float],
     capacity_bytes: int,
     min_seconds: float = PILE_MIN_SECONDS,
+    falls: bool = True,
 ) -> Optional[int]:
     """Memory that piled up while no optimizer step came (evaluation, inference, generation):
     ``samples`` are the sampler's ``[time, allocated_bytes]`` readings, ``since`` the time of the
     last optimizer step (None: none ever). Within one forward memory rises for a fraction of a
     second; across many forwards that keep something each, even the lowest reading of each
     quarter of the readings rises, for seconds. Without any step the readings must also fall back
-    again and again (forwards freeing their temporaries): loading a model only rises.
-    Returns the rise, or None."""
+    again and again (forwards freeing their temporaries): loading a model only rises (``falls``
+    False: the caller knows no model is loading). The readings may begin before the pile did (a
+    model still loading, an idle process): the readings since a quarter, a half and three quarters
+    of the way in are judged as well, each under the same bars. Returns the rise, or None."""
     try:
         points = [(float(t), float(a)) for t, a, *_ in samples if since is None or t > since]
+    except (TypeError, ValueError):
+        return None
+    for start in (0, len(points) // 4, len(points) // 2, 3 * len(points) // 4):
+        found = _pile(points[start:], falls and since is None, capacity_bytes, min_seconds)
+        if found is not None:
+            return found
+    return None
+
+
+def _pile(
+    points: Sequence[tuple[float, float]], never_stepped: bool, capacity_bytes: int, min_seconds: float
+) -> Optional[int]:
+    try:
         if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < min_seconds:
             return None
-        if since is None and not _falls_back(points):
+        if never_stepped and not _falls_back(points):
             return None
         quarter = len(points) // 4
         lows = [min(a for _t, a in points[i * quarter : (i + 1) * quarter]) for i in range(3)]

@@ -180,11 +180,10 @@ class Hook:
         """Sampler thread, before each publish: schedule a leak scan when the floor rises."""
         if self.torch is None or time.time() - self._last_leak_scan < LEAK_SCAN_INTERVAL_SECONDS:
             return
-        for dev in self.sampler.devices.values():
+        for dev in list(self.sampler.devices.values()):
             capacity = dev.limit or dev.total or 1
-            rows = self.step_memory.rows.get(dev.index)
-            if rows:
-                t = trend.analyse(rows, capacity)
+            t = self.step_memory.judged(dev.index, capacity)
+            if t is not None:
                 growth = t.floor_growth_bytes if t.leak else None
             else:
                 growth = leak_growth(list(dev.trend), capacity)
@@ -218,7 +217,7 @@ class Hook:
             "sources": dict(self.sources),
             "oom_events_unwritten": self.oom.unwritten_total,
             "job": self.job.snapshot() if self.steps is not None else None,
-            "steps_memory": {index: self.step_memory.series(index) for index in self.step_memory.rows},
+            **self._judged_steps(),
             "profiling": self.profiler.active_id if self.profiler else None,
             "leak": self.leak,
             "batch_advice": self.batch_advice,
@@ -227,6 +226,17 @@ class Hook:
         if self.steps is not None:
             extra.update(steps=self.steps.info(), categories=self.steps.categories, step_peaks=self.steps.step_peaks)
         return extra
+
+    def _judged_steps(self) -> dict[str, dict[int, Any]]:
+        """Each device's verdict on its step rows and its last row (the snapshot's ``step_trend``
+        and ``steps_memory``): the sidecar reads the verdict instead of judging 256 rows a scrape."""
+        verdicts, last = {}, {}
+        for dev in list(self.sampler.devices.values()):
+            t = self.step_memory.judged(dev.index, dev.limit or dev.total or 1)
+            if t is not None:
+                verdicts[dev.index] = trend.verdict(t)
+                last[dev.index] = self.step_memory.last(dev.index)
+        return {"step_trend": verdicts, "steps_memory": last}
 
     def stop(self, reason: str = "stopped") -> None:
         """Stop sampling and write the final snapshot (state ``exited``)."""

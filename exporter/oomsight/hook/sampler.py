@@ -338,8 +338,9 @@ class Sampler:
                 max(peak_a, r.allocated_bytes),
             ),
             step_peak=step_peak,
-            trend=list(dev.trend),
+            trend=[] if dev.index in extra.get("step_trend", {}) else list(dev.trend),  # judged by the step rows
             steps_memory=extra.get("steps_memory", {}).get(dev.index, []),
+            step_trend=extra.get("step_trend", {}).get(dev.index),
             prediction=extra.get("predictions", {}).get(dev.index),
         )
 

@@ -1,6 +1,7 @@
 """Step-resolved memory: at optimizer-step boundaries, the floor (allocated right after
 ``optimizer.step()``) and the step's peak, kept per device as a bounded series indexed by
-step (``analysis.trend`` reads it, in the sampler thread and the reader, never here).
+step. The sampler thread judges each device's rows (``analysis.trend``) once after every new
+row and publishes the verdict with only the last row; the training thread only appends.
 
 Torch's peak counters are never reset. The step's peak is exact when the lifetime peak rose
 since the previous row (the new lifetime peak happened in between); otherwise it is the
@@ -12,8 +13,9 @@ step when steps are slower than that, every k-th step when they are faster.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from oomsight.analysis import trend
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
@@ -41,6 +43,8 @@ class StepMemory:
         self.clock = clock
         self.wall = wall
         self.rows: dict[int, list[list[Any]]] = {}
+        self._appended: dict[int, int] = {}
+        self._judged: dict[int, tuple[tuple[int, int], trend.Trend]] = {}
         self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
 
@@ -68,6 +72,7 @@ class StepMemory:
     def _append(self, index: int, row: list[Any]) -> None:
         rows = self.rows.setdefault(index, [])
         rows.append(row)
+        self._appended[index] = self._appended.get(index, 0) + 1
         if len(rows) > MAX_ROWS:
             half = MAX_ROWS // 2
             rows[:] = rows[:half:2] + rows[half:]
@@ -75,3 +80,22 @@ class StepMemory:
     def series(self, index: int) -> list[list[float]]:
         """The rows of a device, oldest first (a copy: the training thread appends meanwhile)."""
         return [list(r) for r in list(self.rows.get(index, []))]  # list(): one atomic copy under the GIL
+
+    def last(self, index: int) -> list[list[float]]:
+        """The last row of a device (a copy), or none."""
+        rows = self.rows.get(index)
+        return [list(rows[-1])] if rows else []
+
+    def judged(self, index: int, capacity_bytes: int) -> Optional[trend.Trend]:
+        """The verdict on a device's rows (sampler thread; None without rows), judged again only
+        once a row was added or the capacity changed: at most once a publish, about 0.2 ms."""
+        stamp = (self._appended.get(index, 0), capacity_bytes)
+        kept = self._judged.get(index)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        rows = self.series(index)
+        if not rows:
+            return None
+        found = trend.analyse(rows, capacity_bytes)
+        self._judged[index] = (stamp, found)
+        return found

@@ -22,9 +22,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional
 
 from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
@@ -40,149 +37,12 @@ from oomsight.analysis.inventory import (
     ProcessView,
     take_inventory,
 )
-from oomsight.metrics.exposition import Encoder, ExpositionCache, Items, Part, Rows, merge
-from oomsight.metrics.family import (
-    ALLOCATOR_COUNTERS,
-    ALLOCATOR_GAUGES,
-    CATEGORIES,
-    DEV,
-    LIMIT_GAUGES,
-    NVML_GAUGES,
-    PREDICTION_GAUGES,
-    PROC,
-    STEP_MEMORY_GAUGES,
-    STEP_PEAK_GAUGES,
-    follow_trends,
-    leak_suspected,
-)
+from oomsight.metrics.exposition import Encoder, ExpositionCache, Part, merge
+from oomsight.metrics.family import ALLOCATOR_COUNTERS, CATEGORIES, DEV, PROC, follow_trends, leak_suspected
+from oomsight.metrics.layout import DEVICE_GAUGES, LAYOUT
+from oomsight.metrics.rows import Items, Rows
 from oomsight.wire.schema import Profile
 from oomsight.wire.spool import SKIP_REASONS, SpoolReader
-
-
-def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-    """A gauge whose OpenMetrics unit is read off its name's suffix."""
-    unit = next((u for u in ("bytes", "seconds", "ratio") if name.endswith("_" + u)), "")
-    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
-
-
-_DEVICE_GAUGES = (
-    *ALLOCATOR_GAUGES,
-    *LIMIT_GAUGES,
-    *NVML_GAUGES,
-    *STEP_PEAK_GAUGES,
-    *STEP_MEMORY_GAUGES,
-    *PREDICTION_GAUGES,
-)
-
-LAYOUT: tuple[Metric, ...] = (
-    InfoMetricFamily("oomsight_build", "Version of the oomsight reader serving these metrics."),
-    CounterMetricFamily(
-        "oomsight_spool_skipped_files",
-        "Spool files that could not be used, by reason; each distinct file counted once.",
-        labels=["reason"],
-    ),
-    GaugeMetricFamily(
-        "oomsight_source_up",
-        "1 if a data source works. The sidecar's own sources have no rank.",
-        labels=[*PROC, "source"],
-    ),
-    GaugeMetricFamily(
-        "oomsight_process_up",
-        "1 while the process runs and publishes; 0 once it exited or went silent (kept for the retention period).",
-        labels=PROC,
-    ),
-    GaugeMetricFamily(
-        "oomsight_snapshot_age_seconds", "Seconds since the process last wrote its snapshot.", labels=PROC, unit="seconds"
-    ),
-    InfoMetricFamily("oomsight_process", "The process behind a rank: versions and allocator settings.", labels=PROC),
-    InfoMetricFamily(
-        "oomsight_process_exit",
-        "Why a process that is no longer up ended: normal, exception, oom, stopped, or vanished (silent without a final snapshot: killed, or its hook stopped).",
-        labels=PROC,
-    ),
-    CounterMetricFamily("oomsight_steps", "Optimizer steps seen by the global step hook.", labels=PROC),
-    CounterMetricFamily(
-        "oomsight_step_duration_seconds",
-        "Sum of the times between consecutive optimizer steps.",
-        labels=PROC,
-        unit="seconds",
-    ),
-    GaugeMetricFamily(
-        "oomsight_step_last_duration_seconds", "Time between the last two optimizer steps.", labels=PROC, unit="seconds"
-    ),
-    CounterMetricFamily(
-        "oomsight_hook_errors",
-        "Errors the in-process hook caught and swallowed, by component.",
-        labels=[*PROC, "component"],
-    ),
-    CounterMetricFamily(
-        "oomsight_oom_events_unwritten",
-        "OOMs counted but not written because OOMSIGHT_MAX_OOM_EVENTS was reached.",
-        labels=PROC,
-    ),
-    *(_gauge(name, doc, DEV) for name, doc, _ in _DEVICE_GAUGES),
-    *(CounterMetricFamily(name, doc, labels=DEV) for name, doc, _ in ALLOCATOR_COUNTERS),
-    InfoMetricFamily("oomsight_gpu", "The GPU behind a (rank, device): model name.", labels=DEV),
-    _gauge(
-        "oomsight_memory_by_category_bytes",
-        "Device memory by category: parameters, gradients and optimizer state summed from the optimizers' tensors; "
-        "activations = peak allocated minus those (a lower bound unless OOMSIGHT_STEP_PEAKS is on).",
-        [*DEV, "category"],
-    ),
-    CounterMetricFamily(
-        "oomsight_oom_events",
-        "CUDA OOMs recorded by the hook's observer (caught ones included); 0 from the start.",
-        labels=DEV,
-    ),
-    CounterMetricFamily(
-        "oomsight_oom_fatal_events",
-        "OOMs that ended their process (uncaught, or the process died before a later step).",
-        labels=DEV,
-    ),
-    CounterMetricFamily(
-        "oomsight_oom_recovered_events",
-        "OOMs the process survived (a later step completed, or it exited normally).",
-        labels=DEV,
-    ),
-    _gauge("oomsight_last_oom_timestamp_seconds", "Unix time of the last OOM.", DEV),
-    _gauge("oomsight_last_oom_requested_bytes", "Bytes the failing allocation of the last OOM asked for.", DEV),
-    _gauge("oomsight_last_oom_device_free_bytes", "Device bytes free as the allocator saw them at the last OOM.", DEV),
-    InfoMetricFamily("oomsight_last_oom_cause", "Diagnosed cause of the last OOM (see docs/diagnosis.md).", labels=DEV),
-    GaugeMetricFamily(
-        "oomsight_leak_suspected",
-        "1 while the between-steps floor of allocated memory rises step after step and the step's own memory does not (docs/diagnosis.md).",
-        labels=DEV,
-    ),
-    GaugeMetricFamily(
-        "oomsight_leak_graph_tensors",
-        "CUDA tensors found alive past an optimizer step still holding their autograd graph (last scan).",
-        labels=PROC,
-    ),
-    _gauge("oomsight_leak_graph_bytes", "Bytes of those tensors (last scan).", PROC),
-    GaugeMetricFamily(
-        "oomsight_advice_max_batch_size",
-        "Largest batch size that keeps the margin, from oomsight.probe_batch_size().",
-        labels=PROC,
-    ),
-    GaugeMetricFamily(
-        "oomsight_profiling", "1 while a profiling window is pending or running in the process.", labels=PROC
-    ),
-    GaugeMetricFamily(
-        "oomsight_profile_op_self_cuda_memory_bytes",
-        'Self CUDA memory of the top operators in the last profiling window (top 10 by memory, the rest as op="other").',
-        labels=[*PROC, "op"],
-        unit="bytes",
-    ),
-    GaugeMetricFamily(
-        "oomsight_profile_op_self_cuda_time_seconds",
-        'Self CUDA time of the top operators in the last profiling window (top 10 by time, the rest as op="other").',
-        labels=[*PROC, "op"],
-        unit="seconds",
-    ),
-    _gauge("oomsight_profile_last_timestamp_seconds", "When the last profiling window of the process ended.", PROC),
-)
-"""Every family of the spool, without samples, in exposition order."""
-
 
 _SAMPLE = {f.name: f.name + {"counter": "_total", "info": "_info"}.get(f.type, "") for f in LAYOUT}
 """Each family's sample name, as its ``add_metric`` names it."""
@@ -191,11 +51,18 @@ _SAMPLE = {f.name: f.name + {"counter": "_total", "info": "_info"}.get(f.type, "
 class _Rows(Rows):
     """A part's samples, added as ``add_metric`` would add them to the families of ``LAYOUT``."""
 
+    __slots__ = ()
+
     def add(self, name: str, items: Items, value: Any) -> None:
-        self.append((name, _SAMPLE[name], items, value))
+        found = self.groups.get(name)
+        if found is None:
+            self.groups[name] = (_SAMPLE[name], [items], [value])
+        else:
+            found[1].append(items)
+            found[2].append(value)
 
     def info(self, name: str, items: Items, about: dict[str, str]) -> None:
-        self.append((name, _SAMPLE[name], (*items, *about.items()), 1))
+        self.add(name, (*items, *about.items()), 1)
 
 
 def _items(names: list[str], values: Iterable[str]) -> Items:
@@ -253,7 +120,11 @@ def parts(inv: Inventory) -> Iterator[Part]:
     """The parts of a scrape in exposition order; each family's samples are its parts' samples in turn."""
     yield Part(None, (), functools.partial(_fresh, inv))
     for v in inv.processes:
-        yield Part(("process", *v.rank_labels), (v.snapshot, v.up, v.exit_reason), functools.partial(_process, v))
+        s = v.snapshot  # the reader gives a file's unchanged parts as the same objects as before
+        about = tuple([s.get(key) for key in _ABOUT])
+        yield Part(("process", *v.rank_labels), (*about, v.up, v.exit_reason), functools.partial(_process, v))
+        yield Part(("steps", *v.rank_labels), (s["steps"],), functools.partial(_steps, v))
+        yield Part(("devices", *v.rank_labels), (s["devices"],), functools.partial(_devices, v))
     for key, tally in sorted(inv.ooms.items()):
         inputs = (tally.events, tally.fatal, tally.recovered, tally.last)
         yield Part(("oom", *key), inputs, functools.partial(_oom, key, tally))
@@ -276,8 +147,13 @@ def _fresh(inv: Inventory) -> Rows:
 _SOURCE = [*PROC, "source"]
 
 
+_ABOUT = ("process", "sources", "errors", "oom_events_unwritten", "leak", "batch_advice", "profiling")
+"""What a process's own part (``_process``) reads of its snapshot, besides ``up`` and the exit reason."""
+
+
 def _process(v: ProcessView) -> Rows:
-    """Everything of one process but its age: a function of its snapshot, ``up`` and exit reason."""
+    """A process's own series: a function of its ``_ABOUT`` keys, ``up`` and exit reason. Its
+    steps and devices, which move with every publish, are parts of their own."""
     f = _Rows()
     labels = _items(PROC, v.rank_labels)
     for source, ok in sorted(v.snapshot["sources"].items()):
@@ -286,8 +162,19 @@ def _process(v: ProcessView) -> Rows:
     if not v.up:
         f.info("oomsight_process_exit", labels, {"reason": v.exit_reason or "vanished"})
     _process_info(f, v, labels)
-    _devices(f, v, labels)
     _advice(f, v, labels)
+    return f
+
+
+def _steps(v: ProcessView) -> Rows:
+    f = _Rows()
+    labels = _items(PROC, v.rank_labels)
+    steps = v.snapshot["steps"]
+    f.add("oomsight_steps", labels, steps.get("count", 0))
+    f.add("oomsight_step_duration_seconds", labels, steps.get("duration_seconds_total", 0.0))
+    last_duration = steps.get("last_duration_seconds")
+    if last_duration is not None:
+        f.add("oomsight_step_last_duration_seconds", labels, last_duration)
     return f
 
 
@@ -306,11 +193,6 @@ def _process_info(f: _Rows, v: ProcessView, labels: Items) -> None:
             "oomsight_version": str(p.get("oomsight_version", "")),
         },
     )
-    f.add("oomsight_steps", labels, s["steps"].get("count", 0))
-    f.add("oomsight_step_duration_seconds", labels, s["steps"].get("duration_seconds_total", 0.0))
-    last_duration = s["steps"].get("last_duration_seconds")
-    if last_duration is not None:
-        f.add("oomsight_step_last_duration_seconds", labels, last_duration)
     for component, n in sorted(s.get("errors", {}).items()):
         f.add("oomsight_hook_errors", (*labels, ("component", component)), n)
     f.add("oomsight_oom_events_unwritten", labels, s.get("oom_events_unwritten", 0))
@@ -320,9 +202,12 @@ def _device_items(ranks: Items, d: Any) -> Items:
     return (*ranks, ("device", str(d["index"])), ("gpu_uuid", d["uuid"]))
 
 
-def _devices(f: _Rows, v: ProcessView, ranks: Items) -> None:
+def _devices(v: ProcessView) -> Rows:
+    f = _Rows()
+    ranks = _items(PROC, v.rank_labels)
     for d in v.snapshot["devices"]:
         labels = _device_items(ranks, d)
+        f.add("oomsight_leak_suspected", labels, float(leak_suspected(d)))
         for name, _, value in _DEVICE_ROWS:
             x = value(d)
             if x is not None:
@@ -333,16 +218,15 @@ def _devices(f: _Rows, v: ProcessView, ranks: Items) -> None:
             for name in CATEGORIES:
                 if c.get(f"{name}_bytes") is not None:
                     f.add("oomsight_memory_by_category_bytes", (*labels, ("category", name)), c[f"{name}_bytes"])
+    return f
 
 
-_DEVICE_ROWS = (*_DEVICE_GAUGES, *ALLOCATOR_COUNTERS)
+_DEVICE_ROWS = (*DEVICE_GAUGES, *ALLOCATOR_COUNTERS)
 
 
 def _advice(f: _Rows, v: ProcessView, labels: Items) -> None:
     """Leak findings and batch advice: what oomsight measured on request."""
     s = v.snapshot
-    for d in s["devices"]:
-        f.add("oomsight_leak_suspected", _device_items(labels, d), float(leak_suspected(d)))
     if s.get("leak"):
         f.add("oomsight_leak_graph_tensors", labels, s["leak"]["graph_tensors"])  # type: ignore[index]
         f.add("oomsight_leak_graph_bytes", labels, s["leak"]["graph_bytes"])  # type: ignore[index]

@@ -34,12 +34,12 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString as _float_to_go
+
+from oomsight.metrics.rows import Items, Rows
+from oomsight.metrics.rows import go as _go
+from oomsight.metrics.rows import text_of as _text
 
 logger = logging.getLogger(__name__)
-_go: Callable[[Any], str] = _float_to_go
-"""A sample value as prometheus_client's encoders write it."""
-
 Encoder = Callable[[Collector], bytes]
 """``prometheus_client.generate_latest``, its OpenMetrics twin, or what ``choose_encoder`` gives."""
 MAX_FORMATS = 4
@@ -54,18 +54,6 @@ class Part(NamedTuple):
     """Where its text is kept between scrapes; None: rendered on every scrape."""
     inputs: tuple[Any, ...]
     build: Callable[[], Built]
-
-
-Items = tuple[tuple[str, str], ...]
-"""Label names and values of a sample, in the family's label order."""
-Row = tuple[str, str, Items, Any]
-"""A sample: (family name, sample name, label items, value)."""
-
-
-class Rows(list[Row]):
-    """Samples of a part as plain rows: what prometheus_client's ``add_metric`` would make
-    (a gauge's sample is named as its family, a counter's ``_total``, an info's ``_info`` with
-    value 1), without making a family or a sample object per value."""
 
 
 Built = Union[Iterable[Metric], Rows]
@@ -139,6 +127,8 @@ class _Format:
         self.end = encoder(_Only([]))
         """What the format writes after the last family (OpenMetrics: ``# EOF``)."""
         self._headers: dict[str, bytes] = {}
+        self.rewritten = 0
+        """Families whose lines :meth:`write` wrote anew (the others kept their last text)."""
         probes = _probes()
         if self.write(probes, {}, {})[0] != self.lines(probes):
             raise Drift("the format does not write a sample as its head and then its value")
@@ -176,8 +166,10 @@ class _Format:
         return out
 
     def write(self, built: Built, known: Heads, layout: dict[str, Metric]) -> tuple[dict[str, bytes], Heads]:
-        """What :meth:`lines` gives for ``built``, written from the heads in ``known`` (those
-        missing learnt with one encoder call); also the heads of these samples alone."""
+        """What :meth:`lines` gives for ``built``, written from the heads in ``known``; also the
+        heads of these samples. A family whose label sets are those of ``known``'s, in the same
+        order (one list comparison: a part's label sets rarely change), is written from its kept
+        heads by position; the others' heads are learnt with one encoder call."""
         out: dict[str, bytes] = {}
         if not isinstance(built, Rows):
             present = [f for f in built if f.samples]
@@ -186,43 +178,44 @@ class _Format:
             built = Rows((f.name, s.name, tuple(s.labels.items()), s.value) for f in plain for s in f.samples)
             layout = {f.name: f for f in plain}
         heads: Heads = {}
-        missing = Rows()
-        for row in built:
-            key = row[1:3]
-            head = known.get(key)
-            if head is None:
-                missing.append(row)
+        new = Rows()
+        for family, (name, items, values) in built.groups.items():
+            found = known.get(family)
+            if found is None or found[0] != name or found[1] != items:
+                for row in zip(items, values):
+                    new.append((family, name, *row))
+            elif found[3] == values:  # nothing moved: the same text (equal numbers write alike)
+                heads[family] = found
+                out[family] = found[4]
             else:
-                heads[key] = head
-        if missing:
-            self._learn(missing, layout, heads)
-        bodies: dict[str, list[str]] = {}
-        for family, name, items, value in built:
-            line = heads[name, items] + _go(value) + "\n"
-            found = bodies.get(family)
-            if found is None:
-                bodies[family] = [line]
-            else:
-                found.append(line)
-        out.update((family, "".join(lines).encode()) for family, lines in bodies.items())
+                text = "".join([h + _text(v) + "\n" for h, v in zip(found[2], values)]).encode()
+                out[family] = text
+                heads[family] = (name, items, found[2], values, text)
+                self.rewritten += 1
+        if new:
+            self._learn(new, layout, heads)
+            for family, (name, items, values) in new.groups.items():
+                kept = heads[family][2]
+                out[family] = text = "".join([h + _text(v) + "\n" for h, v in zip(kept, values)]).encode()
+                heads[family] = (name, items, kept, values, text)
+                self.rewritten += 1
         return out, heads
 
     def _learn(self, rows: Rows, layout: dict[str, Metric], heads: Heads) -> None:
-        """The heads of ``rows``, from the encoder's lines for them with the sentinel value."""
-        groups: dict[str, list[Row]] = {}
-        for row in rows:
-            groups.setdefault(row[0], []).append(row)
+        """The heads of ``rows``' families, from the encoder's lines for them with the sentinel value."""
         probes = families_of(Rows((f, n, items, _SENTINEL) for f, n, items, _ in rows), layout)
         learnt = self.lines(probes)
         for probe in probes:
-            for (_, name, items, _), line in zip(groups[probe.name], learnt[probe.name].decode().split("\n")):
-                if not line.endswith(_SENTINEL_TEXT):
-                    raise Drift(f"a sample of {probe.name} does not end with its value")
-                heads[name, items] = line[: -len(_SENTINEL_TEXT)]
+            name, items, _ = rows.groups[probe.name]
+            lines = learnt[probe.name].decode().split("\n")[: len(items)]
+            if not all(line.endswith(_SENTINEL_TEXT) for line in lines):
+                raise Drift(f"a sample of {probe.name} does not end with its value")
+            heads[probe.name] = (name, list(items), [line[: -len(_SENTINEL_TEXT)] for line in lines], None, b"")
 
 
-Heads = dict[Hashable, str]
-"""(sample name, label items) -> the text of its line before the value, in one format."""
+Heads = dict[str, tuple[str, list[Items], list[str], Optional[list[Any]], bytes]]
+"""Family -> its sample name, its samples' label items, the text of each line before the value,
+and the values last written with their text, in one format."""
 _SENTINEL = 1.2345678901234567e-300
 _SENTINEL_TEXT = _go(_SENTINEL)
 _TYPES = frozenset(("gauge", "counter", "info"))
@@ -233,7 +226,11 @@ _NOTHING = (None, None, None)
 def _plain(family: Metric) -> bool:
     """Samples as ``add_metric`` makes them for a gauge, counter or info: a name, labels and a
     value, nothing else (each line of such a family is a head and a value)."""
-    return family.type in _TYPES and all([s[2] is not None and s[3:] == _NOTHING for s in family.samples])
+    return (
+        family.type in _TYPES
+        and all([s[2] is not None and s[3:] == _NOTHING for s in family.samples])
+        and len({s.name for s in family.samples}) == 1
+    )
 
 
 def _probes() -> list[Metric]:
@@ -343,8 +340,8 @@ class ExpositionCache:
             entry = kept[part.key] = _Kept(part.inputs, part.build)
             if old is not None:
                 entry.heads = dict(old.heads)
-        before = old.lines.get(fmt, {}) if old is not None else {}
+        rewritten = form.rewritten
         lines, entry.heads[fmt] = form.write(entry.build(), entry.heads.get(fmt, {}), layout)
         entry.lines[fmt] = lines
-        self.rendered += sum(1 for name, body in lines.items() if before.get(name) != body)
+        self.rendered += form.rewritten - rewritten
         return lines

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
 from oomsight.analysis.inventory import Inventory
-from oomsight.wire.schema import DeviceSnapshot
+from oomsight.wire.schema import DeviceSnapshot, StepTrend
 
 PROC = ["rank", "local_rank"]
 DEV = ["rank", "local_rank", "device", "gpu_uuid"]
@@ -166,7 +166,7 @@ STEP_MEMORY_GAUGES: Sequence[Row] = (
     (
         "oomsight_step_floor_slope_bytes",
         "Bytes per optimizer step the between-steps floor rose over the judged steps (least squares; 0 when flat).",
-        lambda d: _trend(d, "floor_slope"),
+        lambda d: _trend(d, "floor_slope_bytes"),
     ),
     (
         "oomsight_oom_forecast_steps",
@@ -192,19 +192,24 @@ PREDICTION_GAUGES: Sequence[Row] = (
     ),
 )
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
-_TRENDS: dict[int, tuple[DeviceSnapshot, trend.Trend]] = {}
-"""One trend per device document (id -> (document, trend)): readers reuse unchanged documents."""
+_TRENDS: dict[int, tuple[DeviceSnapshot, StepTrend]] = {}
+"""One verdict per device document of an older writer (id -> (document, verdict)): readers
+reuse unchanged documents."""
 
 
-def device_trend(d: DeviceSnapshot) -> Optional[trend.Trend]:
-    """The step-memory trend of a device document; None when it carries no step rows."""
+def device_trend(d: DeviceSnapshot) -> Optional[StepTrend]:
+    """The verdict on a device's step rows: the hook's own (wire 1.5), or, for an older writer,
+    judged here from the rows it carries; None when it has no step rows."""
+    judged = d.get("step_trend")
+    if judged is not None:
+        return judged
     rows = d.get("steps_memory")
     if not rows:
         return None
     cached = _TRENDS.get(id(d))
     if cached is not None and cached[0] is d:
         return cached[1]
-    found = trend.analyse(rows, _capacity(d))
+    found = trend.verdict(trend.analyse(rows, _capacity(d)))
     _keep_trend(d, found)
     return found
 
@@ -246,7 +251,7 @@ def _capacity(d: DeviceSnapshot) -> int:
     return int(d.get("limit_bytes") or d.get("total_bytes") or 0) or 1
 
 
-def _keep_trend(d: DeviceSnapshot, found: trend.Trend) -> None:
+def _keep_trend(d: DeviceSnapshot, found: StepTrend) -> None:
     if len(_TRENDS) > 4096:
         _TRENDS.clear()
     _TRENDS[id(d)] = (d, found)
@@ -257,11 +262,11 @@ def _row(d: DeviceSnapshot, column: int) -> Optional[float]:
     return float(rows[-1][column]) if rows and len(rows[-1]) > column else None
 
 
-def _trend(d: DeviceSnapshot, attr: str) -> Optional[float]:
+def _trend(d: DeviceSnapshot, key: str) -> Optional[float]:
     t = device_trend(d)
-    if t is None or t.points < trend.MIN_POINTS:
+    if t is None or t["points"] < trend.MIN_POINTS:
         return None
-    value = getattr(t, attr)
+    value = t[key]  # type: ignore[literal-required]
     return float("inf") if value is None else float(value)
 
 
@@ -269,7 +274,7 @@ def leak_suspected(d: DeviceSnapshot) -> bool:
     """The step rows' verdict where the hook wrote them, else the legacy sampled trough trend."""
     t = device_trend(d)
     if t is not None:
-        return t.leak
+        return t["leak"]
     return leak_growth(d.get("trend", []), d.get("limit_bytes") or d.get("total_bytes") or 1) is not None
 
 

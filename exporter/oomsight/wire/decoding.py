@@ -14,7 +14,7 @@ import json
 import os
 import re
 import stat as stat_mod
-from typing import Any
+from typing import Any, Optional
 
 MAX_DEPTH = 32
 """Our documents nest 5 deep; JSON nested deeper than this is not ours (and 1,000 levels
@@ -108,16 +108,19 @@ def _strings_encodable(doc: Any) -> bool:
     return True
 
 
-def decode(raw: bytes, max_depth: int = MAX_DEPTH) -> Any:
+def decode(raw: bytes, max_depth: Optional[int] = MAX_DEPTH) -> Any:
     """The JSON value of ``raw``: UTF-8, nested at most ``max_depth``, no lone surrogates.
     Raises :class:`Unusable`. Numbers are Python's (``NaN``, ``1e400`` and 400-digit integers
     parse): validation (``oomsight.wire.schema``) range-checks every number the table has,
-    which is every number a reader uses; checking them here too would cost 5x the parse."""
+    which is every number a reader uses; checking them here too would cost 5x the parse.
+    ``max_depth=None`` leaves the nesting to validation, which bounds it (a third of the
+    cost of a snapshot's parse): only for documents validated next. JSON nested past the
+    parser's recursion limit is still corrupt."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Unusable("corrupt", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    if not nesting_within(raw, max_depth):
+    if max_depth is not None and not nesting_within(raw, max_depth):
         raise Unusable("corrupt", f"not JSON nested at most {max_depth} deep")
     try:
         doc = json.loads(text)

@@ -23,6 +23,7 @@ from oomsight.wire.documents_snapshot import (
     Snapshot,
     StepInfo,
     StepPeak,
+    StepTrend,
 )
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "Snapshot",
     "StepInfo",
     "StepPeak",
+    "StepTrend",
 ]

@@ -22,6 +22,7 @@ __all__ = [
     "Snapshot",
     "StepInfo",
     "StepPeak",
+    "StepTrend",
 ]
 
 
@@ -155,6 +156,23 @@ class PeakPrediction(TypedDict):
     recorded_at: float
 
 
+class StepTrend(TypedDict):
+    """The hook's verdict on every step row it keeps (oomsight.analysis.trend), judged at each publish."""
+
+    #: rows judged (past warm-up)
+    points: int
+    #: the between-steps floor rises step after step and the step's own memory does not
+    leak: bool
+    #: bytes per step the floor rose, least squares over the judged rows
+    floor_slope_bytes: float
+    #: growth of the floor over the judged rows
+    floor_growth_bytes: int
+    #: steps until the peak reaches capacity; null: no rise
+    steps_to_oom: Optional[float]
+    #: the same in seconds at the current step time
+    seconds_to_oom: Optional[float]
+
+
 class DeviceSnapshot(TypedDict):
     """One CUDA device the process uses."""
 
@@ -176,12 +194,15 @@ class DeviceSnapshot(TypedDict):
     categories: NotRequired[Optional[Categories]]
     #: null unless OOMSIGHT_STEP_PEAKS=1
     step_peak: NotRequired[Optional[StepPeak]]
-    #: rows [time, window_min_allocated_bytes, steps], oldest first, at most 64
+    #: rows [time, window_min_allocated_bytes, steps], oldest first, at most 64; since 1.5 none with step_trend
     trend: NotRequired[list[list[float]]]
-    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] (since 1.2)
+    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]; since 1.5 only
+    #: the last row, judged in step_trend (since 1.2)
     steps_memory: NotRequired[list[list[float]]]
     #: the job's predicted peak on this device (since 1.3)
     prediction: NotRequired[Optional[PeakPrediction]]
+    #: the hook's verdict on its step rows (since 1.5)
+    step_trend: NotRequired[Optional[StepTrend]]
 
 
 class StepInfo(TypedDict):

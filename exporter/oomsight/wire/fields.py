@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from oomsight.wire.fieldtypes import (
     AT_OOM,
+    JUDGED,
     LATER,
     OUTCOME_CHOICES,
     PREDICTED,
@@ -118,6 +119,19 @@ PREDICTION = Table(
     ),
     since=PREDICTED,
 )
+STEP_TREND = Table(
+    "StepTrend",
+    "The hook's verdict on every step row it keeps (oomsight.analysis.trend), judged at each publish.",
+    (
+        req("points", "int", "rows judged (past warm-up)"),
+        req("leak", "bool", "the between-steps floor rises step after step and the step's own memory does not"),
+        req("floor_slope_bytes", "number", "bytes per step the floor rose, least squares over the judged rows"),
+        req("floor_growth_bytes", "int", "growth of the floor over the judged rows"),
+        nullable("steps_to_oom", "number", "steps until the peak reaches capacity; null: no rise", required=True),
+        nullable("seconds_to_oom", "number", "the same in seconds at the current step time", required=True),
+    ),
+    since=JUDGED,
+)
 STEPS_MEMORY_DOC = "by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]"
 DEVICE = Table(
     "DeviceSnapshot",
@@ -132,9 +146,21 @@ DEVICE = Table(
         nullable("nvml", "object", "null when NVML is unavailable", table=NVML),
         nullable("categories", "object", "null before the optimizers are known", table=CATEGORIES),
         nullable("step_peak", "object", "null unless OOMSIGHT_STEP_PEAKS=1", table=STEP_PEAK),
-        opt("trend", "list", "rows [time, window_min_allocated_bytes, steps], oldest first, at most 64", items="row"),
-        opt("steps_memory", "list", STEPS_MEMORY_DOC, items="row", since=STEP_MEMORY),
+        opt(
+            "trend",
+            "list",
+            "rows [time, window_min_allocated_bytes, steps], oldest first, at most 64; since 1.5 none with step_trend",
+            items="row",
+        ),
+        opt(
+            "steps_memory",
+            "list",
+            STEPS_MEMORY_DOC + "; since 1.5 only the last row, judged in step_trend",
+            items="row",
+            since=STEP_MEMORY,
+        ),
         nullable("prediction", "object", "the job's predicted peak on this device", table=PREDICTION, since=PREDICTED),
+        nullable("step_trend", "object", "the hook's verdict on its step rows", table=STEP_TREND, since=JUDGED),
     ),
 )
 STEPS = Table(

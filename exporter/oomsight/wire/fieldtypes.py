@@ -20,6 +20,9 @@ AT_OOM = "1.4"
 """What the failing thread and the last seconds show at an OOM: whether autograd was recording,
 the sampler's last readings and the last optimizer step's time (inference and evaluation told
 from training, memory that piles up across forwards without a step)."""
+JUDGED = "1.5"
+"""The hook judges its own step rows at each publish and writes the verdict (``step_trend``); the
+snapshot then carries only its last step row, so a scrape parses 3 KB a process instead of 20 KB."""
 
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")

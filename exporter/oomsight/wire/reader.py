@@ -170,7 +170,7 @@ class SpoolReader:
             return seen.doc
         self.parsed += 1
         try:
-            doc, reason, detail, st = self._parse(path, st, kind)
+            doc, reason, detail, st = self._parse(path, st, kind, seen.doc if seen is not None else None)
         except FileNotFoundError:
             return None
         except decoding.Unusable as exc:
@@ -192,20 +192,24 @@ class SpoolReader:
             self._skip(path, "unreadable", detail)
         return seen.doc if seen is not None and transient else None
 
-    def _parse(self, path: str, st: os.stat_result, kind: str) -> tuple[Document | None, str | None, str, Any]:
+    def _parse(
+        self, path: str, st: os.stat_result, kind: str, previous: Document | None
+    ) -> tuple[Document | None, str | None, str, Any]:
+        """The file's document, or why not; the parts equal to ``previous`` (its last version)
+        are taken from it instead of checked again."""
         if not stat_mod.S_ISREG(st.st_mode) or not path.endswith(".json"):
             return None, "foreign", "not a regular .json file", st
         if st.st_size > self.max_file_bytes:
             return None, "oversized", f"{st.st_size} bytes > {self.max_file_bytes}", st
         raw, st = decoding.read_file(path, self.max_file_bytes)
-        doc = decoding.decode(raw)
+        doc = decoding.decode(raw, max_depth=None)  # validated below, which bounds the nesting
         if not isinstance(doc, dict) or "schema_version" not in doc or "kind" not in doc:
             return None, "foreign", "no schema_version/kind", st
         version = doc["schema_version"]
         if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
             return None, "future_version", f"schema_version {version} > {SCHEMA_VERSION}; upgrade the reader", st
         try:
-            found = validate(doc, fill_defaults=True)
+            found = validate(doc, fill_defaults=True, known=previous)
         except SchemaError as exc:
             return None, "invalid", str(exc), st
         if found != kind:

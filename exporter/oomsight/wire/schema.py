@@ -34,6 +34,7 @@ from oomsight.wire.documents import (
     Snapshot,
     StepInfo,
     StepPeak,
+    StepTrend,
 )
 from oomsight.wire.fields import DOCUMENTS
 from oomsight.wire.fieldtypes import Field, Table, default_of
@@ -58,6 +59,7 @@ __all__ = [
     "Snapshot",
     "StepInfo",
     "StepPeak",
+    "StepTrend",
     "default_of",
     "validate",
 ]
@@ -104,17 +106,26 @@ def _is_text(v: Any) -> bool:
     return True
 
 
+MAX_JSON_DEPTH = 32
+"""How deep a value the table does not describe may nest (an ``any`` value, a newer writer's key):
+readers may recurse into what they keep, and our own documents nest 5 deep."""
+
+
 def _is_json(v: Any) -> bool:
-    """Any JSON value whose numbers are in range and whose strings are text (walked, not recursed)."""
-    stack = [v]
+    """Any JSON value nested at most ``MAX_JSON_DEPTH`` deep whose numbers are in range and whose
+    strings are text (walked, not recursed)."""
+    stack = [(v, 0)]
     while stack:
-        item = stack.pop()
-        if type(item) is dict:
-            if not all(_is_text(k) for k in item):
+        item, depth = stack.pop()
+        if type(item) is dict or type(item) is list:
+            if depth >= MAX_JSON_DEPTH:
                 return False
-            stack.extend(item.values())
-        elif type(item) is list:
-            stack.extend(item)
+            if type(item) is dict:
+                if not all(_is_text(k) for k in item):
+                    return False
+                stack.extend((x, depth + 1) for x in item.values())
+            else:
+                stack.extend((x, depth + 1) for x in item)
         elif not (item is None or type(item) is bool or _is_number(item) or _is_text(item)):
             return False
     return True
@@ -160,18 +171,19 @@ _SCALARS = {
 }
 
 
-def _check_value(f: Field, value: Any, where: str, fill: bool) -> None:
+def _check_value(f: Field, value: Any, where: str, fill: bool, known: Any = None) -> None:
     if f.kind == "object":
         assert f.table is not None
-        _check(value, f.table, where, fill)
+        _check(value, f.table, where, fill, known if type(known) is dict else None)
     elif f.kind == "list":
         if type(value) is not list:
             raise SchemaError(f"{where} is not a list")
         if f.items == "row" and _are_rows(value):
             return  # hundreds of rows a snapshot: checked as one; a bad one is found below
+        olds = known if type(known) is list and len(known) == len(value) else None
         for i, item in enumerate(value):
             if f.table is not None:
-                _check(item, f.table, f"{where}[{i}]", fill)
+                _check(item, f.table, f"{where}[{i}]", fill, olds[i] if olds is not None else None)
             elif not _SCALARS[f.items or "any"](item):
                 raise SchemaError(f"{where}[{i}] is not {f.items}")
     elif f.kind == "map":
@@ -186,7 +198,10 @@ def _check_value(f: Field, value: Any, where: str, fill: bool) -> None:
         raise SchemaError(f"{where} {value!r} is not one of {f.choices}")
 
 
-def _check(doc: Any, table: Table, where: str, fill: bool) -> None:
+def _check(doc: Any, table: Table, where: str, fill: bool, known: Optional[dict[str, Any]] = None) -> None:
+    """``known``: the same object of a document validated before (with defaults filled when
+    ``fill``); a nested object or list equal to its counterpart there is that one, already
+    checked, so it is taken instead of checked again (a publish changes a few counters)."""
     if type(doc) is not dict:
         raise SchemaError(f"{where} is not an object")
     for name, f, fits in _plan(table):
@@ -200,7 +215,36 @@ def _check(doc: Any, table: Table, where: str, fill: bool) -> None:
             if not f.nullable:
                 raise SchemaError(f"{where}.{name} is null")
         elif fits is None or not fits(value):
-            _check_value(f, value, f"{where}.{name}", fill)  # nested, or wrong: raises with the path
+            before = known.get(name) if known is not None else None
+            shared = before is not None and type(before) is type(value) and type(value) in _SHARED
+            if shared and before == value:
+                doc[name] = before
+                continue
+            _check_value(f, value, f"{where}.{name}", fill, before)  # nested, or wrong: raises with the path
+            if shared and f.kind == "object" and before == value:  # equal once its defaults are filled
+                doc[name] = before
+    if not _names(table).issuperset(doc):  # a newer writer's keys: any JSON, within bounds
+        for name, value in list(doc.items()):
+            if name in _names(table):
+                continue
+            before = known.get(name, _ABSENT) if known is not None else _ABSENT
+            if before is not _ABSENT and type(before) is type(value) and before == value:
+                doc[name] = before
+            elif not (_is_text(name) and _is_json(value)):
+                raise SchemaError(f"{where}.{name} is not text or JSON nested at most {MAX_JSON_DEPTH} deep")
+
+
+_SHARED = frozenset((dict, list))
+
+
+_NAMES: dict[int, tuple[Table, frozenset[str]]] = {}
+
+
+def _names(table: Table) -> frozenset[str]:
+    found = _NAMES.get(id(table))
+    if found is None or found[0] is not table:
+        found = _NAMES[id(table)] = (table, frozenset(f.name for f in table.fields))
+    return found[1]
 
 
 _PLANS: dict[int, tuple[Table, tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]]] = {}
@@ -221,15 +265,17 @@ def _plan(table: Table) -> tuple[tuple[str, Field, Optional[Callable[[Any], bool
 _ABSENT = object()
 
 
-def validate(doc: Any, fill_defaults: bool = False) -> str:
+def validate(doc: Any, fill_defaults: bool = False, known: Any = None) -> str:
     """Check a parsed document against its kind's table; return its kind. Raise
     :class:`SchemaError` otherwise. ``fill_defaults`` sets every absent optional key to the
-    table's default, so readers can index any key of the table."""
+    table's default, so readers can index any key of the table. ``known``: an earlier document
+    of the same kind that passed with the same ``fill_defaults`` (the file's previous version):
+    the parts of ``doc`` equal to its parts become those, checked once."""
     if type(doc) is not dict or not _is_text(doc.get("kind")):
         raise SchemaError("document has no kind")
     kind = doc["kind"]
     table = DOCUMENTS.get(kind)
     if table is None:
         raise SchemaError(f"unknown kind {kind!r}")
-    _check(doc, table, kind, fill_defaults)
+    _check(doc, table, kind, fill_defaults, known if type(known) is dict and known.get("kind") == kind else None)
     return str(kind)
