@@ -468,3 +468,20 @@ def test_grad_mode_off_inside_an_autograd_function_is_not_inference():
     assert "checkpointing" in d["facts"]["remedies"] and "eval_batch" not in d["facts"]["remedies"]
     d = diagnose(facts(phase="forward", grad_enabled=False, stack=compiled[:1], model_states=states))
     assert "checkpointing" not in d["facts"]["remedies"]
+
+
+def test_a_training_jobs_forward_in_eval_mode_is_evaluation_not_a_grown_step():
+    """``model.eval()`` marks evaluation: its batch is not a training step's, so growing demand (a
+    step that needs more than earlier steps) is no verdict for it; with autograd on, no_grad first."""
+    steady = rows([20 * GIB] * 30, [40 * GIB] * 30, dt=0.1)
+    big = dict(steps_memory=steady, last_step_time=1002.9, time=1003.5, phase="forward",
+               allocated_bytes=70 * GIB, requested_bytes=12 * GIB, reserved_bytes=76 * GIB)
+    assert diagnose(training(grad_enabled=True, **big))["cause"] == "growing_demand"  # train mode, or unknown
+    d = diagnose(training(grad_enabled=True, module_training=False, **big))
+    assert d["cause"] == "activations" and d["facts"]["remedies"][:2] == ["no_grad", "eval_batch"], d["summary"]
+    assert "eval mode" in d["summary"] and "checkpointing" not in d["facts"]["remedies"]
+    d = diagnose(training(grad_enabled=False, module_training=False, **big))
+    assert d["cause"] == "activations" and d["facts"]["remedies"][0] == "eval_batch"
+    # the same in a process that never trains: inference, judged as before
+    d = diagnose(facts(phase="forward", grad_enabled=True, module_training=False, model_states=weights(GIB)))
+    assert d["cause"] == "activations" and d["facts"]["remedies"][0] == "no_grad"

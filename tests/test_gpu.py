@@ -157,6 +157,26 @@ torch.empty({request}, dtype=torch.uint8, device="cuda")
     assert "CUDA out-of-memory events: 1" in result.stderr and "-> FATAL" in result.stderr
 
 
+def test_an_evaluation_forward_that_runs_out_is_told_from_a_training_step(tmp_path):
+    """Wire 1.5: after training steps, ``model.eval()`` and a big batch with autograd still on."""
+    body = (
+        TRAIN.replace("STEPS", "5")
+        + """
+torch.cuda.set_per_process_memory_fraction(8 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+model.eval()
+big = torch.randn(131072, 2048, device="cuda")  # 1 GiB a layer's output, every one kept for backward
+model(big)
+"""
+    )
+    spool = str(tmp_path / "spool")
+    result = run_under_oomsight(tmp_path, body, spool)
+    assert result.returncode == 1 and "OutOfMemoryError" in result.stderr, result.stderr
+    (event,) = SpoolReader(spool).read().events
+    assert event["module_training"] is False and event["grad_enabled"] is True and event["phase"] == "forward"
+    d = event["diagnosis"]
+    assert d["cause"] == "activations" and d["facts"]["remedies"][0] == "no_grad", d["summary"]
+
+
 def test_a_caught_oom_followed_by_a_step_is_recovered(tmp_path):
     body = (
         TRAIN.replace("STEPS", "3")

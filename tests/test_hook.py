@@ -409,3 +409,37 @@ def test_the_hook_publishes_its_verdict_on_the_step_rows_with_only_the_last_row(
     assert t["leak"] is True and t["points"] == 18 and t["floor_slope_bytes"] == GIB
     assert t["steps_to_oom"] is not None and judged == [20]
     assert validate(read_snapshot(spool)) == "snapshot"
+
+
+def test_the_failing_forwards_model_mode_is_read_off_the_stack():
+    """Wire 1.5: an OOM event tells whether the outermost module being called is in training mode."""
+    import torch
+
+    from oomsight.hook.oom import _module_training
+
+    seen = []
+
+    class Inner(torch.nn.Module):
+        def forward(self, x):
+            seen.append(_module_training())
+            return x
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x)
+
+    model = Outer()
+    model(torch.zeros(1))
+    model.eval()
+    model(torch.zeros(1))
+    model.inner.train()  # a submodule in training mode inside a model in eval mode: the model decides
+    model(torch.zeros(1))
+    model.train()
+    model.inner.eval()  # a frozen submodule (eval) inside a model being trained
+    model(torch.zeros(1))
+    assert seen == [True, False, False, True]
+    assert _module_training() is None  # no module being called

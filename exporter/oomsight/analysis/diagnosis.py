@@ -43,7 +43,8 @@ __all__ = ["CAUSES", "Cause", "ModelStates", "OomFacts", "diagnose", "facts_from
 def diagnose(f: OomFacts) -> Diagnosis:
     """Classify one OOM from the numbers recorded at the moment it happened."""
     ev = Evidence(f)
-    for rule in (_outside_rule, _leak_rule, _model_states_rule, _oversized_rule, _demand_rule, _fragmentation_rule):
+    rules = (_outside_rule, _leak_rule, _model_states_rule, _evaluation_rule, _oversized_rule, _demand_rule)
+    for rule in (*rules, _fragmentation_rule):
         found = rule(ev)
         if found is not None:
             return found
@@ -215,6 +216,25 @@ def _oversized_rule(ev: Evidence) -> Optional[Diagnosis]:
     )
 
 
+def _evaluation_rule(ev: Evidence) -> Optional[Diagnosis]:
+    """A training job's evaluation forward (the model in eval mode) that does not fit: its batch is
+    not a training step's, and with autograd recording every activation is kept for nothing."""
+    if not ev.evaluating or _fragmented(ev):
+        return None
+    recording = bool(ev.f.get("grad_enabled"))
+    needed = f"{fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of {fb(ev.total)}"
+    return ev.result(
+        Cause.ACTIVATIONS,
+        ["no_grad", "eval_batch", "half_precision"] if recording else ["eval_batch", "half_precision"],
+        f"An evaluation forward (the model is in eval mode) does not fit: {needed}"
+        + (
+            ", with autograd recording, so every activation is kept for a backward that never comes."
+            if recording
+            else "; an evaluation batch needs its own size, not the training batch's."
+        ),
+    )
+
+
 def _huge_activation(ev: Evidence) -> Diagnosis:
     """One huge request made by a module in the model's forward: one of its activations, whose size
     follows what the step takes in (batch x sequence), not an operation written to do everything at
@@ -246,14 +266,19 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
     )
 
 
-def _fragmentation_rule(ev: Evidence) -> Optional[Diagnosis]:
+def _fragmented(ev: Evidence) -> bool:
+    """Enough bytes reserved but unallocated and free for the request, and no block large enough."""
     block = ev.f.get("largest_free_block_bytes")
     bytes_exist = ev.cached_free + ev.free >= ev.requested and ev.cached_free >= FRAGMENTATION_MIN_SHARE * ev.total
-    no_block = ev.free < ev.requested and (block is None or block < ev.requested)
+    return bytes_exist and ev.free < ev.requested and (block is None or block < ev.requested)
+
+
+def _fragmentation_rule(ev: Evidence) -> Optional[Diagnosis]:
+    block = ev.f.get("largest_free_block_bytes")
     # In a training step that never completed, what the rest of the step needs is unknown: the
     # request may fit a defragmented cache while the step as a whole does not.
     need_known = ev.prior_peak is not None or ev.states is None
-    if not (bytes_exist and no_block and need_known):
+    if not (_fragmented(ev) and need_known):
         return None
     fix = "split" if ev.f.get("expandable_segments") else "expandable"
     return ev.result(

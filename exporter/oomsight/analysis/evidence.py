@@ -87,6 +87,9 @@ class Evidence:
         backward, so checkpointing cannot help. (Backward itself runs with grad mode off, and so does
         the forward of an ``autograd.Function``: a compiled graph's, a reentrant checkpoint's, whose
         caller may well be recording.)"""
+        self.evaluating = self.training and f.get("phase") == "forward" and f.get("module_training") is False
+        """A forward of a model in eval mode (``model.eval()``) in a training job: evaluation, not a
+        training step (whose memory the step rows describe)."""
         self.facts: dict[str, Any] = {
             "requested_bytes": self.requested,
             "usable_bytes": self.usable,

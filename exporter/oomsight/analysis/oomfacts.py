@@ -52,6 +52,7 @@ class OomFacts(TypedDict, total=False):
     time: float  # Unix time of the OOM
     sampled_allocated: Sequence[Sequence[float]]  # the sampler's last [time, allocated_bytes], oldest first
     last_step_time: Optional[float]  # Unix time the last optimizer step completed
+    module_training: Optional[bool]  # the failing forward's outermost module in training mode (False: eval)
 
 
 def states(f: OomFacts) -> Optional[int]:
@@ -129,4 +130,5 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         time=float(event.get("time") or 0.0),
         sampled_allocated=event.get("sampled_allocated") or [],
         last_step_time=event.get("last_step_time"),
+        module_training=event.get("module_training"),
     )

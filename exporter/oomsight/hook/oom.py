@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
+from types import FrameType
 from typing import Any, Callable, Optional, cast
 
 from oomsight.analysis.diagnosis import diagnose, facts_from_event
@@ -159,6 +161,7 @@ class OomRecorder:
             grad_enabled=self._guarded("grad_enabled", self.cuda.grad_enabled),
             sampled_allocated=[list(x) for x in list(dev.recent)] if dev is not None else [],
             last_step_time=self.steps.last_step_wall if self.steps is not None else None,
+            module_training=self._guarded("module_training", _module_training),
             steps_memory=steps_memory,
             phase=phase,
             largest_free_block_bytes=block,
@@ -319,6 +322,28 @@ class OomContext:
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+_MODULE_CALLS = frozenset(("_call_impl", "_wrapped_call_impl"))
+
+
+def _module_training() -> Optional[bool]:
+    """Whether the outermost ``nn.Module`` being called on this thread's stack is in training mode
+    (``model.eval()`` makes it False: an evaluation forward); None when no module is being called.
+    Read from the frames of ``Module.__call__``, at the OOM only."""
+    found = None
+    frame: Optional[FrameType] = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _MODULE_CALLS and code.co_filename.endswith(_MODULE_FILE):
+            module = frame.f_locals.get("self")
+            if module is not None and isinstance(getattr(module, "training", None), bool):
+                found = module.training
+        frame = frame.f_back
+    return found
+
+
+_MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")
 
 
 def _user_stack() -> list[str]:

@@ -345,6 +345,12 @@ OOM_EVENT = Table(
             items="row", since=AT_OOM,
         ),
         nullable("last_step_time", "time", "Unix time the last optimizer step completed", since=AT_OOM),
+        nullable(
+            "module_training",
+            "bool",
+            "the outermost nn.Module on the failing stack is in training mode (false: model.eval()); null: none",
+            since=JUDGED,
+        ),
     ),
     kind="oom_event",
 )

@@ -22,7 +22,8 @@ the sampler's last readings and the last optimizer step's time (inference and ev
 from training, memory that piles up across forwards without a step)."""
 JUDGED = "1.5"
 """The hook judges its own step rows at each publish and writes the verdict (``step_trend``); the
-snapshot then carries only its last step row, so a scrape parses 3 KB a process instead of 20 KB."""
+snapshot then carries only its last step row, so a scrape parses 3 KB a process instead of 20 KB.
+An OOM event also tells whether the failing forward's model was in training mode."""
 
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
