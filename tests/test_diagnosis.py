@@ -485,3 +485,17 @@ def test_a_training_jobs_forward_in_eval_mode_is_evaluation_not_a_grown_step():
     # the same in a process that never trains: inference, judged as before
     d = diagnose(facts(phase="forward", grad_enabled=True, module_training=False, model_states=weights(GIB)))
     assert d["cause"] == "activations" and d["facts"]["remedies"][0] == "no_grad"
+
+
+def test_in_a_process_that_never_trains_a_forward_that_outgrew_seconds_of_earlier_ones_is_growing_demand():
+    """An inference loop ran for seconds (readings falling back after every forward), then one input
+    needed far more: the input grew. The first forward that does not fit stays ``activations``."""
+    loop = sawtooth(20 * GIB, 6, 0, 10 * GIB)  # forwards up to 30 GiB for 6 s, nothing kept
+    late = dict(phase="forward", grad_enabled=False, model_states=weights(10 * GIB), time=loop[-1][0] + 1.5,
+                sampled_allocated=loop, allocated_bytes=60 * GIB, requested_bytes=30 * GIB)
+    d = diagnose(facts(**late))
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_input", d["summary"]
+    first = dict(late, sampled_allocated=loop[:5])  # no loop of forwards before it: one batch too big
+    assert diagnose(facts(**first))["cause"] == "activations"
+    near = dict(late, allocated_bytes=31 * GIB, requested_bytes=4 * GIB)  # within the margin of earlier ones
+    assert diagnose(facts(**near))["cause"] != "growing_demand"

@@ -23,6 +23,8 @@ from typing import Optional
 from oomsight.analysis.evidence import (
     CAUSES,
     DECISIVE_SHARE,
+    DEMAND_SLACK_SHARE,
+    FORWARDS_MARGIN,
     FRAGMENTATION_MIN_SHARE,
     GENERATION_FRAMES,
     MODEL_STATES_SHARE,
@@ -251,6 +253,15 @@ def _huge_activation(ev: Evidence) -> Diagnosis:
 
 
 def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
+    earlier = ev.earlier_forwards
+    if earlier is not None and ev.need > earlier * (1 + FORWARDS_MARGIN) + DEMAND_SLACK_SHARE * ev.total:
+        return ev.result(
+            Cause.GROWING_DEMAND,
+            ["bound_input", "eval_batch"],
+            f"Forwards ran for seconds at up to {fb(int(earlier))} (sampled), then one needed {fb(ev.need)} "
+            f"({fb(ev.allocated)} allocated plus {fb(ev.requested)} requested): its input grew (a longer "
+            "sequence, a larger batch). Bound what one forward takes in.",
+        )
     if not ev.outgrew(ev.step_need) and not ev.trend.growing:
         return None
     own = fb(ev.step_need) if ev.step_need is not None else "unknown"

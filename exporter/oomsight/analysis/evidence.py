@@ -42,6 +42,9 @@ DEMAND_MARGIN = 0.1
 exceeds the most any earlier step needed on top of its floor by this share..."""
 DEMAND_SLACK_SHARE = 0.01
 """... plus this share of capacity (steps that need almost nothing of their own)."""
+FORWARDS_MARGIN = 0.25
+"""Without steps, a forward outgrew the earlier ones when it needs 25 % more than their highest
+sampled reading (+ 1 % of capacity): a 10 Hz reading misses a forward's short-lived peak."""
 
 
 CHECKPOINT_FRAME = "torch/utils/checkpoint.py"
@@ -87,6 +90,11 @@ class Evidence:
         backward, so checkpointing cannot help. (Backward itself runs with grad mode off, and so does
         the forward of an ``autograd.Function``: a compiled graph's, a reentrant checkpoint's, whose
         caller may well be recording.)"""
+        self.earlier_forwards = (
+            None if self.training or f.get("phase") not in ("forward", None) else _forwards_peak(f)
+        )
+        """In a process that never trains: the highest reading of the forwards that completed before
+        the failing one (``trend.forwards_peak``), None without such a loop."""
         self.evaluating = self.training and f.get("phase") == "forward" and f.get("module_training") is False
         """A forward of a model in eval mode (``model.eval()``) in a training job: evaluation, not a
         training step (whose memory the step rows describe)."""
@@ -148,6 +156,13 @@ MODULE_FRAME = "torch/nn/modules/module.py"
 
 def on_stack(f: OomFacts, marks: Sequence[str]) -> bool:
     return any(mark in str(frame) for frame in f.get("stack") or [] for mark in marks)
+
+
+def _forwards_peak(f: OomFacts) -> Optional[float]:
+    now = f.get("time")
+    if not isinstance(now, (int, float)):
+        return None
+    return trend.forwards_peak(f.get("sampled_allocated") or [], float(now))
 
 
 def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:

@@ -273,6 +273,21 @@ def _pile(
         return None
 
 
+def forwards_peak(samples: Sequence[Sequence[float]], now: float, quiet: float = 1.0) -> Optional[float]:
+    """The highest reading of the loop of forwards that ran before the failing one, in a process
+    that never stepped: the readings up to ``quiet`` s before the OOM (the failing forward's own rise
+    left out), over at least ``PILE_MIN_SECONDS``, falling back at least three times (forwards that
+    completed and freed their temporaries). None when the readings show no such loop. A reading is
+    a lower bound of a forward's peak: the caller compares with a margin."""
+    try:
+        points = [(float(t), float(a)) for t, a, *_ in samples if float(t) <= now - quiet]
+        if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < PILE_MIN_SECONDS:
+            return None
+        return max(a for _t, a in points) if _falls_back(points) else None
+    except (ArithmeticError, TypeError, ValueError):
+        return None
+
+
 def _falls_back(points: Sequence[tuple[float, float]]) -> bool:
     """Readings that fall by at least 1 % of their whole rise, at least once in each half."""
     values = [a for _t, a in points]
