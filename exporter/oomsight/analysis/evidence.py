@@ -81,23 +81,7 @@ class Evidence:
         self.training = trains(f)
         """An optimizer exists or has stepped: a training job (else inference, evaluation, or a
         training step before any optimizer was made)."""
-        self.no_grad = (
-            f.get("phase") in ("forward", None)
-            and f.get("grad_enabled") is False
-            and not on_stack(f, (FUNCTION_FRAME,))
-        )
-        """The failing forward ran without autograd (no_grad, inference_mode): nothing is kept for a
-        backward, so checkpointing cannot help. (Backward itself runs with grad mode off, and so does
-        the forward of an ``autograd.Function``: a compiled graph's, a reentrant checkpoint's, whose
-        caller may well be recording.)"""
-        self.earlier_forwards = (
-            None if self.training or f.get("phase") not in ("forward", None) else _forwards_peak(f)
-        )
-        """In a process that never trains: the highest reading of the forwards that completed before
-        the failing one (``trend.forwards_peak``), None without such a loop."""
-        self.evaluating = self.training and f.get("phase") == "forward" and f.get("module_training") is False
-        """A forward of a model in eval mode (``model.eval()``) in a training job: evaluation, not a
-        training step (whose memory the step rows describe)."""
+        self._read_the_forward(f)
         self.facts: dict[str, Any] = {
             "requested_bytes": self.requested,
             "usable_bytes": self.usable,
@@ -116,6 +100,26 @@ class Evidence:
         self.outside, self.others = (None, None) if cap_bound else outside(f, self.reserved)
         self.facts.update(outside_bytes=self.outside, other_processes_bytes=self.others)
         self.legacy_leak = None if rows else leak_growth(f.get("trend") or [], self.total)
+
+    def _read_the_forward(self, f: OomFacts) -> None:
+        """What the failing forward was: without autograd, after a loop of forwards, evaluation."""
+        self.no_grad = (
+            f.get("phase") in ("forward", None)
+            and f.get("grad_enabled") is False
+            and not on_stack(f, (FUNCTION_FRAME,))
+        )
+        """The failing forward ran without autograd (no_grad, inference_mode): nothing is kept for a
+        backward, so checkpointing cannot help. (Backward itself runs with grad mode off, and so does
+        the forward of an ``autograd.Function``: a compiled graph's, a reentrant checkpoint's, whose
+        caller may well be recording.)"""
+        self.earlier_forwards = (
+            None if self.training or f.get("phase") not in ("forward", None) else _forwards_peak(f)
+        )
+        """In a process that never trains: the highest reading of the forwards that completed before
+        the failing one (``trend.forwards_peak``), None without such a loop."""
+        self.evaluating = self.training and f.get("phase") == "forward" and f.get("module_training") is False
+        """A forward of a model in eval mode (``model.eval()``) in a training job: evaluation, not a
+        training step (whose memory the step rows describe)."""
 
     def outgrew(self, needed: Optional[int]) -> bool:
         """Whether ``needed`` (bytes on top of the last floor) is more than any earlier step needed."""
