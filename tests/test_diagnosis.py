@@ -499,3 +499,21 @@ def test_in_a_process_that_never_trains_a_forward_that_outgrew_seconds_of_earlie
     assert diagnose(facts(**first))["cause"] == "activations"
     near = dict(late, allocated_bytes=31 * GIB, requested_bytes=4 * GIB)  # within the margin of earlier ones
     assert diagnose(facts(**near))["cause"] != "growing_demand"
+
+
+def test_with_the_allocators_peak_and_churn_in_the_readings_the_earlier_forwards_are_known_exactly():
+    """Wire 1.5 readings carry the lifetime peak and the bytes ever allocated: forwards freed on the
+    host at once (an asynchronous loop) leave no trace in allocated, but do in those two."""
+
+    def readings(churn_per_second, peak=12 * GIB, seconds=8):
+        return [[2000.0 + i / 10, 10 * GIB, peak, int(churn_per_second * i / 10)] for i in range(seconds * 10)]
+
+    base = dict(phase="forward", grad_enabled=False, model_states=weights(10 * GIB), time=2009.0,
+                allocated_bytes=40 * GIB, requested_bytes=30 * GIB)
+    d = diagnose(facts(sampled_allocated=readings(20 * GIB), **base))  # forwards churning 20 GiB/s
+    assert d["cause"] == "growing_demand", d["summary"]
+    assert diagnose(facts(sampled_allocated=readings(0), **base))["cause"] == "activations"  # idle: a first batch
+    loading = readings(GIB)  # 3 GiB allocated in 3 s, under a 12 GiB peak: weights arriving, no forwards
+    assert diagnose(facts(sampled_allocated=loading, **base))["cause"] == "activations"
+    near = dict(base, allocated_bytes=12 * GIB, requested_bytes=2 * GIB)  # within the margin of the peak
+    assert diagnose(facts(sampled_allocated=readings(20 * GIB), **near))["cause"] != "growing_demand"

@@ -177,6 +177,31 @@ model(big)
     assert d["cause"] == "activations" and d["facts"]["remedies"][0] == "no_grad", d["summary"]
 
 
+def test_an_inference_loop_whose_input_grew_is_growing_demand(tmp_path):
+    """No optimizer: seconds of forwards that fit (memory falling back after each), then a batch 8x
+    larger runs out: the input grew, not a forward that never fitted."""
+    body = """
+import time, torch
+from torch import nn
+torch.cuda.set_per_process_memory_fraction(20 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(8)]).cuda()
+with torch.no_grad():
+    t0 = time.time()
+    while time.time() - t0 < 6:
+        model(torch.randn(65536, 4096, device="cuda"))  # 1 GiB a layer's output
+        torch.cuda.synchronize()
+        time.sleep(0.05)
+    model(torch.randn(8 * 65536, 4096, device="cuda"))
+"""
+    spool = str(tmp_path / "spool")
+    result = run_under_oomsight(tmp_path, body, spool)
+    assert result.returncode == 1 and "OutOfMemoryError" in result.stderr, result.stderr
+    (event,) = SpoolReader(spool).read().events
+    assert event["grad_enabled"] is False and event["last_step_time"] is None
+    d = event["diagnosis"]
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_input", d["summary"]
+
+
 def test_a_caught_oom_followed_by_a_step_is_recovered(tmp_path):
     body = (
         TRAIN.replace("STEPS", "3")

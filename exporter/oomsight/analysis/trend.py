@@ -273,18 +273,32 @@ def _pile(
         return None
 
 
+FORWARDS_CHURN = 2.0
+"""Forwards ran before the failing one when the bytes allocated in the 3 s before it add up to at
+least twice the lifetime peak: memory was allocated and freed again and again (a model loading
+allocates its weights once)."""
+
+
 def forwards_peak(samples: Sequence[Sequence[float]], now: float, quiet: float = 1.0) -> Optional[float]:
-    """The highest reading of the loop of forwards that ran before the failing one, in a process
-    that never stepped: the readings up to ``quiet`` s before the OOM (the failing forward's own rise
-    left out), over at least ``PILE_MIN_SECONDS``, falling back at least three times (forwards that
-    completed and freed their temporaries). None when the readings show no such loop. A reading is
-    a lower bound of a forward's peak: the caller compares with a margin."""
+    """The most memory the forwards before the failing one needed, in a process that never stepped:
+    the readings up to ``quiet`` s before the OOM (the failing forward's own rise left out), over at
+    least ``PILE_MIN_SECONDS``. Readings of wire 1.5 carry the allocator's lifetime peak and its
+    bytes ever allocated: the peak then is exact, and forwards ran when the bytes allocated over the
+    last 3 s reach ``FORWARDS_CHURN`` times it. Older readings (time, allocated) give their highest
+    value, a lower bound, when they fell back at least three times. None when no loop of forwards
+    shows."""
     try:
-        points = [(float(t), float(a)) for t, a, *_ in samples if float(t) <= now - quiet]
+        points = [[float(x) for x in r] for r in samples if float(r[0]) <= now - quiet]
         if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < PILE_MIN_SECONDS:
             return None
-        return max(a for _t, a in points) if _falls_back(points) else None
-    except (ArithmeticError, TypeError, ValueError):
+        last = points[-1]
+        if len(last) >= 4:
+            start = next(p for p in points if p[0] >= last[0] - PILE_MIN_SECONDS)
+            churn = last[3] - start[3] if len(start) >= 4 else 0.0
+            return last[2] if last[2] > 0 and churn >= FORWARDS_CHURN * last[2] else None
+        pairs = [(p[0], p[1]) for p in points]
+        return max(a for _t, a in pairs) if _falls_back(pairs) else None
+    except (ArithmeticError, TypeError, ValueError, IndexError, StopIteration):
         return None
 
 

@@ -32,6 +32,7 @@ class Reading(NamedTuple):
     ooms: int
     device_allocs: int
     device_frees: int
+    allocated_total_bytes: int
 
 
 def reading_from_nested(raw: Mapping[str, Any]) -> Reading:
@@ -53,6 +54,7 @@ def reading_from_nested(raw: Mapping[str, Any]) -> Reading:
         ooms=raw.get("num_ooms", 0),
         device_allocs=raw.get("num_device_alloc", 0),
         device_frees=raw.get("num_device_free", 0),
+        allocated_total_bytes=alloc.get("allocated", 0),
     )
 
 

@@ -185,7 +185,7 @@ class Sampler:
             try:
                 r = self.cuda.read(dev.index)
                 dev.observe(r)
-                dev.recent.append([round(now, 3), r.allocated_bytes])
+                dev.recent.append([round(now, 3), r.allocated_bytes, r.peak_allocated_bytes, r.allocated_total_bytes])
             except Exception as exc:
                 ok = False
                 self.errors.record("allocator", exc)

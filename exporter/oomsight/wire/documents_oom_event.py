@@ -113,7 +113,8 @@ class OomEvent(TypedDict):
     limit_bytes: NotRequired[Optional[int]]
     #: autograd was recording in the failing thread (false: no_grad, inference_mode) (since 1.4)
     grad_enabled: NotRequired[Optional[bool]]
-    #: the sampler's last readings, [[time, allocated_bytes], ...], oldest first (since 1.4)
+    #: the sampler's last readings, oldest first: [time, allocated_bytes] and, since 1.5, peak_allocated_bytes
+    #: and allocated_total_bytes (since 1.4)
     sampled_allocated: NotRequired[list[list[float]]]
     #: Unix time the last optimizer step completed (since 1.4)
     last_step_time: NotRequired[Optional[float]]

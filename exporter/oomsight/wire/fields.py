@@ -67,6 +67,13 @@ ALLOCATOR = Table(
         req("ooms", "int", "OOMs the allocator counted"),
         req("device_allocs", "int", "cudaMalloc calls"),
         req("device_frees", "int", "cudaFree calls"),
+        opt(
+            "allocated_total_bytes",
+            "int",
+            "bytes ever allocated to tensors (allocated_bytes.all.allocated): the allocation churn",
+            default=0,
+            since=JUDGED,
+        ),
     ),
 )
 NVML = Table(
@@ -341,7 +348,10 @@ OOM_EVENT = Table(
             since=AT_OOM,
         ),
         opt(
-            "sampled_allocated", "list", "the sampler's last readings, [[time, allocated_bytes], ...], oldest first",
+            "sampled_allocated",
+            "list",
+            "the sampler's last readings, oldest first: [time, allocated_bytes] and, since 1.5, "
+            "peak_allocated_bytes and allocated_total_bytes",
             items="row", since=AT_OOM,
         ),
         nullable("last_step_time", "time", "Unix time the last optimizer step completed", since=AT_OOM),
