@@ -118,6 +118,5 @@ class OomEvent(TypedDict):
     sampled_allocated: NotRequired[list[list[float]]]
     #: Unix time the last optimizer step completed (since 1.4)
     last_step_time: NotRequired[Optional[float]]
-    #: the outermost nn.Module on the failing stack is in training mode (false: model.eval()); null: none (since
-    #: 1.5)
+    #: the outermost nn.Module trains (false: eval) (since 1.5)
     module_training: NotRequired[Optional[bool]]

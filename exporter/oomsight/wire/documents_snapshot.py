@@ -88,7 +88,7 @@ class AllocatorSample(TypedDict):
     device_allocs: int
     #: cudaFree calls
     device_frees: int
-    #: bytes ever allocated to tensors (allocated_bytes.all.allocated): the allocation churn (since 1.5)
+    #: bytes ever allocated (allocated_bytes.all) (since 1.5)
     allocated_total_bytes: NotRequired[int]
 
 

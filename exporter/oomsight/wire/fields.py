@@ -67,13 +67,7 @@ ALLOCATOR = Table(
         req("ooms", "int", "OOMs the allocator counted"),
         req("device_allocs", "int", "cudaMalloc calls"),
         req("device_frees", "int", "cudaFree calls"),
-        opt(
-            "allocated_total_bytes",
-            "int",
-            "bytes ever allocated to tensors (allocated_bytes.all.allocated): the allocation churn",
-            default=0,
-            since=JUDGED,
-        ),
+        opt("allocated_total_bytes", "int", "bytes ever allocated (allocated_bytes.all)", default=0, since=JUDGED),
     ),
 )
 NVML = Table(
@@ -355,12 +349,7 @@ OOM_EVENT = Table(
             items="row", since=AT_OOM,
         ),
         nullable("last_step_time", "time", "Unix time the last optimizer step completed", since=AT_OOM),
-        nullable(
-            "module_training",
-            "bool",
-            "the outermost nn.Module on the failing stack is in training mode (false: model.eval()); null: none",
-            since=JUDGED,
-        ),
+        nullable("module_training", "bool", "the outermost nn.Module trains (false: eval)", since=JUDGED),
     ),
     kind="oom_event",
 )
