@@ -184,7 +184,8 @@ class _Format:
             if found is None or found[0] != name or found[1] != items:
                 for row in zip(items, values):
                     new.append((family, name, *row))
-            elif found[3] == values:  # nothing moved: the same text (equal numbers write alike)
+            elif found[3] == values:  # nothing moved: the same text (equal numbers write alike; a -0.0
+                # after a 0.0 keeps "0.0", the same number: no series of ours is ever negative zero)
                 heads[family] = found
                 out[family] = found[4]
             else:
