@@ -227,7 +227,7 @@ def _evaluation_rule(ev: Evidence) -> Optional[Diagnosis]:
     needed = f"{fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of {fb(ev.total)}"
     return ev.result(
         Cause.ACTIVATIONS,
-        ["no_grad", "eval_batch", "half_precision"] if recording else ["eval_batch", "half_precision"],
+        ["no_grad", "eval_batch"] if recording else ["eval_batch"],  # never cast the weights being trained
         f"An evaluation forward (the model is in eval mode) does not fit: {needed}"
         + (
             ", with autograd recording, so every activation is kept for a backward that never comes."
