@@ -189,15 +189,14 @@ class _Format:
                 heads[family] = found
                 out[family] = found[4]
             else:
-                text = "".join([h + _text(v) + "\n" for h, v in zip(found[2], values)]).encode()
-                out[family] = text
+                out[family] = text = _written(found[2], values)
                 heads[family] = (name, items, found[2], values, text)
                 self.rewritten += 1
         if new:
             self._learn(new, layout, heads)
             for family, (name, items, values) in new.groups.items():
                 kept = heads[family][2]
-                out[family] = text = "".join([h + _text(v) + "\n" for h, v in zip(kept, values)]).encode()
+                out[family] = text = _written(kept, values)
                 heads[family] = (name, items, kept, values, text)
                 self.rewritten += 1
         return out, heads
@@ -212,6 +211,11 @@ class _Format:
             if not all(line.endswith(_SENTINEL_TEXT) for line in lines):
                 raise Drift(f"a sample of {probe.name} does not end with its value")
             heads[probe.name] = (name, list(items), [line[: -len(_SENTINEL_TEXT)] for line in lines], None, b"")
+
+
+def _written(heads: list[str], values: list[Any]) -> bytes:
+    """A family's sample lines: each head, then its value as prometheus_client writes it."""
+    return "".join([h + _text(v) + "\n" for h, v in zip(heads, values)]).encode()
 
 
 Heads = dict[str, tuple[str, list[Items], list[str], Optional[list[Any]], bytes]]
