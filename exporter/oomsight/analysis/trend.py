@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-from oomsight.wire.schema import StepTrend
+from oomsight.wire.schema import DeviceSnapshot, StepTrend
 
 STEP, TIME, FLOOR, PEAK, RESERVED, EXACT = range(6)
 ROW_FIELDS = ("step", "time", "floor_bytes", "peak_bytes", "reserved_bytes", "exact")
@@ -96,6 +96,18 @@ def verdict(t: Trend) -> StepTrend:
         steps_to_oom=_finite(t.steps_to_oom),
         seconds_to_oom=_finite(t.seconds_to_oom),
     )
+
+
+def device_verdict(d: DeviceSnapshot) -> Optional[StepTrend]:
+    """The verdict on a snapshot device's step rows: the hook's own (wire 1.5), or, for an older
+    writer, its rows judged here; None when it has no step rows."""
+    judged = d.get("step_trend")
+    if judged is not None:
+        return judged
+    rows = d.get("steps_memory")
+    if not rows:
+        return None
+    return verdict(analyse(rows, int(d.get("limit_bytes") or d.get("total_bytes") or 0) or 1))
 
 
 def _finite(x: Optional[float]) -> Optional[float]:

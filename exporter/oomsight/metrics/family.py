@@ -200,17 +200,14 @@ reuse unchanged documents."""
 def device_trend(d: DeviceSnapshot) -> Optional[StepTrend]:
     """The verdict on a device's step rows: the hook's own (wire 1.5), or, for an older writer,
     judged here from the rows it carries; None when it has no step rows."""
-    judged = d.get("step_trend")
-    if judged is not None:
-        return judged
-    rows = d.get("steps_memory")
-    if not rows:
-        return None
+    if d.get("step_trend") is not None or not d.get("steps_memory"):
+        return trend.device_verdict(d)
     cached = _TRENDS.get(id(d))
     if cached is not None and cached[0] is d:
         return cached[1]
-    found = trend.verdict(trend.analyse(rows, _capacity(d)))
-    _keep_trend(d, found)
+    found = trend.device_verdict(d)  # an older writer's rows: judged once per document
+    if found is not None:
+        _keep_trend(d, found)
     return found
 
 

@@ -204,7 +204,8 @@ def _check(doc: Any, table: Table, where: str, fill: bool, known: Optional[dict[
     checked, so it is taken instead of checked again (a publish changes a few counters)."""
     if type(doc) is not dict:
         raise SchemaError(f"{where} is not an object")
-    for name, f, fits in _plan(table):
+    plan, names = _planned(table)
+    for name, f, fits in plan:
         value = doc.get(name, _ABSENT)
         if value is _ABSENT:
             if f.required:
@@ -223,9 +224,9 @@ def _check(doc: Any, table: Table, where: str, fill: bool, known: Optional[dict[
             _check_value(f, value, f"{where}.{name}", fill, before)  # nested, or wrong: raises with the path
             if shared and f.kind == "object" and before == value:  # equal once its defaults are filled
                 doc[name] = before
-    if not _names(table).issuperset(doc):  # a newer writer's keys: any JSON, within bounds
+    if not names.issuperset(doc):  # a newer writer's keys: any JSON, within bounds
         for name, value in list(doc.items()):
-            if name in _names(table):
+            if name in names:
                 continue
             before = known.get(name, _ABSENT) if known is not None else _ABSENT
             if before is not _ABSENT and type(before) is type(value) and before == value:
@@ -237,29 +238,21 @@ def _check(doc: Any, table: Table, where: str, fill: bool, known: Optional[dict[
 _SHARED = frozenset((dict, list))
 
 
-_NAMES: dict[int, tuple[Table, frozenset[str]]] = {}
+Plan = tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]
+_PLANS: dict[int, tuple[Table, Plan, frozenset[str]]] = {}
 
 
-def _names(table: Table) -> frozenset[str]:
-    found = _NAMES.get(id(table))
-    if found is None or found[0] is not table:
-        found = _NAMES[id(table)] = (table, frozenset(f.name for f in table.fields))
-    return found[1]
-
-
-_PLANS: dict[int, tuple[Table, tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]]] = {}
-
-
-def _plan(table: Table) -> tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]:
+def _planned(table: Table) -> tuple[Plan, frozenset[str]]:
     """Each field of ``table`` with, for a scalar without choices, the test a value must pass
-    (a value that fails it goes to ``_check_value``, which says why); made once per table."""
+    (a value that fails it goes to ``_check_value``, which says why), and the table's key names;
+    made once per table."""
     found = _PLANS.get(id(table))
     if found is None or found[0] is not table:
         plan = tuple(
             (f.name, f, _SCALARS[f.kind] if f.kind in _SCALARS and not f.choices else None) for f in table.fields
         )
-        found = _PLANS[id(table)] = (table, plan)
-    return found[1]
+        found = _PLANS[id(table)] = (table, plan, frozenset(f.name for f in table.fields))
+    return found[1], found[2]
 
 
 _ABSENT = object()

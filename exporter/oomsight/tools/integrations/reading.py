@@ -184,12 +184,9 @@ def forecast_values(s: Snapshot) -> dict[str, float]:
     OOM and the floor's slope, the soonest over the process's devices. Nothing without a rise."""
     found: dict[str, float] = {}
     for d in s["devices"]:
-        t = d.get("step_trend")  # the hook's verdict (wire 1.5); an older writer's rows judged here
+        t = trend.device_verdict(d)
         if t is None:
-            rows = d.get("steps_memory") or []
-            if not rows:
-                continue
-            t = trend.verdict(trend.analyse(rows, int(d.get("limit_bytes") or d.get("total_bytes") or 0) or 1))
+            continue
         raw = {
             "steps": t["steps_to_oom"],
             "seconds": t["seconds_to_oom"],
