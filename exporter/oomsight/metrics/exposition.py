@@ -8,15 +8,16 @@ one line per sample, and a registry as its families in turn, so the text of the 
 is, family by family of the layout, the header and then the lines every part gave that family,
 in part order. The headers are the encoder's own text for the empty families. A sample line is
 its head (name and labels) and then its value as prometheus_client's ``floatToGoString`` writes
-it: each head is learnt once from the encoder's own line for that sample (with a sentinel
-value), and kept while the part keeps giving that sample, so a changed value costs one
-``floatToGoString`` and no encoder call. Each format is checked when first asked for (a probe
+it: the heads of a family are learnt once from the encoder's own lines for its samples (with a
+sentinel value), and kept by position while the part gives that family the same label sets; a
+family whose values are the same keeps its text, and a changed value costs one
+``floatToGoString`` (none for a value seen lately) and no encoder call. Each format is checked when first asked for (a probe
 family of hard values and label values must come out of the encoder as head and value); where
 that or a cut does not add up (a prometheus_client that writes a family differently), the
 scrape is rendered whole by the encoder instead, and that is logged once.
 
-A part's lines are kept under its key while its inputs are the same: the same objects (a
-document the reader parsed again is a new object, whatever it holds) or equal plain values.
+A part's lines are kept under its key while its inputs are the same: the same objects (the
+reader gives a file's unchanged parts as the objects it gave before) or equal plain values.
 When they are not, the part is built and written again from its kept heads. Parts missing
 from a scrape are forgotten with it, so the cache holds only what the last scrape served, in
 at most :data:`MAX_FORMATS` formats.
