@@ -11,8 +11,9 @@ its head (name and labels) and then its value as prometheus_client's ``floatToGo
 it: the heads of a family are learnt once from the encoder's own lines for its samples (with a
 sentinel value), and kept by position while the part gives that family the same label sets; a
 family whose values are the same keeps its text, and a changed value costs one
-``floatToGoString`` (none for a value seen lately) and no encoder call. Each format is checked when first asked for (a probe
-family of hard values and label values must come out of the encoder as head and value); where
+``floatToGoString`` (none for a value seen lately) and no encoder call. Each format is checked
+when first asked for (a probe family of hard values and label values must come out of the
+encoder as head and value); where
 that or a cut does not add up (a prometheus_client that writes a family differently), the
 scrape is rendered whole by the encoder instead, and that is logged once.
 
