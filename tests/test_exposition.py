@@ -166,11 +166,11 @@ def test_the_cache_holds_only_what_the_last_scrape_served(spool):
     put(spool, event_path(1, 1), event(pid=1, rank=1))
     collector = SpoolCollector(spool, clock=lambda: NOW)
     assert_cached_equals_uncached(collector)
-    assert len(collector.cache) == 3 * 3 + 3  # each process's own, steps and devices parts; OOM tallies
+    assert len(collector.cache) == 3 * 2 + 3  # each process's own part and its steps and devices; OOM tallies
     os.unlink(os.path.join(spool, snapshot_path(3)))  # its file is gone: so are its series
     inv = assert_cached_equals_uncached(collector)
     assert [v.rank_labels for v in inv.processes] == [("1", "1"), ("2", "2")]
-    assert len(collector.cache) == 2 * 3 + 3  # its OOM counters stay, at 0 (the Ledger: they never vanish)
+    assert len(collector.cache) == 2 * 2 + 3  # its OOM counters stay, at 0 (the Ledger: they never vanish)
 
 
 def test_a_file_that_turns_bad_drops_its_series_and_is_counted_as_without_the_cache(spool):

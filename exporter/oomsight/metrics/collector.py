@@ -19,6 +19,7 @@ import functools
 import platform
 import time
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 from typing import Any, Callable, Optional
 
 from prometheus_client.core import (
@@ -54,19 +55,34 @@ class _Rows(Rows):
     __slots__ = ()
 
     def add(self, name: str, items: Items, value: Any) -> None:
-        found = self.groups.get(name)
-        if found is None:
-            self.groups[name] = (_SAMPLE[name], [items], [value])
-        else:
-            found[1].append(items)
-            found[2].append(value)
+        self.families.append(name)
+        self.items.append(items)
+        self.values.append(value)
 
     def info(self, name: str, items: Items, about: dict[str, str]) -> None:
         self.add(name, (*items, *about.items()), 1)
 
+    def name_of(self, family: str) -> str:
+        return _SAMPLE[family]
+
 
 def _items(names: list[str], values: Iterable[str]) -> Items:
-    return tuple(zip(names, values))
+    return _interned(tuple(zip(names, values)))
+
+
+_LABEL_SETS: dict[Items, Items] = {}
+_LABEL_SETS_KEPT = 65536
+
+
+def _interned(items: Items) -> Items:
+    """The one tuple kept for these label items: a part's label sets, compared with the last
+    scrape's on every scrape (``oomsight.metrics.lines``), are then the same objects."""
+    found = _LABEL_SETS.get(items)
+    if found is None:
+        if len(_LABEL_SETS) >= _LABEL_SETS_KEPT:
+            _LABEL_SETS.clear()
+        found = _LABEL_SETS[items] = items
+    return found
 
 
 class SpoolCollector(Collector):
@@ -123,8 +139,7 @@ def parts(inv: Inventory) -> Iterator[Part]:
         s = v.snapshot  # the reader gives a file's unchanged parts as the same objects as before
         about = tuple([s.get(key) for key in _ABOUT])
         yield Part(("process", *v.rank_labels), (*about, v.up, v.exit_reason), functools.partial(_process, v))
-        yield Part(("steps", *v.rank_labels), (s["steps"],), functools.partial(_steps, v))
-        yield Part(("devices", *v.rank_labels), (s["devices"],), functools.partial(_devices, v))
+        yield Part(("state", *v.rank_labels), (s["steps"], s["devices"]), functools.partial(_state, v))
     for key, tally in sorted(inv.ooms.items()):
         inputs = (tally.events, tally.fatal, tally.recovered, tally.last)
         yield Part(("oom", *key), inputs, functools.partial(_oom, key, tally))
@@ -153,7 +168,7 @@ _ABOUT = ("process", "sources", "errors", "oom_events_unwritten", "leak", "batch
 
 def _process(v: ProcessView) -> Rows:
     """A process's own series: a function of its ``_ABOUT`` keys, ``up`` and exit reason. Its
-    steps and devices, which move with every publish, are parts of their own."""
+    steps and devices, which move with every publish, are a part of their own (``_state``)."""
     f = _Rows()
     labels = _items(PROC, v.rank_labels)
     for source, ok in sorted(v.snapshot["sources"].items()):
@@ -166,8 +181,15 @@ def _process(v: ProcessView) -> Rows:
     return f
 
 
-def _steps(v: ProcessView) -> Rows:
+def _state(v: ProcessView) -> Rows:
+    """What moves with every publish: a process's steps and devices."""
     f = _Rows()
+    _steps(f, v)
+    _devices(f, v)
+    return f
+
+
+def _steps(f: _Rows, v: ProcessView) -> None:
     labels = _items(PROC, v.rank_labels)
     steps = v.snapshot["steps"]
     f.add("oomsight_steps", labels, steps.get("count", 0))
@@ -175,7 +197,6 @@ def _steps(v: ProcessView) -> Rows:
     last_duration = steps.get("last_duration_seconds")
     if last_duration is not None:
         f.add("oomsight_step_last_duration_seconds", labels, last_duration)
-    return f
 
 
 def _process_info(f: _Rows, v: ProcessView, labels: Items) -> None:
@@ -198,30 +219,29 @@ def _process_info(f: _Rows, v: ProcessView, labels: Items) -> None:
     f.add("oomsight_oom_events_unwritten", labels, s.get("oom_events_unwritten", 0))
 
 
-def _device_items(ranks: Items, d: Any) -> Items:
-    return (*ranks, ("device", str(d["index"])), ("gpu_uuid", d["uuid"]))
-
-
-def _devices(v: ProcessView) -> Rows:
-    f = _Rows()
+def _devices(f: _Rows, v: ProcessView) -> None:
     ranks = _items(PROC, v.rank_labels)
+    families, values = f.families, f.values
     for d in v.snapshot["devices"]:
-        labels = _device_items(ranks, d)
-        f.add("oomsight_leak_suspected", labels, float(leak_suspected(d)))
+        labels = _interned((*ranks, ("device", str(d["index"])), ("gpu_uuid", d["uuid"])))
+        families.append("oomsight_leak_suspected")
+        values.append(float(leak_suspected(d)))
         for name, _, value in _DEVICE_ROWS:
             x = value(d)
             if x is not None:
-                f.add(name, labels, float(x))
+                families.append(name)
+                values.append(float(x))
+        f.items.extend(repeat(labels, len(families) - len(f.items)))
         f.info("oomsight_gpu", labels, {"name": d.get("name", "")})
         c: Any = d.get("categories")
         if c:
-            for name in CATEGORIES:
-                if c.get(f"{name}_bytes") is not None:
-                    f.add("oomsight_memory_by_category_bytes", (*labels, ("category", name)), c[f"{name}_bytes"])
-    return f
+            for name, key in _CATEGORY_KEYS:
+                if c.get(key) is not None:
+                    f.add("oomsight_memory_by_category_bytes", _interned((*labels, ("category", name))), c[key])
 
 
 _DEVICE_ROWS = (*DEVICE_GAUGES, *ALLOCATOR_COUNTERS)
+_CATEGORY_KEYS = tuple((name, f"{name}_bytes") for name in CATEGORIES)
 
 
 def _advice(f: _Rows, v: ProcessView, labels: Items) -> None:

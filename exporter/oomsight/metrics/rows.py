@@ -15,12 +15,17 @@ _GO_KEPT = 65536
 
 
 class _Texts(dict[Any, str]):
-    """``floatToGoString`` of the values seen lately. The text is a function of ``float(value)``,
-    and equal numbers have equal floats, so equal values share a text; but for zero: ``-0.0``
-    equals ``0`` and writes otherwise, so zeros are never kept (NaN equals nothing: never found)."""
+    """``floatToGoString`` of the values seen lately, then ``end``. The text is a function of
+    ``float(value)``, and equal numbers have equal floats, so equal values share a text; but for
+    zero: ``-0.0`` equals ``0`` and writes otherwise, so zeros are never kept (NaN equals nothing:
+    never found)."""
+
+    def __init__(self, end: str = "") -> None:
+        super().__init__()
+        self.end = end
 
     def __missing__(self, value: Any) -> str:
-        text = go(value)
+        text = go(value) + self.end
         if value != 0:
             if len(self) >= _GO_KEPT:
                 self.clear()
@@ -30,6 +35,8 @@ class _Texts(dict[Any, str]):
 
 text_of = _Texts().__getitem__
 """A sample value as prometheus_client's encoders write it, at a dictionary lookup when seen lately."""
+line_end_of = _Texts("\n").__getitem__
+"""What ends a sample's line: :func:`text_of` and a newline."""
 
 Items = tuple[tuple[str, str], ...]
 """Label names and values of a sample, in the family's label order."""
@@ -40,38 +47,40 @@ Row = tuple[str, str, Items, Any]
 class Rows:
     """Samples of a part as plain rows: what prometheus_client's ``add_metric`` would make
     (a gauge's sample is named as its family, a counter's ``_total``, an info's ``_info`` with
-    value 1), without making a family or a sample object per value. Kept by family, in the order
-    the families first came, as (sample name, [label items], [values]): one sample name per family
-    (a family of several is given as a family); iterating gives rows (family, sample name, label
+    value 1), without making a family or a sample object per value. Kept as three lists in the
+    order the samples came (family, label items, value), and each family's one sample name (a
+    family of several is given as a family); iterating gives rows (family, sample name, label
     items, value)."""
 
-    __slots__ = ("groups",)
+    __slots__ = ("families", "items", "names", "values")
 
     def __init__(self, rows: Iterable[Row] = ()) -> None:
-        self.groups: dict[str, tuple[str, list[Items], list[Any]]] = {}
+        self.families: list[str] = []
+        self.items: list[Items] = []
+        self.values: list[Any] = []
+        self.names: dict[str, str] = {}
         for row in rows:
             self.append(row)
 
     def append(self, row: Row) -> None:
         family, name, items, value = row
-        found = self.groups.get(family)
-        if found is None:
-            self.groups[family] = (name, [items], [value])
-        elif found[0] != name:
-            raise ValueError(f"{family}: samples {found[0]} and {name}; give such a family as a family")
-        else:
-            found[1].append(items)
-            found[2].append(value)
+        known = self.names.setdefault(family, name)
+        if known != name:
+            raise ValueError(f"{family}: samples {known} and {name}; give such a family as a family")
+        self.families.append(family)
+        self.items.append(items)
+        self.values.append(value)
+
+    def name_of(self, family: str) -> str:
+        """The sample name of ``family``'s samples."""
+        return self.names[family]
 
     def __iter__(self) -> Iterator[Row]:
-        for family, (name, items, values) in self.groups.items():
-            for labels, value in zip(items, values):
-                yield family, name, labels, value
+        for family, items, value in zip(self.families, self.items, self.values):
+            yield family, self.name_of(family), items, value
 
     def __len__(self) -> int:
-        return sum(len(group[1]) for group in self.groups.values())
+        return len(self.values)
 
     def __bool__(self) -> bool:
-        return bool(self.groups)
-
-
+        return bool(self.values)
