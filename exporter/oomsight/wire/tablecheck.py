@@ -1,0 +1,66 @@
+"""One table's checks as one generated function (``oomsight.wire.schema`` uses it first).
+
+A key at a time through the table costs a loop step, a tuple unpacking and a function call per
+key; a publish changes a few dozen scalars across half a dozen tables, and a scrape of a
+thousand ranks checks them all. :func:`compile_table` writes, once per table, a function that
+checks each key inline, in the table's order: the scalars as ``oomsight.wire.schema``'s tests
+do (ints within ±2**63, numbers finite, times within ±2**33, text, choices), nested values by the
+schema's own nested check (which raises with the path, as the schema would at that key), and an
+absent optional key filled with its default when asked. At the first scalar it does not pass
+it returns False, and the schema checks the document key by key, which says what is wrong.
+The source is made from the table alone (its names are ``repr``'d), never from a document.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from oomsight.wire.fieldtypes import Field, Table, default_of
+
+Check = Callable[[dict[str, Any], str, bool, Any], bool]
+"""(document, where, fill defaults, the known earlier version) -> every key passed."""
+
+_RETURN = "return False"
+_TESTS = {
+    "int": ["if type(v) is not int or not LO <= v <= HI:", f"    {_RETURN}"],
+    # a float minus itself is 0.0 unless it is infinite or NaN
+    "number": [
+        "if type(v) is float:",
+        "    if v - v != 0.0:",
+        f"        {_RETURN}",
+        "elif type(v) is not int or not LO <= v <= HI:",
+        f"    {_RETURN}",
+    ],
+    # a NaN is within no range
+    "time": ["if type(v) is not float and type(v) is not int or not -TMAX <= v <= TMAX:", f"    {_RETURN}"],
+    "str": ["if type(v) is not str or not (v.isascii() or TEXT(v)):", f"    {_RETURN}"],
+    "bool": ["if type(v) is not bool:", f"    {_RETURN}"],
+    "any": ["if not JSON(v):", f"    {_RETURN}"],
+}
+
+
+def compile_table(table: Table, env: dict[str, Any]) -> Check:
+    """The check of ``table``. ``env`` gives ``A`` (the absent marker), ``LO``/``HI`` (the int
+    range), ``TMAX`` (the time range), ``TEXT`` (a string is text), ``JSON`` (any JSON within
+    bounds) and ``NESTED(doc, name, field, value, where, fill, known)`` (a nested value's check)."""
+    scope = dict(env)
+    lines = ["def check(doc, where, fill, known):", "    get = doc.get"]
+    for i, f in enumerate(table.fields):
+        scope[f"F{i}"], scope[f"D{i}"], scope[f"C{i}"] = f, functools.partial(default_of, f), frozenset(f.choices)
+        name = repr(f.name)
+        lines += [f"    v = get({name}, A)", "    if v is A:"]
+        lines += [f"        {_RETURN}"] if f.required else ["        if fill:", f"            doc[{name}] = D{i}()"]
+        lines += ["    elif v is None:", "        pass" if f.nullable else f"        {_RETURN}", "    else:"]
+        lines += ["        " + line for line in _test(f, i, name)]
+    lines.append("    return True")
+    exec(compile("\n".join(lines), f"<oomsight check of {table.name}>", "exec"), scope)
+    return scope["check"]  # type: ignore[no-any-return]
+
+
+def _test(f: Field, i: int, name: str) -> list[str]:
+    if f.kind == "str" and f.choices:
+        return [f"if type(v) is not str or v not in C{i}:", f"    {_RETURN}"]
+    if f.kind in _TESTS and not f.choices:
+        return _TESTS[f.kind]
+    return [f"NESTED(doc, {name}, F{i}, v, where, fill, known)"]  # objects, lists, maps; other choices
