@@ -15,10 +15,12 @@ counts the full garbage collections that ran inside its timed scrapes, and the l
 
 - ``changed``: every rank rewrote its snapshot since the last scrape (the worst case, and the
   usual one: the hook publishes every second, Prometheus scrapes every 15 or 30 s), so the
-  scrape parses and validates all N; its parts: ``read`` (parse and validate, the reader
-  alone) and ``render`` (the rest: inventory, building the changed processes' families, the
-  encoder on their changed families, the assembly); ``changed_uncached``: the same with
-  ``render`` done as before the cache;
+  scrape parses and validates all N. A scrape is one call, as ``/metrics`` makes it, timed
+  whole; its parts: ``read`` (parse and validate, the reader alone, timed inside it) and
+  ``render`` (the rest: inventory, building the changed processes' parts, writing their lines,
+  the assembly). Until December 2026 a scrape was timed as a read and then a second call
+  whose own read found nothing changed, which counted one unchanged read too many;
+  ``changed_uncached``: the same with ``render`` done as before the cache;
 - ``unchanged``: no file changed since the last scrape (an ``lstat`` per file, the ages);
 - ``live``: a separate writer process rewrites every snapshot at ``--hz`` while this process
   scrapes at its own rate; the scrape parses whatever changed in between
@@ -188,25 +190,38 @@ def measured(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def measure_changed(
     n: int, scrapes: int, fmt: tuple[Any, str] = TEXT, cached: bool = True, older: bool = False
 ) -> dict[str, Any]:
-    """Every rank changed since the last scrape. One collector; a scrape is its two parts timed
-    apart: ``read`` (the reader parses the changed files) and ``render`` (the collector's
-    exposition, whose own read finds nothing changed: an ``lstat`` a file). ``cached=False``:
-    ``render`` is ``generate_latest`` over a registry holding the collector, as before the cache.
-    ``older``: every rank an older writer's 20 KB snapshot, whose step rows the reader judges."""
+    """Every rank changed since the last scrape. A scrape is one call of what ``/metrics`` calls
+    (the collector's exposition; ``cached=False``: ``generate_latest`` over a registry holding the
+    collector, as before the cache), timed whole; its parts: ``read`` (the reader parsing and
+    validating the changed files, timed inside the scrape) and ``render`` (the rest: inventory,
+    building the changed processes' parts, writing their lines, the assembly). ``older``: every
+    rank an older writer's 20 KB snapshot, whose step rows the reader judges."""
     doc = reference_snapshot(older)
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, "snapshots"))
         collector, registry = collector_for(root), CollectorRegistry()
         registry.register(collector)
         render = (lambda: collector.exposition(*fmt)) if cached else (lambda: fmt[0](registry))
+        reads: list[float] = []
+        read = collector.reader.read
+
+        def timed_read() -> Any:
+            t0 = time.perf_counter()
+            try:
+                return read()
+            finally:
+                reads.append((time.perf_counter() - t0) * 1000)
+
+        collector.reader.read = timed_read
         parts: dict[str, list[float]] = {"scrape": [], "read": [], "render": []}
         for seq in range(scrapes + 2):
             publish_all(root, doc, n, seq)
-            read, rendered = timed_ms(collector.reader.read), timed_ms(render)
+            reads.clear()
+            took = timed_ms(render)
             if seq >= 2:  # the first two fill the caches
-                parts["read"].append(read)
-                parts["render"].append(rendered)
-                parts["scrape"].append(read + rendered)
+                parts["scrape"].append(took)
+                parts["read"].append(sum(reads))
+                parts["render"].append(took - sum(reads))
         text = collector.exposition(*fmt).decode()
         samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
         return {

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import chain
 from typing import Any, Callable, NamedTuple, Optional
@@ -34,6 +35,8 @@ from oomsight.metrics.lines import NO_SHAPE, Built, Drift, Encoder, Format, Line
 __all__ = ["Built", "Encoder", "ExpositionCache", "Part", "merge", "same_inputs"]
 
 logger = logging.getLogger(__name__)
+_drain: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend
+"""Runs an iterator to its end, keeping nothing."""
 MAX_FORMATS = 4
 """Formats kept at once (text, OpenMetrics, their escaping variants); a fifth starts afresh."""
 
@@ -134,10 +137,10 @@ class ExpositionCache:
         chunks = {f.name: [form.header(f)] for f in layout}
         by_name = {f.name: f for f in layout}
         kept: dict[Hashable, _Kept] = {}
+        to = chunks.__getitem__
         for part in parts:
             names, lines = self._lines(part, (form, fmt, by_name), kept)
-            for name, line in zip(names, lines):
-                chunks[name].append(line)
+            _drain(map(list.append, map(to, names), lines))  # each line to its family, in C
         self._kept = kept
         return "".join(chain.from_iterable(chunks.values()))
 

@@ -14,7 +14,7 @@ import os
 import stat as stat_mod
 import threading
 import time
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from oomsight.wire import decoding
 from oomsight.wire.layout import EVENTS, MAX_FILE_BYTES, PROFILES, SKIP_REASONS, SNAPSHOTS, SUBDIRS
@@ -51,8 +51,7 @@ class SpoolState:
     """Folders that could not be listed this time; their last good documents are given instead."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Seen:
+class _Seen(NamedTuple):
     mtime_ns: int
     size: int
     inode: int
