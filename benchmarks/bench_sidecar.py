@@ -37,6 +37,13 @@ while time.time() < end:
 """
 
 
+SIDECAR = (
+    "import argparse, sys; from oomsight_sidecar.command import register; "
+    "p = argparse.ArgumentParser(); register(p.add_subparsers()); a = p.parse_args(); sys.exit(a.handler(a))"
+)
+"""``oomsight sidecar`` from the tree: its entry point is registered only where the package is installed."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,7 +82,7 @@ def main() -> None:
     ]
     port = free_port()
     sidecar = subprocess.Popen(
-        [sys.executable, "-m", "oomsight", "sidecar", "--spool", spool, "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-c", SIDECAR, "sidecar", "--spool", spool, "--host", "127.0.0.1", "--port", str(port)],
         env=env,
     )
     url = f"http://127.0.0.1:{port}/metrics"
