@@ -324,8 +324,8 @@ def test_the_sidecar_answers_metrics_as_prometheus_client_s_own_app_does(spool, 
 def test_the_kept_value_texts_are_what_prometheus_client_writes_zeros_of_either_sign_included():
     from prometheus_client.utils import floatToGoString
 
-    from oomsight.metrics.rows import text_of as _text
+    from oomsight.metrics.rows import line_end_of
 
     values = [0, 0.0, -0.0, 0, -0.0, 1, 1.0, True, 2**53 + 1, 2.0**53, float("nan"), float("inf"), -1e300, 0.1]
     for v in values + values[::-1]:  # each seen twice, in both orders
-        assert _text(v) == floatToGoString(v), v
+        assert line_end_of(v) == floatToGoString(v) + "\n", v

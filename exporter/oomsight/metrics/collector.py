@@ -221,7 +221,7 @@ def _process_info(f: _Rows, v: ProcessView, labels: Items) -> None:
 
 def _devices(f: _Rows, v: ProcessView) -> None:
     ranks = _items(PROC, v.rank_labels)
-    families, values = f.families, f.values
+    families, values = f.families, f.values  # a device's gauges share its labels: added in one loop
     for d in v.snapshot["devices"]:
         labels = _interned((*ranks, ("device", str(d["index"])), ("gpu_uuid", d["uuid"])))
         families.append("oomsight_leak_suspected")

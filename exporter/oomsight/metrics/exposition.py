@@ -11,8 +11,8 @@ are the encoder's own text for the empty families; a part's lines are written by
 add up (a prometheus_client that writes a family differently), the scrape is rendered whole by
 the encoder instead, and that is logged once.
 
-A part's lines are kept under its key while its inputs are the same: the same objects (the
-reader gives a file's unchanged parts as the objects it gave before) or equal plain values.
+A part's lines are kept under its key while its inputs are equal (mostly the same objects: the
+reader gives a file's unchanged parts as the objects it gave before).
 When they are not, the part is built and written again from its kept shape. Parts missing
 from a scrape are forgotten with it, so the cache holds only what the last scrape served, in
 at most :data:`MAX_FORMATS` formats.

@@ -11,21 +11,17 @@ from prometheus_client.utils import floatToGoString as _float_to_go
 go: Callable[[Any], str] = _float_to_go
 """A sample value as prometheus_client's encoders write it."""
 _GO_KEPT = 65536
-"""Values whose text :func:`text_of` keeps (a thousand ranks' samples, most unchanged between scrapes)."""
+"""Values whose text :func:`line_end_of` keeps (a thousand ranks' samples, most unchanged between scrapes)."""
 
 
-class _Texts(dict[Any, str]):
-    """``floatToGoString`` of the values seen lately, then ``end``. The text is a function of
+class _LineEnds(dict[Any, str]):
+    """``floatToGoString`` of the values seen lately, then a newline. The text is a function of
     ``float(value)``, and equal numbers have equal floats, so equal values share a text; but for
     zero: ``-0.0`` equals ``0`` and writes otherwise, so zeros are never kept (NaN equals nothing:
     never found)."""
 
-    def __init__(self, end: str = "") -> None:
-        super().__init__()
-        self.end = end
-
     def __missing__(self, value: Any) -> str:
-        text = go(value) + self.end
+        text = go(value) + "\n"
         if value != 0:
             if len(self) >= _GO_KEPT:
                 self.clear()
@@ -33,10 +29,9 @@ class _Texts(dict[Any, str]):
         return text
 
 
-text_of = _Texts().__getitem__
-"""A sample value as prometheus_client's encoders write it, at a dictionary lookup when seen lately."""
-line_end_of = _Texts("\n").__getitem__
-"""What ends a sample's line: :func:`text_of` and a newline."""
+line_end_of = _LineEnds().__getitem__
+"""What ends a sample's line: its value as prometheus_client's encoders write it, and a newline;
+a dictionary lookup for a value seen lately."""
 
 Items = tuple[tuple[str, str], ...]
 """Label names and values of a sample, in the family's label order."""
