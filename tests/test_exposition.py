@@ -7,6 +7,8 @@ import os
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
@@ -329,3 +331,53 @@ def test_the_kept_value_texts_are_what_prometheus_client_writes_zeros_of_either_
     values = [0, 0.0, -0.0, 0, -0.0, 1, 1.0, True, 2**53 + 1, 2.0**53, float("nan"), float("inf"), -1e300, 0.1]
     for v in values + values[::-1]:  # each seen twice, in both orders
         assert line_end_of(v) == floatToGoString(v) + "\n", v
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.one_of(
+        st.integers(min_value=-(2**63), max_value=2**63),
+        st.integers(min_value=0, max_value=10**16),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.floats(min_value=0, max_value=1e7),
+        st.booleans(),
+    )
+)
+def test_the_fast_value_text_is_floattogostring_on_any_number(value):
+    from prometheus_client.utils import floatToGoString
+
+    from oomsight.metrics.rows import _fast_go, value_text
+
+    assert value_text is _fast_go  # this prometheus_client writes values as the fast path assumes
+    assert _fast_go(value) == floatToGoString(value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.lists(st.sampled_from("abcd"), max_size=6)),  # (sequence shared with, families)
+        max_size=12,
+    )
+)
+def test_parts_put_in_family_order_a_column_at_a_time_are_what_a_line_at_a_time_gives(specs):
+    from oomsight.metrics.assembly import assemble, grouped
+
+    shared: dict[int, list[str]] = {}
+    parts, naive = [], {name: [f"# {name}\n"] for name in "dcba"}
+    for index, (share, names) in enumerate(specs):
+        families = shared.setdefault(share, names)
+        if families != names:  # another sequence: an object of its own
+            families = list(names)
+        lines = [f"{name} part{index} line{j}\n" for j, name in enumerate(families)]
+        parts.append((families, lines))
+        for name, line in zip(families, lines):
+            naive[name].append(line)
+    headers = {name: f"# {name}\n" for name in "dcba"}
+    assert assemble(headers, grouped(parts)) == "".join(line for lines in naive.values() for line in lines)
+
+
+def test_a_family_outside_the_layout_is_an_error_not_a_silent_loss():
+    from oomsight.metrics.assembly import assemble, grouped
+
+    with pytest.raises(KeyError):
+        assemble({"a": "# a\n"}, grouped([(["a", "z"], ["a 1\n", "z 1\n"])]))

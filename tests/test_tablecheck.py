@@ -86,3 +86,47 @@ def test_a_generated_check_decides_as_the_key_by_key_check_on_every_hostile_valu
                 assert repr(got) == repr(want), (path, value)  # repr: NaN equals nothing
                 tried += 1
     assert tried > 1000
+
+
+def deep(levels):
+    value = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+UNKNOWN = (1, "x", [1, {"a": None}], deep(schema.MAX_JSON_DEPTH + 5), math.nan, 2**64, "\ud800", {"\ud800": 1})
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda d: d["kind"])
+def test_a_key_a_newer_writer_added_to_any_object_is_checked_alike_by_either_check(doc):
+    """An unknown key is any JSON within bounds, at the top or in a nested object: a deeply
+    nested, non-finite, huge or non-Unicode value there makes the document invalid either way."""
+    known = json.loads(json.dumps(doc))
+    validate(known, fill_defaults=True)
+    tried = 0
+    objects = [()] + [p for p in paths(doc) if isinstance(lookup(doc, p), dict)]
+    # a table's object, not a map (whose values are of one kind)
+    tables = [p for p in objects if all(verdict(added(doc, p, v), None, False)[0] == "ok" for v in UNKNOWN[:3])]
+    assert len(tables) > 3
+    for path in tables:
+        for value in UNKNOWN:
+            newer = added(doc, path, value)
+            for before in (None, known):
+                got = verdict(copy.deepcopy(newer), before, True)
+                assert repr(got) == repr(verdict(copy.deepcopy(newer), before, False)), (path, value)
+                assert (got[0] == "ok") == (value in UNKNOWN[:3]), (path, value)
+                tried += 1
+    assert tried > 100
+
+
+def added(doc, path, value):
+    newer = copy.deepcopy(doc)
+    lookup(newer, path)["added_by_a_newer_writer"] = value
+    return newer
+
+
+def lookup(doc, path):
+    for key in path:
+        doc = doc[key]
+    return doc

@@ -235,13 +235,24 @@ def _devices(f: _Rows, v: ProcessView) -> None:
         f.info("oomsight_gpu", labels, {"name": d.get("name", "")})
         c: Any = d.get("categories")
         if c:
-            for name, key in _CATEGORY_KEYS:
+            for key, items in zip(_CATEGORY_KEYS, _by_category(labels)):
                 if c.get(key) is not None:
-                    f.add("oomsight_memory_by_category_bytes", _interned((*labels, ("category", name))), c[key])
+                    f.add("oomsight_memory_by_category_bytes", items, c[key])
 
 
 _DEVICE_ROWS = (*DEVICE_GAUGES, *ALLOCATOR_COUNTERS)
-_CATEGORY_KEYS = tuple((name, f"{name}_bytes") for name in CATEGORIES)
+_CATEGORY_KEYS = tuple(f"{name}_bytes" for name in CATEGORIES)
+_CATEGORY_LABELS: dict[Items, tuple[Items, ...]] = {}
+
+
+def _by_category(labels: Items) -> tuple[Items, ...]:
+    """A device's label set with each category added, made once per device."""
+    found = _CATEGORY_LABELS.get(labels)
+    if found is None:
+        if len(_CATEGORY_LABELS) >= _LABEL_SETS_KEPT:
+            _CATEGORY_LABELS.clear()
+        found = _CATEGORY_LABELS[labels] = tuple(_interned((*labels, ("category", name))) for name in CATEGORIES)
+    return found
 
 
 def _advice(f: _Rows, v: ProcessView, labels: Items) -> None:

@@ -22,21 +22,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import chain
 from typing import Any, Callable, NamedTuple, Optional
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from oomsight.metrics.assembly import assemble, grouped
 from oomsight.metrics.lines import NO_SHAPE, Built, Drift, Encoder, Format, Lines, Only, Shape, empty, families_of
 
 __all__ = ["Built", "Encoder", "ExpositionCache", "Part", "merge", "same_inputs"]
 
 logger = logging.getLogger(__name__)
-_drain: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend
-"""Runs an iterator to its end, keeping nothing."""
 MAX_FORMATS = 4
 """Formats kept at once (text, OpenMetrics, their escaping variants); a fifth starts afresh."""
 
@@ -134,15 +131,12 @@ class ExpositionCache:
         return found
 
     def _render(self, layout: Sequence[Metric], parts: list[Part], form: Format, fmt: str) -> str:
-        chunks = {f.name: [form.header(f)] for f in layout}
         by_name = {f.name: f for f in layout}
         kept: dict[Hashable, _Kept] = {}
-        to = chunks.__getitem__
-        for part in parts:
-            names, lines = self._lines(part, (form, fmt, by_name), kept)
-            _drain(map(list.append, map(to, names), lines))  # each line to its family, in C
+        to = (form, fmt, by_name)
+        groups = grouped([self._lines(part, to, kept) for part in parts])
         self._kept = kept
-        return "".join(chain.from_iterable(chunks.values()))
+        return assemble({f.name: form.header(f) for f in layout}, groups)
 
     def _lines(
         self, part: Part, to: tuple[Format, str, dict[str, Metric]], kept: dict[Hashable, _Kept]

@@ -225,7 +225,10 @@ def carry_trend(new: DeviceSnapshot, old: DeviceSnapshot) -> None:
 def follow_trends(before: Optional[Inventory], now: Inventory) -> None:
     """A long-lived reader's step: each rank's device documents parsed again keep the trend of
     their step rows when the rows did not move (:func:`carry_trend`), and the trends of every
-    document but ``now``'s are forgotten (they would keep replaced documents alive)."""
+    document but ``now``'s are forgotten (they would keep replaced documents alive). With no
+    trend judged here (every writer judges its own rows) there is nothing to carry or forget."""
+    if not _TRENDS:
+        return
     last = {v.rank_labels: v.snapshot for v in before.processes} if before is not None else {}
     for v in now.processes:
         old = last.get(v.rank_labels)

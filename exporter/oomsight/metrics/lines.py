@@ -52,6 +52,7 @@ Lines = tuple[list[str], list[str]]
 """A part's lines and the family of each, in the part's order (a family's lines keep their order)."""
 _SENTINEL = 1.2345678901234567e-300
 _SENTINEL_TEXT = _go(_SENTINEL)
+_SEQUENCES_KEPT = 4096
 _TYPES = frozenset(("gauge", "counter", "info"))
 _NOTHING = (None, None, None)
 """A sample's timestamp, exemplar and native histogram."""
@@ -99,6 +100,7 @@ class Format:
         self.end = encoder(Only([])).decode()
         """What the format writes after the last family (OpenMetrics: ``# EOF``)."""
         self._headers: dict[str, str] = {}
+        self._sequences: dict[tuple[str, ...], list[str]] = {}
         self.rewritten = 0
         """Lines :meth:`write` wrote anew: a new sample's, or a changed value's."""
         probes = _probes()
@@ -166,11 +168,23 @@ class Format:
                 shape = known._replace(values=values, lines=lines)
         else:
             heads = self._heads(built, known, layout)
-            shape = Shape(built.families, built.items, heads, values, list(map(operator.add, heads, map(_end, values))))
+            lines = list(map(operator.add, heads, map(_end, values)))
+            shape = Shape(self._sequence(built.families), built.items, heads, values, lines)
             self.rewritten += len(values)
         if extra:
             return ([*extra, *shape.families], [*extra.values(), *shape.lines]), shape
         return (shape.families, shape.lines), shape
+
+    def _sequence(self, families: list[str]) -> list[str]:
+        """The one list kept for this sequence of families: parts that give the same sequence
+        give the same object, and are put in family order together (``oomsight.metrics.assembly``)."""
+        key = tuple(families)
+        found = self._sequences.get(key)
+        if found is None:
+            if len(self._sequences) >= _SEQUENCES_KEPT:
+                self._sequences.clear()
+            found = self._sequences[key] = families
+        return found
 
     def _heads(self, built: Rows, known: Shape, layout: dict[str, Metric]) -> list[str]:
         """The line head of each sample of ``built``: those ``known`` has (by family and label

@@ -277,6 +277,8 @@ _CHECK_ENV = {
     "TEXT": _is_text,
     "JSON": _is_json,
     "NESTED": _check_nested,
+    "OBJECT": _check,
+    "TABLE": lambda table: _planned(table)[1:],
 }
 
 

@@ -4,9 +4,12 @@ A key at a time through the table costs a loop step, a tuple unpacking and a fun
 key; a publish changes a few dozen scalars across half a dozen tables, and a scrape of a
 thousand ranks checks them all. :func:`compile_table` writes, once per table, a function that
 checks each key inline, in the table's order: the scalars as ``oomsight.wire.schema``'s tests
-do (ints within ±2**63, numbers finite, times within ±2**33, text, choices), nested values by the
-schema's own nested check (which raises with the path, as the schema would at that key), and an
-absent optional key filled with its default when asked. At the first scalar it does not pass
+do (ints within ±2**63, numbers finite, times within ±2**33, text, choices), a nested object, list or
+map equal to its counterpart in the known earlier version taken from there (checked then), a
+nested object by its table's generated check (and, where that does not pass or the object has
+keys the table lacks, by the schema's check of its table), other nested values by the schema's
+own nested check (which raises with the path, as the schema would at that key), and an absent
+optional key filled with its default when asked. At the first scalar it does not pass
 it returns False, and the schema checks the document key by key, which says what is wrong.
 The source is made from the table alone (its names are ``repr``'d), never from a document.
 """
@@ -43,11 +46,15 @@ _TESTS = {
 def compile_table(table: Table, env: dict[str, Any]) -> Check:
     """The check of ``table``. ``env`` gives ``A`` (the absent marker), ``LO``/``HI`` (the int
     range), ``TMAX`` (the time range), ``TEXT`` (a string is text), ``JSON`` (any JSON within
-    bounds) and ``NESTED(doc, name, field, value, where, fill, known)`` (a nested value's check)."""
+    bounds), ``NESTED(doc, name, field, value, where, fill, known)`` (a nested value's check),
+    ``OBJECT(value, table, where, fill, known)`` (a nested object's check, which says what is
+    wrong) and ``TABLE(table)`` (a nested table's key names and generated check)."""
     scope = dict(env)
     lines = ["def check(doc, where, fill, known):", "    get = doc.get"]
     for i, f in enumerate(table.fields):
         scope[f"F{i}"], scope[f"D{i}"], scope[f"C{i}"] = f, functools.partial(default_of, f), frozenset(f.choices)
+        if f.kind == "object" and f.table is not None:
+            scope[f"NAMES{i}"], scope[f"CHECK{i}"] = env["TABLE"](f.table)
         name = repr(f.name)
         lines += [f"    v = get({name}, A)", "    if v is A:"]
         lines += [f"        {_RETURN}"] if f.required else ["        if fill:", f"            doc[{name}] = D{i}()"]
@@ -63,4 +70,32 @@ def _test(f: Field, i: int, name: str) -> list[str]:
         return [f"if type(v) is not str or v not in C{i}:", f"    {_RETURN}"]
     if f.kind in _TESTS and not f.choices:
         return _TESTS[f.kind]
-    return [f"NESTED(doc, {name}, F{i}, v, where, fill, known)"]  # objects, lists, maps; other choices
+    nested = [f"NESTED(doc, {name}, F{i}, v, where, fill, known)"]
+    if f.kind not in _SHAREABLE or f.choices:
+        return nested  # other choices
+    # an object, list or map equal to its counterpart in the known version is that one, already
+    # checked (a publish changes a few); an object that is not is checked by the schema's check
+    # of its table, and is the known one if equal once its defaults are filled
+    kind = _SHAREABLE[f.kind]
+    lines = [
+        "k = known.get(" + name + ") if known is not None else None",
+        f"if type(v) is {kind} and type(k) is {kind} and k == v:",
+    ]
+    lines += [f"    doc[{name}] = k"]
+    if f.kind != "object":
+        return [*lines, "else:", "    " + nested[0]]
+    at = f"where + {'.' + f.name!r}"
+    return [
+        *lines,
+        "elif type(v) is dict:",
+        "    k = k if type(k) is dict else None",
+        f"    if not (CHECK{i}(v, {at}, fill, k) and NAMES{i}.issuperset(v)):",
+        f"        OBJECT(v, F{i}.table, {at}, fill, k)",
+        "    if k is not None and k == v:",
+        f"        doc[{name}] = k",
+        "else:",
+        f"    {_RETURN}",
+    ]
+
+
+_SHAREABLE = {"object": "dict", "map": "dict", "list": "list"}
