@@ -167,3 +167,19 @@ def test_metrics_doc_and_collector_list_the_same_families(spool, monkeypatch):
     with open(os.path.join(ROOT, "docs", "metrics.md")) as fh:
         documented = set(re.findall(r"^\| `(oomsight_[a-z_]+)`", fh.read(), re.M))
     assert emitted == documented
+
+
+def test_a_device_value_the_snapshot_left_null_has_no_sample_and_the_others_theirs(spool):
+    from hostile import put, snapshot, snapshot_path
+
+    doc = snapshot(pid=1, rank=0)
+    nv = doc["devices"][0]["nvml"]
+    nv["process_used_bytes"] = nv["reserved_bytes"] = None  # NVML could not tell
+    put(spool, snapshot_path(1), doc)
+    reg, _ = registry_for(spool)
+    at = {**labels(), "gpu_uuid": doc["devices"][0]["uuid"], "device": str(doc["devices"][0]["index"])}
+    for name in ("oomsight_gpu_process_used_bytes", "oomsight_gpu_memory_reserved_bytes"):
+        assert reg.get_sample_value(name, at) is None, name
+    assert reg.get_sample_value("oomsight_gpu_memory_used_bytes", at) == nv["used_bytes"]
+    allocated = doc["devices"][0]["allocator"]["allocated_bytes"]
+    assert reg.get_sample_value("oomsight_torch_allocated_bytes", at) == allocated

@@ -18,8 +18,9 @@ from __future__ import annotations
 import functools
 import platform
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Callable, Optional
 
 from prometheus_client.core import (
@@ -39,7 +40,16 @@ from oomsight.analysis.inventory import (
     take_inventory,
 )
 from oomsight.metrics.exposition import Encoder, ExpositionCache, Part, merge
-from oomsight.metrics.family import ALLOCATOR_COUNTERS, CATEGORIES, DEV, PROC, follow_trends, leak_suspected
+from oomsight.metrics.family import (
+    ALLOCATOR_COUNTERS,
+    CATEGORIES,
+    DEV,
+    PROC,
+    At,
+    Row,
+    follow_trends,
+    leak_suspected,
+)
 from oomsight.metrics.layout import DEVICE_GAUGES, LAYOUT
 from oomsight.metrics.rows import Items, Rows
 from oomsight.wire.schema import Profile
@@ -226,7 +236,19 @@ def _devices(f: _Rows, v: ProcessView) -> None:
         labels = _interned((*ranks, ("device", str(d["index"])), ("gpu_uuid", d["uuid"])))
         families.append("oomsight_leak_suspected")
         values.append(float(leak_suspected(d)))
-        for name, _, value in _DEVICE_ROWS:
+        for section, names, keys, read in _SECTIONS:  # the rows read at d[section][key], a section at once
+            found: Any = d.get(section)
+            if found is not None:
+                try:
+                    xs = read(found)
+                except KeyError:  # a section without some optional keys (a document read without its defaults)
+                    xs = tuple(map(found.get, keys))
+                if None in xs:  # absent values have no sample
+                    names = tuple(n for n, x in zip(names, xs) if x is not None)
+                    xs = tuple(x for x in xs if x is not None)
+                families.extend(names)
+                values.extend(map(float, xs))
+        for name, value in _DERIVED:
             x = value(d)
             if x is not None:
                 families.append(name)
@@ -241,6 +263,30 @@ def _devices(f: _Rows, v: ProcessView) -> None:
 
 
 _DEVICE_ROWS = (*DEVICE_GAUGES, *ALLOCATOR_COUNTERS)
+
+
+Section = tuple[str, tuple[str, ...], tuple[str, ...], "itemgetter[Any]"]
+
+
+def _split(rows: Sequence[Row]) -> tuple[tuple[Section, ...], tuple[tuple[str, Any], ...]]:
+    """The rows read at ``d[section][key]`` (``At``) per section, for sections of several: the
+    section, the rows' family names and keys, and a getter of those keys' values as a tuple in one
+    call; and the other rows (name, value function), a call each."""
+    keyed: dict[str, list[tuple[str, str]]] = {}
+    for name, _, value in rows:
+        if isinstance(value, At):
+            keyed.setdefault(value.section, []).append((name, value.key))
+    sections = []
+    for section, pairs in keyed.items():
+        if len(pairs) > 1:
+            names, keys = zip(*pairs)
+            sections.append((section, names, keys, itemgetter(*keys)))
+    alone = {section for section, pairs in keyed.items() if len(pairs) == 1}
+    others = tuple((n, v) for n, _, v in rows if not isinstance(v, At) or v.section in alone)
+    return tuple(sections), others
+
+
+_SECTIONS, _DERIVED = _split(_DEVICE_ROWS)
 _CATEGORY_KEYS = tuple(f"{name}_bytes" for name in CATEGORIES)
 _CATEGORY_LABELS: dict[Items, tuple[Items, ...]] = {}
 

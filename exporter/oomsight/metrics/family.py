@@ -7,7 +7,7 @@ rows into Prometheus families, the text report reuses the derived values.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
@@ -18,6 +18,23 @@ PROC = ["rank", "local_rank"]
 DEV = ["rank", "local_rank", "device", "gpu_uuid"]
 _SRC = "torch.cuda.memory_stats()"
 
+
+
+class At:
+    """A device snapshot's value at ``d[section][key]``; None where the section is null or lacks
+    the key. The collector reads all of a section's keys in one call."""
+
+    __slots__ = ("key", "section")
+
+    def __init__(self, section: str, key: str) -> None:
+        self.section = section
+        self.key = key
+
+    def __call__(self, d: DeviceSnapshot) -> Optional[float]:
+        found: Any = d.get(self.section)
+        return None if found is None else found.get(self.key)
+
+
 Row = tuple[str, str, Callable[[DeviceSnapshot], Optional[float]]]
 
 # name (without unit suffix handling: full name), help, value from a device snapshot
@@ -25,107 +42,107 @@ ALLOCATOR_GAUGES: Sequence[Row] = (
     (
         "oomsight_torch_allocated_bytes",
         f"Bytes in live tensors ({_SRC} allocated_bytes.all.current).",
-        lambda d: d["allocator"]["allocated_bytes"],
+        At("allocator", "allocated_bytes"),
     ),
     (
         "oomsight_torch_reserved_bytes",
         f"Bytes held by the caching allocator ({_SRC} reserved_bytes.all.current).",
-        lambda d: d["allocator"]["reserved_bytes"],
+        At("allocator", "reserved_bytes"),
     ),
     (
         "oomsight_torch_active_bytes",
         f"Bytes in active blocks, incl. frees awaiting other streams ({_SRC} active_bytes.all.current).",
-        lambda d: d["allocator"]["active_bytes"],
+        At("allocator", "active_bytes"),
     ),
     (
         "oomsight_torch_requested_bytes",
         f"Bytes requested by tensors before rounding ({_SRC} requested_bytes.all.current).",
-        lambda d: d["allocator"]["requested_bytes"],
+        At("allocator", "requested_bytes"),
     ),
     (
         "oomsight_torch_inactive_split_bytes",
         f"Free bytes inside split segments that empty_cache() cannot release: fragmentation ({_SRC} inactive_split_bytes.all.current).",
-        lambda d: d["allocator"]["inactive_split_bytes"],
+        At("allocator", "inactive_split_bytes"),
     ),
     (
         "oomsight_torch_peak_allocated_bytes",
         f"Lifetime peak of allocated bytes; oomsight never resets it ({_SRC} allocated_bytes.all.peak).",
-        lambda d: d["allocator"]["peak_allocated_bytes"],
+        At("allocator", "peak_allocated_bytes"),
     ),
     (
         "oomsight_torch_peak_reserved_bytes",
         f"Lifetime peak of reserved bytes; oomsight never resets it ({_SRC} reserved_bytes.all.peak).",
-        lambda d: d["allocator"]["peak_reserved_bytes"],
+        At("allocator", "peak_reserved_bytes"),
     ),
     (
         "oomsight_torch_window_peak_allocated_bytes",
         "Maximum sampled allocated bytes within the hook's sliding window (OOMSIGHT_WINDOW_SECONDS).",
-        lambda d: d["allocator"]["window_peak_allocated_bytes"],
+        At("allocator", "window_peak_allocated_bytes"),
     ),
     (
         "oomsight_torch_window_peak_reserved_bytes",
         "Maximum sampled reserved bytes within the hook's sliding window.",
-        lambda d: d["allocator"]["window_peak_reserved_bytes"],
+        At("allocator", "window_peak_reserved_bytes"),
     ),
     (
         "oomsight_torch_window_min_allocated_bytes",
         "Minimum sampled allocated bytes within the sliding window: memory that survives between steps.",
-        lambda d: d["allocator"]["window_min_allocated_bytes"],
+        At("allocator", "window_min_allocated_bytes"),
     ),
 )
 ALLOCATOR_COUNTERS: Sequence[Row] = (
     (
         "oomsight_torch_alloc_retries",
         f"cudaMalloc failures after which the allocator freed its cache and retried: slow steps, an OOM precursor ({_SRC} num_alloc_retries).",
-        lambda d: d["allocator"]["alloc_retries"],
+        At("allocator", "alloc_retries"),
     ),
     (
         "oomsight_torch_ooms",
         f"OOMs raised by this process's allocator, caught ones included ({_SRC} num_ooms); resets when the process restarts.",
-        lambda d: d["allocator"]["ooms"],
+        At("allocator", "ooms"),
     ),
     (
         "oomsight_torch_device_allocs",
         f"cudaMalloc/cuMemMap calls ({_SRC} num_device_alloc; 0 before torch 2.4).",
-        lambda d: d["allocator"]["device_allocs"],
+        At("allocator", "device_allocs"),
     ),
     (
         "oomsight_torch_device_frees",
         f"cudaFree/cuMemUnmap calls ({_SRC} num_device_free; 0 before torch 2.4).",
-        lambda d: d["allocator"]["device_frees"],
+        At("allocator", "device_frees"),
     ),
 )
 NVML_GAUGES: Sequence[Row] = (
     (
         "oomsight_gpu_memory_total_bytes",
         "Device memory capacity (NVML nvmlDeviceGetMemoryInfo total).",
-        lambda d: _nv(d, "total_bytes"),
+        At("nvml", "total_bytes"),
     ),
     (
         "oomsight_gpu_memory_used_bytes",
         "Device memory used by all processes and the driver (NVML used).",
-        lambda d: _nv(d, "used_bytes"),
+        At("nvml", "used_bytes"),
     ),
-    ("oomsight_gpu_memory_free_bytes", "Device memory free (NVML free).", lambda d: _nv(d, "free_bytes")),
+    ("oomsight_gpu_memory_free_bytes", "Device memory free (NVML free).", At("nvml", "free_bytes")),
     (
         "oomsight_gpu_memory_reserved_bytes",
         "Device memory reserved by the driver and firmware (NVML v2 reserved).",
-        lambda d: _nv(d, "reserved_bytes"),
+        At("nvml", "reserved_bytes"),
     ),
     (
         "oomsight_gpu_utilization_ratio",
         "Share of time a kernel ran on the device (NVML utilization.gpu / 100).",
-        lambda d: _nv(d, "utilization_ratio"),
+        At("nvml", "utilization_ratio"),
     ),
     (
         "oomsight_gpu_process_used_bytes",
         "This process's device memory per NVML; absent where NVML cannot see the PID (containers).",
-        lambda d: _nv(d, "process_used_bytes"),
+        At("nvml", "process_used_bytes"),
     ),
     (
         "oomsight_gpu_process_visible",
         "1 if NVML lists this process's PID on the device, else 0 (then non-torch bytes include other processes).",
-        lambda d: None if d["nvml"] is None else float(d["nvml"]["process_visible"]),
+        At("nvml", "process_visible"),
     ),
     (
         "oomsight_gpu_non_torch_bytes",
@@ -286,11 +303,6 @@ def _step_peak(d: DeviceSnapshot, key: str) -> Optional[float]:
 def _predicted(d: DeviceSnapshot, key: str) -> Optional[float]:
     p = d.get("prediction")
     return None if p is None else p.get(key)  # type: ignore[return-value]
-
-
-def _nv(d: DeviceSnapshot, key: str) -> Optional[float]:
-    nv = d["nvml"]
-    return None if nv is None else nv.get(key)  # type: ignore[return-value]
 
 
 def non_torch_bytes(d: DeviceSnapshot) -> Optional[int]:

@@ -165,7 +165,7 @@ class Format:
                 was = zip(values, known.values, known.lines, known.heads)
                 lines = [x if v == o else h + _end(v) for v, o, x, h in was]
                 self.rewritten += sum(map(operator.ne, values, known.values))
-                shape = known._replace(values=values, lines=lines)
+                shape = Shape(known.families, known.items, known.heads, values, lines)
         else:
             heads = self._heads(built, known, layout)
             lines = list(map(operator.add, heads, map(_end, values)))
