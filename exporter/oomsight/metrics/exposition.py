@@ -138,9 +138,7 @@ class ExpositionCache:
         self._kept = kept
         return assemble({f.name: form.header(f) for f in layout}, groups)
 
-    def _lines(
-        self, part: Part, to: tuple[Format, str, dict[str, Metric]], kept: dict[Hashable, _Kept]
-    ) -> Lines:
+    def _lines(self, part: Part, to: tuple[Format, str, dict[str, Metric]], kept: dict[Hashable, _Kept]) -> Lines:
         form, fmt, layout = to
         if part.key is None:
             lines, self._fresh[fmt] = form.write(part.build(), self._fresh.get(fmt, NO_SHAPE), layout)
@@ -151,10 +149,11 @@ class ExpositionCache:
             found = entry.lines.get(fmt)
             if found is not None:
                 return found
+        elif old is not None:  # built again from its shapes; its lines of other formats are stale
+            entry = kept[part.key] = old
+            entry.inputs, entry.build, entry.lines = part.inputs, part.build, {}
         else:
             entry = kept[part.key] = _Kept(part.inputs, part.build)
-            if old is not None:
-                entry.shapes = dict(old.shapes)
         rewritten = form.rewritten
         lines, entry.shapes[fmt] = form.write(entry.build(), entry.shapes.get(fmt, NO_SHAPE), layout)
         entry.lines[fmt] = lines

@@ -279,6 +279,7 @@ _CHECK_ENV = {
     "NESTED": _check_nested,
     "OBJECT": _check,
     "TABLE": lambda table: _planned(table)[1:],
+    "ROWS": _are_rows,
 }
 
 

@@ -3,15 +3,21 @@
 A key at a time through the table costs a loop step, a tuple unpacking and a function call per
 key; a publish changes a few dozen scalars across half a dozen tables, and a scrape of a
 thousand ranks checks them all. :func:`compile_table` writes, once per table, a function that
-checks each key inline, in the table's order: the scalars as ``oomsight.wire.schema``'s tests
-do (ints within ±2**63, numbers finite, times within ±2**33, text, choices), a nested object, list or
-map equal to its counterpart in the known earlier version taken from there (checked then), a
-nested object by its table's generated check (and, where that does not pass or the object has
-keys the table lacks, by the schema's check of its table), other nested values by the schema's
-own nested check (which raises with the path, as the schema would at that key), and an absent
-optional key filled with its default when asked. At the first scalar it does not pass
-it returns False, and the schema checks the document key by key, which says what is wrong.
-The source is made from the table alone (its names are ``repr``'d), never from a document.
+checks each key inline, in the table's order:
+
+- the scalars as ``oomsight.wire.schema``'s tests do (ints within ±2**63, numbers finite, times
+  within ±2**33, text, choices);
+- a nested object, list or map equal to its counterpart in the known earlier version: taken from
+  there (checked then);
+- a nested object, or each object of a list, by its table's generated check, and where that does
+  not pass or the object has keys the table lacks, by the schema's check of its table (which
+  raises with the path); a list of rows as one; other nested values by the schema's own nested
+  check;
+- an absent optional key filled with its default when asked.
+
+At the first scalar it does not pass it returns False, and the schema checks the document key by
+key, which says what is wrong. The source is made from the table alone (its names are
+``repr``'d), never from a document.
 """
 
 from __future__ import annotations
@@ -48,12 +54,13 @@ def compile_table(table: Table, env: dict[str, Any]) -> Check:
     range), ``TMAX`` (the time range), ``TEXT`` (a string is text), ``JSON`` (any JSON within
     bounds), ``NESTED(doc, name, field, value, where, fill, known)`` (a nested value's check),
     ``OBJECT(value, table, where, fill, known)`` (a nested object's check, which says what is
-    wrong) and ``TABLE(table)`` (a nested table's key names and generated check)."""
+    wrong), ``TABLE(table)`` (a nested table's key names and generated check) and ``ROWS(list)``
+    (every item a row of finite numbers)."""
     scope = dict(env)
     lines = ["def check(doc, where, fill, known):", "    get = doc.get"]
     for i, f in enumerate(table.fields):
         scope[f"F{i}"], scope[f"D{i}"], scope[f"C{i}"] = f, functools.partial(default_of, f), frozenset(f.choices)
-        if f.kind == "object" and f.table is not None:
+        if f.kind in ("object", "list") and f.table is not None:
             scope[f"NAMES{i}"], scope[f"CHECK{i}"] = env["TABLE"](f.table)
         name = repr(f.name)
         lines += [f"    v = get({name}, A)", "    if v is A:"]
@@ -82,9 +89,25 @@ def _test(f: Field, i: int, name: str) -> list[str]:
         f"if type(v) is {kind} and type(k) is {kind} and k == v:",
     ]
     lines += [f"    doc[{name}] = k"]
+    at = f"where + {'.' + f.name!r}"
+    if f.kind == "list" and f.items == "row":  # hundreds of rows, checked as one
+        return [*lines, "elif type(v) is list and ROWS(v):", "    pass", "else:", "    " + nested[0]]
+    if f.kind == "list" and f.table is not None:  # a list of objects: each by its table's check
+        return [
+            *lines,
+            "elif type(v) is list:",
+            "    olds = k if type(k) is list and len(k) == len(v) else None",
+            "    for j, item in enumerate(v):",
+            "        if type(item) is not dict:",
+            f"            {_RETURN}",
+            "        k = olds[j] if olds is not None and type(olds[j]) is dict else None",
+            f"        if not (CHECK{i}(item, {at} + '[' + str(j) + ']', fill, k) and NAMES{i}.issuperset(item)):",
+            f"            OBJECT(item, F{i}.table, {at} + '[' + str(j) + ']', fill, k)",
+            "else:",
+            f"    {_RETURN}",
+        ]
     if f.kind != "object":
         return [*lines, "else:", "    " + nested[0]]
-    at = f"where + {'.' + f.name!r}"
     return [
         *lines,
         "elif type(v) is dict:",
