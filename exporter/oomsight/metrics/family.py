@@ -19,7 +19,6 @@ DEV = ["rank", "local_rank", "device", "gpu_uuid"]
 _SRC = "torch.cuda.memory_stats()"
 
 
-
 class At:
     """A device snapshot's value at ``d[section][key]``; None where the section is null or lacks
     the key. The collector reads all of a section's keys in one call."""
@@ -37,7 +36,8 @@ class At:
 
 Row = tuple[str, str, Callable[[DeviceSnapshot], Optional[float]]]
 
-# name (without unit suffix handling: full name), help, value from a device snapshot
+# name (without unit suffix handling: full name), help, value from a device snapshot (At: the
+# value at one key of one section)
 ALLOCATOR_GAUGES: Sequence[Row] = (
     (
         "oomsight_torch_allocated_bytes",
