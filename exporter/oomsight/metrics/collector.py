@@ -51,7 +51,7 @@ from oomsight.metrics.family import (
     leak_suspected,
 )
 from oomsight.metrics.layout import DEVICE_GAUGES, LAYOUT
-from oomsight.metrics.rows import Items, Rows
+from oomsight.metrics.rows import Items, Memo, Rows
 from oomsight.wire.schema import Profile
 from oomsight.wire.spool import SKIP_REASONS, SpoolReader
 
@@ -80,19 +80,10 @@ def _items(names: list[str], values: Iterable[str]) -> Items:
     return _interned(tuple(zip(names, values)))
 
 
-_LABEL_SETS: dict[Items, Items] = {}
 _LABEL_SETS_KEPT = 65536
-
-
-def _interned(items: Items) -> Items:
-    """The one tuple kept for these label items: a part's label sets, compared with the last
-    scrape's on every scrape (``oomsight.metrics.lines``), are then the same objects."""
-    found = _LABEL_SETS.get(items)
-    if found is None:
-        if len(_LABEL_SETS) >= _LABEL_SETS_KEPT:
-            _LABEL_SETS.clear()
-        found = _LABEL_SETS[items] = items
-    return found
+_interned: Callable[[Items], Items] = Memo[Items, Items](lambda items: items, _LABEL_SETS_KEPT).__getitem__
+"""The one tuple kept for these label items: a part's label sets, compared with the last
+scrape's on every scrape (``oomsight.metrics.lines``), are then the same objects."""
 
 
 class SpoolCollector(Collector):
@@ -269,36 +260,28 @@ Section = tuple[str, tuple[str, ...], tuple[str, ...], "itemgetter[Any]"]
 
 
 def _split(rows: Sequence[Row]) -> tuple[tuple[Section, ...], tuple[tuple[str, Any], ...]]:
-    """The rows read at ``d[section][key]`` (``At``) per section, for sections of several: the
-    section, the rows' family names and keys, and a getter of those keys' values as a tuple in one
-    call; and the other rows (name, value function), a call each."""
+    """The rows read at ``d[section][key]`` (``At``) per section: the section, the rows' family
+    names and keys, and a getter of those keys' values as a tuple in one call; and the other rows
+    (name, value function), a call each."""
     keyed: dict[str, list[tuple[str, str]]] = {}
     for name, _, value in rows:
         if isinstance(value, At):
             keyed.setdefault(value.section, []).append((name, value.key))
     sections = []
     for section, pairs in keyed.items():
-        if len(pairs) > 1:
-            names, keys = zip(*pairs)
-            sections.append((section, names, keys, itemgetter(*keys)))
-    alone = {section for section, pairs in keyed.items() if len(pairs) == 1}
-    others = tuple((n, v) for n, _, v in rows if not isinstance(v, At) or v.section in alone)
-    return tuple(sections), others
+        names, keys = zip(*pairs)
+        if len(keys) < 2:  # a row of its own: itemgetter of one key gives the value, not a tuple
+            raise ValueError(f"one row reads {section}: give it a function of its own")
+        sections.append((section, names, keys, itemgetter(*keys)))
+    return tuple(sections), tuple((n, v) for n, _, v in rows if not isinstance(v, At))
 
 
 _SECTIONS, _DERIVED = _split(_DEVICE_ROWS)
 _CATEGORY_KEYS = tuple(f"{name}_bytes" for name in CATEGORIES)
-_CATEGORY_LABELS: dict[Items, tuple[Items, ...]] = {}
-
-
-def _by_category(labels: Items) -> tuple[Items, ...]:
-    """A device's label set with each category added, made once per device."""
-    found = _CATEGORY_LABELS.get(labels)
-    if found is None:
-        if len(_CATEGORY_LABELS) >= _LABEL_SETS_KEPT:
-            _CATEGORY_LABELS.clear()
-        found = _CATEGORY_LABELS[labels] = tuple(_interned((*labels, ("category", name))) for name in CATEGORIES)
-    return found
+_by_category: Callable[[Items], tuple[Items, ...]] = Memo[Items, tuple[Items, ...]](
+    lambda labels: tuple(_interned((*labels, ("category", name))) for name in CATEGORIES), _LABEL_SETS_KEPT
+).__getitem__
+"""A device's label set with each category added, made once per device."""
 
 
 def _advice(f: _Rows, v: ProcessView, labels: Items) -> None:

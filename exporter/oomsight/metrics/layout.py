@@ -51,7 +51,10 @@ LAYOUT: tuple[Metric, ...] = (
         labels=PROC,
     ),
     GaugeMetricFamily(
-        "oomsight_snapshot_age_seconds", "Seconds since the process last wrote its snapshot.", labels=PROC, unit="seconds"
+        "oomsight_snapshot_age_seconds",
+        "Seconds since the process last wrote its snapshot.",
+        labels=PROC,
+        unit="seconds",
     ),
     InfoMetricFamily("oomsight_process", "The process behind a rank: versions and allocator settings.", labels=PROC),
     InfoMetricFamily(

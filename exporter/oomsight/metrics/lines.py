@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from oomsight.metrics.rows import Items, Rows
+from oomsight.metrics.rows import Items, Memo, Rows
 from oomsight.metrics.rows import go as _go
 from oomsight.metrics.rows import line_end_of as _end
 
@@ -100,7 +100,9 @@ class Format:
         self.end = encoder(Only([])).decode()
         """What the format writes after the last family (OpenMetrics: ``# EOF``)."""
         self._headers: dict[str, str] = {}
-        self._sequences: dict[tuple[str, ...], list[str]] = {}
+        self._sequences: Memo[tuple[str, ...], list[str]] = Memo(list, _SEQUENCES_KEPT)
+        """The one list kept for a sequence of families: parts that give the same sequence give
+        the same object, and are put in family order together (``oomsight.metrics.assembly``)."""
         self.rewritten = 0
         """Lines :meth:`write` wrote anew: a new sample's, or a changed value's."""
         probes = _probes()
@@ -169,22 +171,11 @@ class Format:
         else:
             heads = self._heads(built, known, layout)
             lines = list(map(operator.add, heads, map(_end, values)))
-            shape = Shape(self._sequence(built.families), built.items, heads, values, lines)
+            shape = Shape(self._sequences[tuple(built.families)], built.items, heads, values, lines)
             self.rewritten += len(values)
         if extra:
             return ([*extra, *shape.families], [*extra.values(), *shape.lines]), shape
         return (shape.families, shape.lines), shape
-
-    def _sequence(self, families: list[str]) -> list[str]:
-        """The one list kept for this sequence of families: parts that give the same sequence
-        give the same object, and are put in family order together (``oomsight.metrics.assembly``)."""
-        key = tuple(families)
-        found = self._sequences.get(key)
-        if found is None:
-            if len(self._sequences) >= _SEQUENCES_KEPT:
-                self._sequences.clear()
-            found = self._sequences[key] = families
-        return found
 
     def _heads(self, built: Rows, known: Shape, layout: dict[str, Metric]) -> list[str]:
         """The line head of each sample of ``built``: those ``known`` has (by family and label

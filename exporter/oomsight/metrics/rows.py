@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from prometheus_client.utils import floatToGoString as _float_to_go
 
@@ -73,6 +73,28 @@ class _LineEnds(dict[Any, str]):
 line_end_of = _LineEnds().__getitem__
 """What ends a sample's line: its value as prometheus_client's encoders write it, and a newline;
 a dictionary lookup for a value seen lately."""
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(dict[K, V]):
+    """``make(key)`` for the keys seen lately, made once each; at most ``limit`` kept (full, it
+    starts afresh). Interning (``make`` the identity) gives equal keys one object, so comparing
+    what was made last scrape with what is made now is mostly an identity check."""
+
+    def __init__(self, make: Callable[[K], V], limit: int) -> None:
+        super().__init__()
+        self._make = make
+        self._limit = limit
+
+    def __missing__(self, key: K) -> V:
+        value = self._make(key)
+        if len(self) >= self._limit:
+            self.clear()
+        self[key] = value
+        return value
+
 
 Items = tuple[tuple[str, str], ...]
 """Label names and values of a sample, in the family's label order."""

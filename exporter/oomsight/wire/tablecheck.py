@@ -101,8 +101,7 @@ def _test(f: Field, i: int, name: str) -> list[str]:
             "        if type(item) is not dict:",
             f"            {_RETURN}",
             "        k = olds[j] if olds is not None and type(olds[j]) is dict else None",
-            f"        if not (CHECK{i}(item, {at} + '[' + str(j) + ']', fill, k) and NAMES{i}.issuperset(item)):",
-            f"            OBJECT(item, F{i}.table, {at} + '[' + str(j) + ']', fill, k)",
+            *["        " + line for line in _by_table(i, "item", f"{at} + '[' + str(j) + ']'")],
             "else:",
             f"    {_RETURN}",
         ]
@@ -112,12 +111,21 @@ def _test(f: Field, i: int, name: str) -> list[str]:
         *lines,
         "elif type(v) is dict:",
         "    k = k if type(k) is dict else None",
-        f"    if not (CHECK{i}(v, {at}, fill, k) and NAMES{i}.issuperset(v)):",
-        f"        OBJECT(v, F{i}.table, {at}, fill, k)",
+        *["    " + line for line in _by_table(i, "v", at)],
         "    if k is not None and k == v:",
         f"        doc[{name}] = k",
         "else:",
         f"    {_RETURN}",
+    ]
+
+
+def _by_table(i: int, value: str, at: str) -> list[str]:
+    """The check of the object ``value`` (at the path ``at``, against the known ``k``) by field
+    ``i``'s table: its generated check, and where that does not pass or the object has keys the
+    table lacks, the schema's check of the table, which says what is wrong."""
+    return [
+        f"if not (CHECK{i}({value}, {at}, fill, k) and NAMES{i}.issuperset({value})):",
+        f"    OBJECT({value}, F{i}.table, {at}, fill, k)",
     ]
 
 
