@@ -46,6 +46,18 @@ class ModelStates(TypedDict):
     optimizers: NotRequired[Optional[int]]
     #: the dtype holding most parameter bytes, e.g. "bfloat16" (since 1.4)
     param_dtype: NotRequired[Optional[str]]
+    #: of the parameters, those no optimizer trains (requires_grad false) (since 1.6)
+    frozen_parameters_bytes: NotRequired[int]
+    #: of the parameters, those in a quantised storage (since 1.6)
+    quantized_parameters_bytes: NotRequired[int]
+    #: of the gradients, DDP's bucket copies (0: gradients are views of them) (since 1.6)
+    gradient_buckets_bytes: NotRequired[int]
+    #: all-gathered (unsharded) FSDP parameters alive besides the shards (since 1.6)
+    unsharded_parameters_bytes: NotRequired[int]
+    #: of the parameters, adapter (LoRA) weights (since 1.6)
+    adapter_parameters_bytes: NotRequired[int]
+    #: top-level modules whose parameters are all frozen, largest first (at most 8) (since 1.6)
+    frozen_modules: NotRequired[list[str]]
 
 
 class OomEvent(TypedDict):
@@ -97,7 +109,8 @@ class OomEvent(TypedDict):
     outcome: str
     #: when the outcome was decided
     outcome_time: NotRequired[Optional[float]]
-    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] (since 1.2)
+    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] and, since 1.6,
+    #: outside_bytes (NVML process memory minus reserved; -1: unknown) (since 1.2)
     steps_memory: NotRequired[list[list[float]]]
     #: "forward", "backward", "optimizer" or "unknown" (since 1.2)
     phase: NotRequired[Optional[str]]
@@ -120,3 +133,11 @@ class OomEvent(TypedDict):
     last_step_time: NotRequired[Optional[float]]
     #: the outermost nn.Module trains (false: eval) (since 1.5)
     module_training: NotRequired[Optional[bool]]
+    #: the outermost nn.Module on the failing stack has no trainable parameter (since 1.6)
+    module_frozen: NotRequired[Optional[bool]]
+    #: reserved bytes in private pools (CUDA graphs, MemPool) at the OOM (since 1.6)
+    private_pool_bytes: NotRequired[Optional[int]]
+    #: of those, bytes not allocated (since 1.6)
+    private_pool_free_bytes: NotRequired[Optional[int]]
+    #: observer (the allocator's OOM observer) or exception (the OutOfMemoryError) (since 1.6)
+    captured_by: NotRequired[str]

@@ -17,6 +17,7 @@ __all__ = [
     "JobSetup",
     "LeakFinding",
     "NvmlSample",
+    "Parallelism",
     "PeakPrediction",
     "ProcessInfo",
     "Snapshot",
@@ -130,6 +131,18 @@ class Categories(TypedDict):
     measured_at: NotRequired[float]
     #: state bytes the optimizers will hold once initialised (null: unknown) (since 1.2)
     optimizer_state_expected_bytes: NotRequired[Optional[int]]
+    #: of the parameters, those no optimizer trains (requires_grad false) (since 1.6)
+    frozen_parameters_bytes: NotRequired[int]
+    #: of the parameters, those in a quantised storage (since 1.6)
+    quantized_parameters_bytes: NotRequired[int]
+    #: of the gradients, DDP's bucket copies (0: gradients are views of them) (since 1.6)
+    gradient_buckets_bytes: NotRequired[int]
+    #: all-gathered (unsharded) FSDP parameters alive besides the shards (since 1.6)
+    unsharded_parameters_bytes: NotRequired[int]
+    #: of the parameters, adapter (LoRA) weights (since 1.6)
+    adapter_parameters_bytes: NotRequired[int]
+    #: top-level modules whose parameters are all frozen, largest first (at most 8) (since 1.6)
+    frozen_modules: NotRequired[list[str]]
 
 
 class StepPeak(TypedDict):
@@ -198,8 +211,9 @@ class DeviceSnapshot(TypedDict):
     step_peak: NotRequired[Optional[StepPeak]]
     #: rows [time, window_min_allocated_bytes, steps], oldest first, at most 64; since 1.5 none with step_trend
     trend: NotRequired[list[list[float]]]
-    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]; since 1.5 only
-    #: the last row, judged in step_trend (since 1.2)
+    #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] and, since 1.6,
+    #: outside_bytes (NVML process memory minus reserved; -1: unknown); since 1.5 only the last row, judged in
+    #: step_trend (since 1.2)
     steps_memory: NotRequired[list[list[float]]]
     #: the job's predicted peak on this device (since 1.3)
     prediction: NotRequired[Optional[PeakPrediction]]
@@ -260,6 +274,27 @@ class BatchAdvice(TypedDict):
     source: str
 
 
+class Parallelism(TypedDict):
+    """How the job spreads its model over processes, as the hook found it in the live modules."""
+
+    #: ranks of the default process group (1 without torch.distributed)
+    world_size: int
+    #: the data-parallel wrapper in use
+    strategy: str
+    #: DeepSpeed ZeRO stage 0-3
+    zero_stage: NotRequired[Optional[int]]
+    #: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (FSDP2: by its reshard setting)
+    sharding: NotRequired[Optional[str]]
+    #: ranks one parameter is sharded over
+    shard_size: NotRequired[Optional[int]]
+    #: FSDP2 frees the gathered parameters after forward
+    reshard_after_forward: NotRequired[Optional[bool]]
+    #: DDP: gradients are views of the buckets
+    gradient_as_bucket_view: NotRequired[Optional[bool]]
+    #: parameters or optimizer state live on the CPU
+    offload: NotRequired[Optional[bool]]
+
+
 class JobSetup(TypedDict):
     """How the job is set up, as far as the hook can tell (null: unknown)."""
 
@@ -279,6 +314,12 @@ class JobSetup(TypedDict):
     expandable_segments: NotRequired[Optional[bool]]
     #: class names of the optimizers
     optimizers: NotRequired[list[str]]
+    #: saved activations go to the CPU (save_on_cpu) (since 1.6)
+    activation_offload: NotRequired[Optional[bool]]
+    #: the parallelism in use (since 1.6)
+    parallelism: NotRequired[Optional[Parallelism]]
+    #: adapter layers (LoRA) train on a frozen base (since 1.6)
+    adapters: NotRequired[Optional[bool]]
 
 
 class Snapshot(TypedDict):

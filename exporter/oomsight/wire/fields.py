@@ -21,6 +21,7 @@ from oomsight.wire.fieldtypes import (
     AT_OOM,
     JUDGED,
     LATER,
+    LAYOUT,
     OUTCOME_CHOICES,
     PREDICTED,
     STEP_MEMORY,
@@ -84,6 +85,30 @@ NVML = Table(
         nullable("other_processes", "int", "compute processes NVML lists besides this one"),
     ),
 )
+STATES_LAYOUT = (
+        opt(
+            "frozen_parameters_bytes", "int", "of the parameters, those no optimizer trains (requires_grad false)",
+            default=0, since=LAYOUT,
+        ),
+        opt(
+            "quantized_parameters_bytes", "int", "of the parameters, those in a quantised storage",
+            default=0, since=LAYOUT,
+        ),
+        opt(
+            "gradient_buckets_bytes", "int", "of the gradients, DDP's bucket copies (0: gradients are views of them)",
+            default=0, since=LAYOUT,
+        ),
+        opt(
+            "unsharded_parameters_bytes", "int", "all-gathered (unsharded) FSDP parameters alive besides the shards",
+            default=0, since=LAYOUT,
+        ),
+        opt("adapter_parameters_bytes", "int", "of the parameters, adapter (LoRA) weights", default=0, since=LAYOUT),
+        opt(
+            "frozen_modules", "list", "top-level modules whose parameters are all frozen, largest first (at most 8)",
+            items="str", since=LAYOUT,
+        ),
+)
+"""What both the snapshot's categories and an OOM's model states say of the parameters' layout."""
 CATEGORIES = Table(
     "Categories",
     "Device memory by category, summed from the optimizers' tensors.",
@@ -100,6 +125,7 @@ CATEGORIES = Table(
             "state bytes the optimizers will hold once initialised (null: unknown)",
             since=STEP_MEMORY,
         ),
+        *STATES_LAYOUT,
     ),
 )
 STEP_PEAK = Table(
@@ -133,7 +159,10 @@ STEP_TREND = Table(
     ),
     since=JUDGED,
 )
-STEPS_MEMORY_DOC = "by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]"
+STEPS_MEMORY_DOC = (
+    "by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]"
+    " and, since 1.6, outside_bytes (NVML process memory minus reserved; -1: unknown)"
+)
 DEVICE = Table(
     "DeviceSnapshot",
     "One CUDA device the process uses.",
@@ -203,6 +232,27 @@ BATCH_ADVICE = Table(
     ),
     since=LATER,
 )
+PARALLELISM = Table(
+    "Parallelism",
+    "How the job spreads its model over processes, as the hook found it in the live modules.",
+    (
+        req("world_size", "int", "ranks of the default process group (1 without torch.distributed)"),
+        req(
+            "strategy", "str", "the data-parallel wrapper in use",
+            choices=("none", "ddp", "fsdp", "fsdp2", "zero", "dtensor"),
+        ),
+        nullable("zero_stage", "int", "DeepSpeed ZeRO stage 0-3"),
+        nullable(
+            "sharding", "str",
+            "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (FSDP2: by its reshard setting)",
+        ),
+        nullable("shard_size", "int", "ranks one parameter is sharded over"),
+        nullable("reshard_after_forward", "bool", "FSDP2 frees the gathered parameters after forward"),
+        nullable("gradient_as_bucket_view", "bool", "DDP: gradients are views of the buckets"),
+        nullable("offload", "bool", "parameters or optimizer state live on the CPU"),
+    ),
+    since=LAYOUT,
+)
 JOB = Table(
     "JobSetup",
     "How the job is set up, as far as the hook can tell (null: unknown).",
@@ -215,6 +265,9 @@ JOB = Table(
         nullable("set_to_none", "bool", "zero_grad(set_to_none=True)"),
         nullable("expandable_segments", "bool", "the allocator uses expandable segments"),
         opt("optimizers", "list", "class names of the optimizers", items="str"),
+        nullable("activation_offload", "bool", "saved activations go to the CPU (save_on_cpu)", since=LAYOUT),
+        nullable("parallelism", "object", "the parallelism in use", table=PARALLELISM, since=LAYOUT),
+        nullable("adapters", "bool", "adapter layers (LoRA) train on a frozen base", since=LAYOUT),
     ),
     since=STEP_MEMORY,
 )
@@ -300,6 +353,7 @@ MODEL_STATES = Table(
             since=AT_OOM,
         ),
         nullable("param_dtype", "str", 'the dtype holding most parameter bytes, e.g. "bfloat16"', since=AT_OOM),
+        *STATES_LAYOUT,
     ),
     since=STEP_MEMORY,
 )
@@ -350,6 +404,19 @@ OOM_EVENT = Table(
         ),
         nullable("last_step_time", "time", "Unix time the last optimizer step completed", since=AT_OOM),
         nullable("module_training", "bool", "the outermost nn.Module trains (false: eval)", since=JUDGED),
+        nullable(
+            "module_frozen", "bool", "the outermost nn.Module on the failing stack has no trainable parameter",
+            since=LAYOUT,
+        ),
+        nullable(
+            "private_pool_bytes", "int", "reserved bytes in private pools (CUDA graphs, MemPool) at the OOM",
+            since=LAYOUT,
+        ),
+        nullable("private_pool_free_bytes", "int", "of those, bytes not allocated", since=LAYOUT),
+        opt(
+            "captured_by", "str", "observer (the allocator's OOM observer) or exception (the OutOfMemoryError)",
+            default="observer", since=LAYOUT, choices=("observer", "exception"),
+        ),
     ),
     kind="oom_event",
 )

@@ -25,6 +25,12 @@ JUDGED = "1.5"
 snapshot then carries only its last step row, so a scrape parses 3 KB a process instead of 20 KB.
 An OOM event also tells whether the failing forward's model was in training mode."""
 
+LAYOUT = "1.6"
+"""How the job lays out its memory: the parallelism in use (DDP, FSDP, FSDP2, ZeRO, world size),
+frozen and quantised parameters and adapters counted by their local storage, CUDA-graph pools,
+activation offload told apart from checkpointing, how an OOM was captured, and the memory outside
+the allocator at each step row."""
+
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
 """``int`` within ±2**63; ``number`` finite; ``time`` Unix seconds within ±2**33;
