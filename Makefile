@@ -1,16 +1,25 @@
 # Two entry points for a fresh machine (README.md):
-#   make demo   - set up a virtualenv and run the main job
+#   make demo   - set up a small virtualenv (.venv-demo: the package and torch only) and run the main job
 #   make test   - set up every test tool and run the whole suite (what CI runs)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
+DEMO_VENV := .venv-demo
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: demo test setup tools lint typecheck dashboards dashboards-check unit gpu-test clean
 
-demo: setup
-	$(PY) -m oomsight demo
+# The demo needs only the base package and torch (CPU build 2.13.0 unless the system Python has
+# one, as scripts/setup-venv.sh decides): its own venv, so `make test` keeps the whole set in .venv.
+demo: $(DEMO_VENV)/.ready
+	$(DEMO_VENV)/bin/python -m oomsight demo
+
+$(DEMO_VENV)/.ready: pyproject.toml
+	if $(PYTHON) -c 'import torch' 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(DEMO_VENV); \
+	else $(PYTHON) -m venv $(DEMO_VENV) && $(DEMO_VENV)/bin/python -m pip install -q 'torch==2.13.0'; fi
+	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -e .
+	touch $@
 
 test: setup tools lint typecheck dashboards-check unit
 
@@ -46,4 +55,4 @@ gpu-test:
 	PYTHONPATH=exporter:sidecar:webhook $(PYTHON) -m pytest -m "gpu or gpu_image" tests
 
 clean:
-	rm -rf $(VENV) .tools
+	rm -rf $(VENV) $(DEMO_VENV) .tools
