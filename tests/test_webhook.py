@@ -508,6 +508,10 @@ def test_a_pods_own_spool_volume_gives_the_bound_from_its_own_size_limit(volume,
         ("0", 0),
         ("0e99999", 0),
         ("9.3e18", None),  # over int64
+        ("1Ei", 2**60),  # a binary suffix, not an exponent
+        ("7Ei", 7 * 2**60),
+        ("8Ei", None),  # 2**63: over int64
+        ("2E5", 200_000),  # E followed by digits is an exponent, as Kubernetes reads it
         ("1e99999", None),
         ("9" * 5000, None),
         ("5K", None),
@@ -517,6 +521,41 @@ def test_a_pods_own_spool_volume_gives_the_bound_from_its_own_size_limit(volume,
 )
 def test_quantities_are_read_as_kubernetes_reads_them_whatever_their_size(raw, whole):
     assert quantity_bytes(raw) == whole
+
+
+@pytest.mark.parametrize("limit", ["1Ei", "1E", "7Ei"])
+def test_an_exa_sized_spool_annotation_is_injected_with_its_bound_not_admitted_unpatched(limit):
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/spool-size-limit": limit}
+    patched, m = inject(pod)
+    assert by_name(patched["spec"]["volumes"], "oomsight-spool")["emptyDir"]["sizeLimit"] == limit
+    bound = min(quantity_bytes(limit) // 2, 10**18 - 1)  # half the spool, within the hook's 18 digits
+    assert {env_of(c)[ARTIFACTS] for c in patched["spec"]["containers"]} == {str(bound)}
+    assert not [w for w in m.warnings if "sizeLimit" in w or "spool-size-limit" in w]
+
+
+@pytest.mark.parametrize("limit, warned", [("1Ei", False), ("9Ei", True), ("1e30", True)])
+def test_a_pods_own_huge_spool_size_limit_is_clamped_with_a_warning_when_over_int64(limit, warned):
+    pod = fixture("cpu-pod.yaml")
+    pod["spec"].setdefault("volumes", []).append({"name": "oomsight-spool", "emptyDir": {"sizeLimit": limit}})
+    patched, m = inject(pod)
+    bound = {int(env_of(c)[ARTIFACTS]) for c in patched["spec"]["containers"]}
+    assert bound == {10**18 - 1 if warned else 2**59}
+    assert any("sizeLimit" in w and "over" in w for w in m.warnings) == warned
+
+
+_SUFFIXES = ["", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "e3", "E3", "e-2", "E+18"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(r"\A\+?(\d{1,25}(\.\d{0,5})?|\.\d{1,5})\Z"), st.sampled_from(_SUFFIXES))
+def test_every_valid_quantity_reads_as_a_whole_number_or_none_never_an_exception(number, suffix):
+    raw = number + suffix
+    whole = quantity_bytes(raw)
+    assert whole is None or 0 <= whole <= 2**63 - 1
+    pod = fixture("cpu-pod.yaml")
+    pod["metadata"]["annotations"] = {"oomsight.io/spool-size-limit": raw}
+    assert mutate(pod, SETTINGS).patch  # injected, whatever the size
 
 
 # --- found by the 10,000-review fuzz (tests/test_admission.py) ---

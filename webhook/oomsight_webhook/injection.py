@@ -306,8 +306,13 @@ def _bool_or_none(raw: str) -> Optional[bool]:
     return ascii_bool(raw)
 
 
+def is_quantity(raw: str) -> bool:
+    """``raw`` is written as a Kubernetes quantity (whatever its size)."""
+    return _QUANTITY.match(raw.strip()) is not None
+
+
 def _quantity_or_none(raw: str) -> Optional[str]:
-    return raw if _QUANTITY.match(raw) else None
+    return raw if is_quantity(raw) else None
 
 
 def quantity_bytes(raw: str) -> Optional[int]:
@@ -319,7 +324,7 @@ def quantity_bytes(raw: str) -> Optional[int]:
         return None
     number, suffix = decimal.Decimal(m.group(1)), m.group(3) or ""
     exponent = 0
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+    if suffix not in _SUFFIX_FACTORS:  # an exponent (e9, E-3); "Ei" and "E" are suffixes
         digits = suffix[1:].lstrip("+-").lstrip("0")
         exponent = int(digits or "0") if len(digits) <= 4 else 10**4  # past 10^4: out of range anyway
         exponent = -exponent if suffix[1] == "-" else exponent

@@ -21,7 +21,15 @@ from oomsight.config import (
 )
 from oomsight.wire.spool import artifacts_cap_bytes
 from oomsight_sidecar.owner import controller_owner
-from oomsight_webhook.injection import ANN_STATUS, InjectionSettings, PodOptions, pod_options, quantity_bytes
+from oomsight_webhook.injection import (
+    ANN_STATUS,
+    QUANTITY_MAX,
+    InjectionSettings,
+    PodOptions,
+    is_quantity,
+    pod_options,
+    quantity_bytes,
+)
 from oomsight_webhook.patch import PatchBuilder, pointer
 from oomsight_webhook.podspec import (
     SIDECAR_NAME,
@@ -62,7 +70,9 @@ def mutate(pod: Any, settings: InjectionSettings) -> Mutation:
         return Mutation([], ["oomsight: the pod has no metadata; nothing injected"])
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None
     opts, warnings = pod_options(settings, annotations or {}, pod_ports(spec), spec.get("hostNetwork") is True)
-    opts = dataclasses.replace(opts, artifacts_max_bytes=artifacts_bound(spec, opts))
+    bound, note = artifacts_bound(spec, opts)
+    opts = dataclasses.replace(opts, artifacts_max_bytes=bound)
+    warnings += note
     b = PatchBuilder()
     targets, note = target_containers(containers, settings, opts)
     warnings += note
@@ -91,10 +101,12 @@ def pod_ports(spec: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(found)
 
 
-def artifacts_bound(spec: Mapping[str, Any], opts: PodOptions) -> Optional[int]:
+def artifacts_bound(spec: Mapping[str, Any], opts: PodOptions) -> tuple[Optional[int], list[str]]:
     """``OOMSIGHT_ARTIFACTS_MAX_BYTES`` for the target containers: :func:`artifacts_cap_bytes` (half)
     of the spool volume's ``sizeLimit`` — the one injected, or that of the pod's own
-    ``oomsight-spool`` ``emptyDir``; None when that volume has no size we can read."""
+    ``oomsight-spool`` ``emptyDir``; None when that volume has no size we can read. A valid
+    quantity too large for an int64 (``8Ei``) is clamped to :data:`ARTIFACTS_ENV_MAX`, with a
+    warning: the pod is still injected."""
     volumes = _list(spec.get("volumes")) or []
     own = next((v for v in volumes if isinstance(v, Mapping) and v.get("name") == SPOOL_VOLUME), None)
     if own is None:
@@ -103,9 +115,12 @@ def artifacts_bound(spec: Mapping[str, Any], opts: PodOptions) -> Optional[int]:
         empty = own.get("emptyDir")
         limit = empty.get("sizeLimit") if isinstance(empty, Mapping) else None
     if isinstance(limit, bool) or not isinstance(limit, (str, int)):
-        return None
+        return None, []
     size = quantity_bytes(str(limit))
-    return None if size is None else min(artifacts_cap_bytes(size), ARTIFACTS_ENV_MAX)
+    if size is None and is_quantity(str(limit)):
+        note = f"oomsight: the spool's sizeLimit {str(limit)[:40]} is over {QUANTITY_MAX} bytes; artifacts capped at "
+        return ARTIFACTS_ENV_MAX, [note + f"{ARTIFACTS_ENV_MAX} bytes"]
+    return (None if size is None else min(artifacts_cap_bytes(size), ARTIFACTS_ENV_MAX)), []
 
 
 def target_containers(
