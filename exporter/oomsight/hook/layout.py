@@ -1,0 +1,459 @@
+"""How the job lays out its model's memory in this process: every parameter of the live modules
+(trainable and frozen), their gradients and the optimizers' state, each counted by the *local*
+storage that really holds it, and the parallelism in use.
+
+The rules (``shared/reference/distributed-memory.md`` §0, checked with torch 2.13 on gloo):
+
+- A wrapper tensor subclass (DTensor, torchao's quantised tensors) reports its global, logical
+  size through its outer storage and a data pointer of 0: it is counted by its inner tensors
+  (``__tensor_flatten__``), recursively. A DTensor is therefore its local shard.
+- Storages are counted, not tensors: each ``(device, data_ptr)`` once. Views (DDP's
+  ``gradient_as_bucket_view``, FSDP1's ``use_orig_params`` views, ZeRO's flat buffers, FSDP2's
+  padded shards) come out right, and a storage resized to 0 (a freed FSDP buffer, a ZeRO-3
+  parameter while partitioned) counts nothing.
+- Sharded wrappers are read through their own objects, before the generic walk: FSDP2's
+  ``FSDPParam`` (the padded shard, and the all-gathered buffers while they are alive), FSDP1's
+  flat parameters (the local shard, and the full padded parameter while unsharded), ZeRO-3's
+  partitions (``ds_tensor``). What they gather for a forward is *unsharded* memory, apart from
+  the parameters.
+- DDP keeps one flat bucket per group of gradients, allocated at construction: beside the
+  gradients unless they are views of it (``gradient_as_bucket_view``).
+
+Only attribute reads: nothing here launches a kernel or communicates. Pure of the hook's state:
+:func:`measure` takes the root modules and the optimizers and returns a :class:`Layout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
+
+FROZEN_MODULES_MAX = 8
+FROZEN_CHILD_SHARE = 0.25
+"""A child of a partly trained root is named as a frozen module when it holds at least this share of
+the root's parameter bytes (a teacher kept as an attribute of the student's wrapper, a frozen
+vision tower): smaller frozen pieces (an embedding, a norm) are details, not a second model."""
+ADAPTER_MARKS = ("lora_",)
+"""Parameter names of adapters (PEFT: lora_A, lora_B, lora_embedding_A/B, lora_magnitude_vector)."""
+QUANTIZED_CLASSES = frozenset(("Params4bit", "Int8Params"))
+"""bitsandbytes' quantised parameters: plain storages plus side tensors (``quant_state``, ``SCB``)."""
+
+STATE_FACTORS = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2, "Rprop": 2, "Adagrad": 1}
+"""Optimizer state per trainable parameter byte, by class: Adam keeps exp_avg and exp_avg_sq, ..."""
+
+
+def state_factor(opt: Any) -> Optional[float]:
+    """Expected optimizer-state bytes per trainable parameter byte; None for an unknown kind."""
+    groups = getattr(opt, "param_groups", [{}])
+    for cls in type(opt).__mro__:
+        name = cls.__name__
+        if name in STATE_FACTORS:
+            return STATE_FACTORS[name] + (1 if any(g.get("amsgrad") for g in groups) else 0)
+        if name == "SGD":
+            return 1.0 if any(g.get("momentum") for g in groups) else 0.0
+        if name == "RMSprop":
+            return 1.0 + any(g.get("momentum") for g in groups) + any(g.get("centered") for g in groups)
+    return None
+
+
+@dataclasses.dataclass
+class Totals:
+    """Bytes of one device, by what they hold."""
+
+    parameters: int = 0
+    """Every parameter, trainable and frozen, by its local storage (a shard for a sharded one)."""
+    gradients: int = 0
+    """Their gradients, DDP's bucket copies included."""
+    state: int = 0
+    expected_state: Optional[int] = 0
+    """What the optimizers will hold once every state exists (None: an optimizer of unknown kind)."""
+    frozen: int = 0
+    quantized: int = 0
+    adapters: int = 0
+    buckets: int = 0
+    unsharded: int = 0
+    """Gathered (all-gathered) parameters alive now, besides their shards."""
+
+    def as_states(self) -> dict[str, Any]:
+        """The wire's ``ModelStates`` / ``Categories`` keys of these totals."""
+        return {
+            "parameters_bytes": self.parameters,
+            "gradients_bytes": self.gradients,
+            "optimizer_state_bytes": self.state,
+            "optimizer_state_expected_bytes": self.expected_state,
+            "frozen_parameters_bytes": self.frozen,
+            "quantized_parameters_bytes": self.quantized,
+            "adapter_parameters_bytes": self.adapters,
+            "gradient_buckets_bytes": self.buckets,
+            "unsharded_parameters_bytes": self.unsharded,
+        }
+
+
+@dataclasses.dataclass
+class Layout:
+    devices: dict[int, Totals]
+    dtypes: dict[str, int]
+    """Parameter bytes by dtype name (``float32``, ``bfloat16``)."""
+    frozen_modules: list[str]
+    parallelism: dict[str, Any]
+    adapters: bool
+
+    def states(self, device: int) -> dict[str, Any]:
+        totals = self.devices.get(device, Totals())
+        return {**totals.as_states(), "frozen_modules": list(self.frozen_modules)}
+
+
+PARAMS, GRADS, STATE, UNSHARDED = "parameters", "gradients", "state", "unsharded"
+
+
+class _Counter:
+    """Adds each storage's bytes once to its device's totals."""
+
+    def __init__(self, torch: Any, device_type: str) -> None:
+        self.device_type = device_type
+        self.devices: dict[int, Totals] = {}
+        self.seen: set[tuple[int, int]] = set()
+        dispatch = getattr(getattr(torch, "utils", None), "_python_dispatch", None)
+        self.is_wrapper = getattr(dispatch, "is_traceable_wrapper_subclass", lambda t: False)
+        self.plain = (torch.Tensor, torch.nn.Parameter)
+
+    def totals(self, device: int) -> Totals:
+        found = self.devices.get(device)
+        if found is None:
+            found = self.devices[device] = Totals()
+        return found
+
+    def add(self, t: Any, slot: str) -> tuple[int, int]:
+        """Count ``t`` in ``slot``: (its device, the bytes new to the count); (-1, 0) when not here."""
+        device, size = -1, 0
+        for index, key, nbytes in self._storages(t, 0):
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            device, size = index, size + nbytes
+            totals = self.totals(index)
+            setattr(totals, slot, getattr(totals, slot) + nbytes)
+        return device, size
+
+    def _storages(self, t: Any, depth: int) -> Iterator[tuple[int, tuple[int, int], int]]:
+        """(device index, storage key, bytes) of every plain storage behind ``t`` on this device type."""
+        if depth > 4 or t is None:
+            return
+        if type(t) not in self.plain and self.is_wrapper(t):
+            names = t.__tensor_flatten__()[0]
+            for name in names:
+                yield from self._storages(getattr(t, name, None), depth + 1)
+            return
+        device = getattr(t, "device", None)
+        if getattr(device, "type", None) != self.device_type:
+            return
+        storage = t.untyped_storage()
+        nbytes = int(storage.nbytes())
+        if nbytes:
+            index = device.index if device.index is not None else 0
+            yield index, (index, storage.data_ptr()), nbytes
+        for side in _side_tensors(t):
+            yield from self._storages(side, depth + 1)
+
+
+def _side_tensors(t: Any) -> list[Any]:
+    """The tensors a quantised parameter keeps beside its storage (bitsandbytes)."""
+    if type(t).__name__ not in QUANTIZED_CLASSES:
+        return []
+    out = [getattr(t, "SCB", None)]
+    qs = getattr(t, "quant_state", None)
+    while qs is not None:
+        out += [getattr(qs, "absmax", None), getattr(qs, "code", None), getattr(qs, "offset", None)]
+        qs = getattr(qs, "state2", None)
+    return [x for x in out if hasattr(x, "untyped_storage")]
+
+
+def _names(obj: Any) -> set[str]:
+    return {c.__name__ for c in type(obj).__mro__}
+
+
+def _quantized(torch: Any, p: Any, wrapper: bool) -> bool:
+    if type(p).__name__ in QUANTIZED_CLASSES:
+        return True
+    if wrapper and "DTensor" not in _names(p):
+        return True  # torchao's quantised tensors, NF4
+    dtype = getattr(p, "dtype", None)
+    return dtype in (torch.uint8, torch.int8) or "float8" in str(dtype)
+
+
+def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_type: str = "cuda") -> Layout:
+    """The layout of ``roots`` (the outermost live modules) and ``optimizers``, per device of ``device_type``."""
+    roots, optimizers = list(roots), list(optimizers)
+    counter = _Counter(torch, device_type)
+    modules = [m for root in roots for m in _modules(root)]
+    for m in modules:  # sharded wrappers first: their shards, and what they gathered
+        _fsdp2_params(counter, m)
+        _fsdp1_params(counter, m)
+    for root in roots:
+        _ddp_buckets(counter, root)
+    dtypes: dict[str, int] = {}
+    adapters = False
+    for name, p in _named_parameters(roots, optimizers):
+        wrapper = type(p) not in counter.plain and counter.is_wrapper(p)
+        device, size = counter.add(getattr(p, "ds_tensor", p), PARAMS)
+        if hasattr(p, "ds_tensor") and getattr(getattr(p, "ds_status", None), "name", "") != "NOT_AVAILABLE":
+            counter.add(p, UNSHARDED)  # a ZeRO-3 parameter gathered for its module
+        if p.requires_grad:
+            if any(mark in name for mark in ADAPTER_MARKS):
+                adapters = True
+                _bump(counter, device, "adapters", size)
+        else:
+            _bump(counter, device, "frozen", size)
+        if size:
+            if _quantized(torch, p, wrapper):
+                _bump(counter, device, "quantized", size)
+            key = str(getattr(p, "dtype", "unknown")).replace("torch.", "")
+            dtypes[key] = dtypes.get(key, 0) + size
+        if p.grad is not None:
+            counter.add(p.grad, GRADS)
+    _optimizer_states(counter, optimizers)
+    return Layout(
+        devices=counter.devices,
+        dtypes=dtypes,
+        frozen_modules=frozen_modules(roots),
+        parallelism=parallelism(torch, roots, modules),
+        adapters=adapters,
+    )
+
+
+def _bump(counter: _Counter, device: int, slot: str, size: int) -> None:
+    if device >= 0 and size:
+        totals = counter.totals(device)
+        setattr(totals, slot, getattr(totals, slot) + size)
+
+
+def _modules(root: Any) -> Iterator[Any]:
+    modules = getattr(root, "modules", None)
+    if modules is not None:
+        yield from modules()
+
+
+def _named_parameters(roots: list[Any], optimizers: list[Any]) -> Iterator[tuple[str, Any]]:
+    """Every parameter once: the modules' (with their names), then any only an optimizer holds."""
+    seen: set[int] = set()
+    for root in roots:
+        named = getattr(root, "named_parameters", None)
+        for name, p in named() if named is not None else ():
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+    for opt in optimizers:
+        for group in getattr(opt, "param_groups", []):
+            for p in group.get("params", []):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield "", p
+
+
+def _optimizer_states(counter: _Counter, optimizers: list[Any]) -> None:
+    """The state the optimizers hold, and what they will hold once every state exists: the factor of
+    their kind times the bytes of the (local) parameters they train, each storage once."""
+    trained: set[tuple[int, int]] = set()
+    for opt in optimizers:
+        factor = state_factor(opt)
+        for group in getattr(opt, "param_groups", []):
+            for p in group.get("params", []):
+                if not getattr(p, "requires_grad", True):
+                    continue
+                for index, key, nbytes in counter._storages(getattr(p, "ds_tensor", p), 0):
+                    if key in trained:
+                        continue
+                    trained.add(key)
+                    totals = counter.totals(index)
+                    if factor is None or totals.expected_state is None:
+                        totals.expected_state = None
+                    else:
+                        totals.expected_state += int(factor * nbytes)
+        for state in getattr(opt, "state", {}).values():
+            for value in state.values():
+                if hasattr(value, "untyped_storage"):
+                    counter.add(value, STATE)
+
+
+def _fsdp2_params(counter: _Counter, module: Any) -> None:
+    """FSDP2 (``fully_shard``): each parameter's padded local shard, and its all-gathered buffers
+    while they are alive (0 bytes once resharded)."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None or "FSDPModule" not in _names(module):
+        return
+    group = getattr(get_state(), "_fsdp_param_group", None)
+    for fp in getattr(group, "fsdp_params", None) or []:
+        shard = getattr(fp, "_sharded_param_data", None)
+        sharded = getattr(fp, "sharded_param", None)
+        if shard is not None:
+            device, size = counter.add(shard, PARAMS)
+            if sharded is not None and not sharded.requires_grad:
+                _bump(counter, device, "frozen", size)
+        for gathered in getattr(fp, "all_gather_outputs", None) or []:
+            counter.add(gathered, UNSHARDED)
+        if sharded is not None and sharded.grad is not None:
+            counter.add(sharded.grad, GRADS)
+
+
+def _fsdp1_params(counter: _Counter, module: Any) -> None:
+    """FSDP1: the flat parameter's local shard, and the full padded parameter while unsharded."""
+    handle = getattr(module, "_handle", None)
+    flat = getattr(handle, "flat_param", None)
+    if flat is None or not getattr(flat, "_is_flat_param", False):
+        return
+    shard = getattr(flat, "_local_shard", None)
+    device, size = counter.add(shard if shard is not None else flat, PARAMS)
+    if not flat.requires_grad:
+        _bump(counter, device, "frozen", size)
+    for name in ("_full_param_padded", "_full_prec_full_param_padded", "_mp_shard"):
+        counter.add(getattr(flat, name, None), UNSHARDED)
+    counter.add(flat, UNSHARDED)  # flat.data points at the gathered parameter while unsharded
+    if flat.grad is not None:
+        counter.add(flat.grad, GRADS)
+
+
+def _ddp_buckets(counter: _Counter, root: Any) -> None:
+    """DDP's flat buckets: one per group of gradients, in the parameters' dtype, allocated at
+    construction and kept. With ``gradient_as_bucket_view`` the gradients are views of them (the
+    gradients' storages are the buckets: counted there); otherwise they are a second copy."""
+    if "DistributedDataParallel" not in _names(root):
+        return
+    views = bool(getattr(root, "gradient_as_bucket_view", False))
+    total: dict[int, int] = {}
+    counted: dict[int, int] = {}
+    for p in root.parameters():
+        if not p.requires_grad or getattr(p.device, "type", None) != counter.device_type:
+            continue
+        index = p.device.index if p.device.index is not None else 0
+        total[index] = total.get(index, 0) + p.numel() * p.element_size()
+        if views and p.grad is not None:
+            device, size = counter.add(p.grad, GRADS)
+            if device >= 0:
+                counted[device] = counted.get(device, 0) + size
+    for index, size in total.items():
+        extra = max(size - counted.get(index, 0), 0)  # a bucket whose gradients are None (set_to_none)
+        totals = counter.totals(index)
+        totals.buckets += extra
+        totals.gradients += extra
+
+
+def frozen_modules(roots: list[Any]) -> list[str]:
+    """Roots with no trainable parameter (a teacher, a reference or reward model), and large frozen
+    children of a partly trained root; largest first."""
+    found: list[tuple[int, str]] = []
+    for root in roots:
+        total, trained = _param_bytes(root)
+        name = type(root).__name__
+        if total and not trained:
+            found.append((total, name))
+            continue
+        for child_name, child in getattr(root, "named_children", lambda: [])():
+            size, child_trained = _param_bytes(child)
+            if size and not child_trained and size >= FROZEN_CHILD_SHARE * total:
+                found.append((size, f"{name}.{child_name}"))
+    found.sort(key=lambda x: -x[0])
+    return [name for _size, name in found[:FROZEN_MODULES_MAX]]
+
+
+def _param_bytes(module: Any) -> tuple[int, bool]:
+    """(logical parameter bytes, whether any parameter trains) of ``module``."""
+    total, trained = 0, False
+    for p in getattr(module, "parameters", lambda: [])():
+        total += p.numel() * p.element_size()
+        trained = trained or bool(p.requires_grad)
+    return total, trained
+
+
+def parallelism(torch: Any, roots: list[Any], modules: list[Any]) -> dict[str, Any]:
+    """The parallelism in use (the wire's ``Parallelism``), from the live modules."""
+    found: dict[str, Any] = {
+        "world_size": world_size(torch),
+        "strategy": "none",
+        "zero_stage": None,
+        "sharding": None,
+        "shard_size": None,
+        "reshard_after_forward": None,
+        "gradient_as_bucket_view": None,
+        "offload": None,
+    }
+    for root in roots:
+        names = _names(root)
+        if "DeepSpeedEngine" in names:
+            return _zero(root, found)
+        if "DistributedDataParallel" in names:
+            found.update(strategy="ddp", gradient_as_bucket_view=bool(getattr(root, "gradient_as_bucket_view", False)))
+    fsdp2 = [m for m in modules if "FSDPModule" in _names(m)]
+    if fsdp2:
+        return _fsdp2(fsdp2, set(map(id, roots)), found)
+    fsdp1 = [m for m in modules if "FullyShardedDataParallel" in _names(m)]
+    if fsdp1:
+        m = fsdp1[0]
+        strategy = getattr(getattr(m, "sharding_strategy", None), "name", None)
+        offload = getattr(getattr(m, "cpu_offload", None), "offload_params", None)
+        found.update(strategy="fsdp", sharding=strategy, shard_size=getattr(m, "world_size", None), offload=offload)
+        return found
+    if any(hasattr(p, "ds_id") for root in roots for p in root.parameters()):
+        found.update(strategy="zero", zero_stage=3, shard_size=found["world_size"])
+    elif found["strategy"] == "none" and any("DTensor" in _names(p) for root in roots for p in root.parameters()):
+        found["strategy"] = "dtensor"
+    return found
+
+
+def _fsdp2(modules: list[Any], root_ids: set[int], found: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2: the shard size, resharding after forward (judged on the non-root groups, as the root's
+    default is not to), hybrid sharding and CPU offload, from the parameter groups."""
+    reshard: Optional[bool] = None
+    hybrid, offload, shard = False, False, None
+    for m in modules:
+        group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
+        if group is None:
+            continue
+        info = getattr(group, "mesh_info", None)
+        shard = getattr(info, "shard_mesh_size", shard)
+        hybrid = hybrid or type(info).__name__ == "HSDPMeshInfo"
+        offload = offload or any(getattr(fp, "offload_to_cpu", False) for fp in group.fsdp_params)
+        if id(m) not in root_ids or reshard is None:
+            resharded = getattr(group, "post_forward_mesh_info", None) is not None
+            reshard = resharded if id(m) not in root_ids else (reshard or resharded)
+    sharding = "HYBRID_SHARD" if hybrid else "FULL_SHARD" if reshard is not False else "SHARD_GRAD_OP"
+    found.update(strategy="fsdp2", sharding=sharding, shard_size=shard, reshard_after_forward=reshard, offload=offload)
+    return found
+
+
+def _zero(engine: Any, found: dict[str, Any]) -> dict[str, Any]:
+    def call(name: str) -> Any:
+        fn = getattr(engine, name, None)
+        try:
+            return fn() if callable(fn) else None
+        except Exception:  # an engine of another DeepSpeed version: unknown, not an error
+            return None
+
+    stage = call("zero_optimization_stage")
+    offload = bool(call("zero_cpu_offload") or call("zero_offload_param"))
+    found.update(strategy="zero", zero_stage=stage, shard_size=found["world_size"], offload=offload)
+    return found
+
+
+def world_size(torch: Any) -> int:
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:  # a group being torn down: fall back to the launcher's variable
+        pass
+    try:
+        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
+    except ValueError:
+        return 1
+
+
+def roots_of(modules: Iterable[Any]) -> list[Any]:
+    """The modules that are no other module's child: the models (at an OOM, from the garbage collector)."""
+    modules = list(modules)
+    children: set[int] = set()
+    for m in modules:
+        for child in getattr(m, "children", lambda: [])():
+            children.add(id(child))
+    return [m for m in modules if id(m) not in children]

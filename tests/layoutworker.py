@@ -1,0 +1,108 @@
+"""Rank bodies for tests/test_accounting.py: real torch.distributed over gloo on the CPU, each rank
+measuring its own layout and writing what it found beside the ground truth read straight off the
+tensors it holds (every storage once)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from oomsight.hook.layout import measure
+
+
+def storages(tensors: Any) -> int:
+    """Bytes of the distinct plain storages behind ``tensors`` (a DTensor by its local shard)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        local = getattr(t, "_local_tensor", t)
+        s = local.untyped_storage()
+        if s.nbytes():
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(40, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+
+
+def step(m: nn.Module, opt: torch.optim.Optimizer) -> None:
+    m(torch.randn(8, 40)).sum().backward()
+    opt.step()
+
+
+def ddp(rank: int, out: str, bucket_view: bool) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    frozen = model().requires_grad_(False)  # a frozen second model beside the trained one
+    m = DistributedDataParallel(model(), gradient_as_bucket_view=bucket_view, bucket_cap_mb=0.01)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):  # the reducer rebuilds its buckets after the first iteration
+        step(m, opt)
+    layout = measure(torch, [m, frozen], [opt], "cpu")
+    buckets = sum(b.buffer().numel() * b.buffer().element_size() for b in m.reducer._get_zeros_like_grad_buckets())
+    params = [*m.parameters(), *frozen.parameters()]
+    grads = storages(p.grad for p in m.parameters())
+    state = storages(v for s in opt.state.values() for v in s.values())
+    truth = {
+        "parameters": storages(params),
+        "gradients": grads if bucket_view else grads + buckets,
+        "state": state,
+        "buckets": 0 if bucket_view else buckets,
+        "frozen": storages(frozen.parameters()),
+    }
+    return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism}
+
+
+def fsdp2(rank: int, out: str, reshard: bool) -> dict[str, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    m = model()
+    for layer in m:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, reshard_after_forward=reshard)
+    fully_shard(m, reshard_after_forward=reshard)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):
+        step(m, opt)
+    during: dict[str, int] = {}
+
+    def look(module: nn.Module, args: Any) -> None:  # FSDP's own pre-forward hook has gathered the layer
+        during["unsharded"] = measure(torch, [m], [opt], "cpu").states(0)["unsharded_parameters_bytes"]
+        during["layer"] = sum(p.numel() * p.element_size() for p in module.parameters())
+
+    handle = m[2].register_forward_pre_hook(look)
+    m(torch.randn(8, 40)).sum().backward()
+    handle.remove()
+    opt.step()
+    layout = measure(torch, [m], [opt], "cpu")
+    truth = {
+        "parameters": storages(m.parameters()),
+        "gradients": storages(p.grad for p in m.parameters()),
+        "state": storages(v for s in opt.state.values() for v in s.values()),
+        "global_parameters": sum(p.numel() * p.element_size() for p in m.parameters()),
+        "unsharded_during_forward": during["unsharded"],
+        "gathered_layer": during["layer"],
+    }
+    return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism}
+
+
+BODIES = {"ddp": ddp, "fsdp2": fsdp2}
+
+
+def run(rank: int, world: int, port: int, out: str, body: str, flag: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        found = BODIES[body](rank, out, flag)
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+            json.dump(found, fh)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,135 @@
+"""The accounting of every parameter layout by its local storage (``oomsight.hook.layout``), on the
+real torch: DDP and FSDP2 over real gloo process groups (2 and 4 ranks), frozen and adapter parameters,
+tensor subclasses. The bytes counted must equal the bytes of the storages each rank really holds."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import layoutworker
+import pytest
+import torch
+from torch import nn
+
+from oomsight.hook.layout import measure, roots_of
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ranks(tmp_path: Path, world: int, body: str, flag: bool) -> list[dict[str, Any]]:
+    torch.multiprocessing.spawn(
+        layoutworker.run, args=(world, free_port(), str(tmp_path), body, flag), nprocs=world, join=True
+    )
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_ddp_gradients_and_buckets_are_counted_as_each_rank_holds_them(tmp_path: Path, bucket_view: bool) -> None:
+    for found in ranks(tmp_path, 2, "ddp", bucket_view):
+        layout, truth = found["layout"], found["truth"]
+        assert layout["parameters_bytes"] == truth["parameters"]
+        assert layout["frozen_parameters_bytes"] == truth["frozen"]
+        assert layout["gradients_bytes"] == truth["gradients"]
+        assert layout["gradient_buckets_bytes"] == truth["buckets"]
+        assert layout["optimizer_state_bytes"] == truth["state"]
+        assert found["parallelism"]["strategy"] == "ddp"
+        assert found["parallelism"]["world_size"] == 2
+        assert found["parallelism"]["gradient_as_bucket_view"] is bucket_view
+        assert layout["frozen_modules"] == ["Sequential"]
+    if not bucket_view:
+        assert truth["buckets"] > 0  # the second copy exists and was found
+
+
+@pytest.mark.parametrize(("world", "reshard"), [(2, True), (4, True), (4, False)])
+def test_fsdp2_counts_each_rank_s_shards_not_the_global_parameters(tmp_path: Path, world: int, reshard: bool) -> None:
+    for found in ranks(tmp_path, world, "fsdp2", reshard):
+        layout, truth = found["layout"], found["truth"]
+        assert layout["parameters_bytes"] == truth["parameters"]
+        assert layout["gradients_bytes"] == truth["gradients"]
+        assert layout["optimizer_state_bytes"] == truth["state"]
+        # a shard, padded on dim 0: about 1/world of the global bytes, never the global size
+        assert layout["parameters_bytes"] <= truth["global_parameters"] / world * 1.25
+        assert layout["unsharded_parameters_bytes"] == 0  # after the step every group is resharded
+        # inside a forward the gathered layer is alive (and, unresharded, the layers before it)
+        assert truth["unsharded_during_forward"] >= truth["gathered_layer"] > 0
+        p = found["parallelism"]
+        assert (p["strategy"], p["shard_size"], p["world_size"]) == ("fsdp2", world, world)
+        assert p["reshard_after_forward"] is reshard
+        assert p["sharding"] == ("FULL_SHARD" if reshard else "SHARD_GRAD_OP")
+
+
+def test_frozen_base_with_adapters_counts_the_frozen_weights_as_parameters() -> None:
+    class Lora(nn.Module):
+        def __init__(self, base: nn.Linear, r: int) -> None:
+            super().__init__()
+            self.base = base.requires_grad_(False)
+            self.lora_A = nn.Linear(base.in_features, r, bias=False)
+            self.lora_B = nn.Linear(r, base.out_features, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base(x) + self.lora_B(self.lora_A(x))
+
+    net = nn.Sequential(Lora(nn.Linear(256, 256), 4), Lora(nn.Linear(256, 256), 4))
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad])
+    net(torch.randn(3, 256)).sum().backward()
+    opt.step()
+    states = measure(torch, [net], [opt], "cpu").states(0)
+    base = 2 * (256 * 256 + 256) * 4
+    adapters = 2 * 2 * 4 * 256 * 4
+    assert states["parameters_bytes"] == base + adapters
+    assert states["frozen_parameters_bytes"] == base
+    assert states["adapter_parameters_bytes"] == adapters
+    assert states["gradients_bytes"] == adapters
+    assert states["optimizer_state_expected_bytes"] == 2 * adapters  # AdamW: two moments of what trains
+
+
+def test_peft_lora_adapters_are_found_by_their_names() -> None:
+    peft = pytest.importorskip("peft")  # in the dev extra: installed in CI
+    base = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 128))
+    net = peft.get_peft_model(base, peft.LoraConfig(r=8, target_modules=["0", "2"]))
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad])
+    net(torch.randn(2, 128)).sum().backward()
+    opt.step()
+    layout = measure(torch, [net], [opt], "cpu")
+    states = layout.states(0)
+    assert layout.adapters is True
+    assert states["frozen_parameters_bytes"] == 2 * (128 * 128 + 128) * 4
+    assert states["adapter_parameters_bytes"] == 2 * 2 * 8 * 128 * 4
+    assert states["parameters_bytes"] == states["frozen_parameters_bytes"] + states["adapter_parameters_bytes"]
+
+
+def test_a_wrapper_subclass_counts_its_inner_storages_not_its_logical_size() -> None:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    m = nn.Linear(8, 8, bias=False)
+    m.weight = nn.Parameter(TwoTensor(torch.randn(8, 8), torch.randn(8, 8)), requires_grad=False)
+    assert m.weight.untyped_storage().nbytes() == 256  # the outer storage says 64 floats
+    states = measure(torch, [m], [], "cpu").states(0)
+    assert states["parameters_bytes"] == 512  # two inner 64-float storages
+    assert states["quantized_parameters_bytes"] == 512
+
+
+def test_shared_and_viewed_storages_count_once() -> None:
+    a = nn.Linear(16, 16)
+    b = nn.Linear(16, 16)
+    b.weight = a.weight  # tied weights
+    flat = torch.zeros(32)
+    c = nn.Module()
+    c.p = nn.Parameter(flat[:16])
+    c.q = nn.Parameter(flat[16:])  # views of one flat buffer
+    states = measure(torch, roots_of([a, b, c]), [], "cpu").states(0)
+    assert states["parameters_bytes"] == (16 * 16 + 16 + 16) * 4 + 32 * 4
+
+
+def test_roots_are_the_modules_no_other_module_holds() -> None:
+    inner = nn.Linear(2, 2)
+    outer = nn.Sequential(inner)
+    other = nn.Linear(3, 3)
+    assert {id(m) for m in roots_of([inner, outer, other])} == {id(outer), id(other)}
