@@ -44,6 +44,9 @@ class Footprint:
     """What the job already does (the hook's detection): remedies in use are not estimated."""
     oom: bool = False
     """True for the footprint of an OOM that happened: it never "fits, nothing needed"."""
+    frozen_bytes: int = 0
+    """Of the parameters, the frozen ones (a LoRA base, a teacher): static bytes with no gradient, no
+    optimizer state and no autocast copy (autocast caches casts only of leaves that require grad)."""
 
     @property
     def static_bytes(self) -> int:
@@ -118,10 +121,14 @@ def footprint(categories: Categories, capacity_bytes: int, peak_bytes: Optional[
         max(categories["gradients_bytes"], 0),
         max(categories["optimizer_state_bytes"], 0),
     )
-    acts = max(activations, 0)
+    # all-gathered FSDP parameters are not in parameters_bytes: at a peak they are transient bytes no
+    # activation remedy touches, so they count as "other", not as activations
+    gathered = max(int(categories.get("unsharded_parameters_bytes") or 0), 0)
+    acts = max(activations - gathered, 0)
     total = params + grads + state + acts
-    peak = total if peak_bytes is None else max(peak_bytes, total)
-    return Footprint(params, grads, state, acts, peak, max(capacity_bytes, 0))
+    peak = max(total + min(gathered, max(activations, 0)), peak_bytes or 0)
+    frozen = min(max(int(categories.get("frozen_parameters_bytes") or 0), 0), params)
+    return Footprint(params, grads, state, acts, peak, max(capacity_bytes, 0), frozen_bytes=frozen)
 
 
 def at_oom(event: OomEvent) -> Optional[Footprint]:
@@ -147,7 +154,7 @@ def _categories_from_states(event: OomEvent) -> Optional[Categories]:
         params, grads, state = (int(ms[k]) for k in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes"))
     except (KeyError, TypeError, ValueError):
         return None
-    return Categories(
+    cat = Categories(
         parameters_bytes=params,
         gradients_bytes=grads,
         optimizer_state_bytes=state,
@@ -155,6 +162,10 @@ def _categories_from_states(event: OomEvent) -> Optional[Categories]:
         basis="at_oom",
         measured_at=event["time"],
     )
+    for key in ("frozen_parameters_bytes", "unsharded_parameters_bytes"):
+        if isinstance(ms.get(key), int):
+            cat[key] = ms[key]  # type: ignore[literal-required]
+    return cat
 
 
 def of_device(device: DeviceSnapshot, events: list[OomEvent]) -> Optional[Footprint]:
@@ -189,8 +200,9 @@ def target_bytes(fp: Footprint, a: Assumptions) -> int:
 
 
 def autocast(fp: Footprint, a: Assumptions) -> Estimate:
+    trainable = fp.parameters_bytes - fp.frozen_bytes  # frozen weights get no cached bf16 copy
     saving = round(fp.activations_bytes * (1 - a.autocast_activation_ratio)) - round(
-        fp.parameters_bytes * a.autocast_weight_copy_ratio
+        trainable * a.autocast_weight_copy_ratio
     )
     known = fp.job is not None and fp.job.get("autocast") is False
     now = (
@@ -204,7 +216,7 @@ def autocast(fp: Footprint, a: Assumptions) -> Estimate:
         "autocast",
         saving,
         f"{now} and become bf16 (times {a.autocast_activation_ratio:g}); autocast keeps a "
-        f"bf16 copy of the fp32 weights for backward (+ {a.autocast_weight_copy_ratio:g} of the parameter bytes)",
+        f"bf16 copy of the trainable fp32 weights for backward (+ {a.autocast_weight_copy_ratio:g} of their bytes)",
     )
 
 
@@ -358,8 +370,7 @@ def choose(fp: Footprint, estimates: list[Estimate], a: Optional[Assumptions] = 
     if fp.static_bytes + fp.other_bytes > target:
         msg = (
             f"parameters, gradients and optimizer state ({fb(fp.static_bytes)}) leave no room below the target "
-            f"({fb(target)}): no activation remedy fits; shard them (FSDP/ZeRO), keep them in bf16, "
-            "or use a lighter optimizer state"
+            f"({fb(target)}): no activation remedy fits; {_static_remedy(fp)}"
         )
         return Choice(target, excess, [], None, msg)
     if fitting:
@@ -369,3 +380,18 @@ def choose(fp: Footprint, estimates: list[Estimate], a: Optional[Assumptions] = 
     if steps is not None:
         msg += f"; accumulating {steps} micro-batches per step would fit"
     return Choice(target, excess, [], steps, msg)
+
+
+def _static_remedy(fp: Footprint) -> str:
+    """What shrinks static bytes that leave no room, by what they are and how the job is laid out."""
+    if fp.frozen_bytes * 2 >= fp.static_bytes:
+        return (
+            f"{fb(fp.frozen_bytes)} of them are frozen weights: load them quantised (4-bit or 8-bit), offload "
+            "them to the CPU, or use a smaller frozen model"
+        )
+    if fp.job and remedies.sharded(fp.job):
+        return (
+            "they are sharded already: offload the optimizer state to the CPU, shard over more GPUs, keep them "
+            "in bf16, or use a lighter optimizer state"
+        )
+    return "shard them (FSDP/ZeRO), keep them in bf16, or use a lighter optimizer state"

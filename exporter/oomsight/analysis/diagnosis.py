@@ -20,21 +20,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from oomsight.analysis.evidence import (
-    CAUSES,
-    DECISIVE_SHARE,
-    DEMAND_SLACK_SHARE,
-    FORWARDS_MARGIN,
-    FRAGMENTATION_MIN_SHARE,
-    GENERATION_FRAMES,
-    MODEL_STATES_SHARE,
-    MODULE_FRAME,
-    OUTSIDE_SHARE,
-    OVERSIZED_SHARE,
-    Cause,
-    Evidence,
-    on_stack,
-)
+from oomsight.analysis import remedies
+from oomsight.analysis import thresholds as th
+from oomsight.analysis.evidence import CAUSES, GENERATION_FRAMES, MODULE_FRAME, Cause, Evidence, on_stack
 from oomsight.analysis.oomfacts import ModelStates, OomFacts, facts_from_event, leak_growth
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.wire.schema import Diagnosis
@@ -45,8 +33,8 @@ __all__ = ["CAUSES", "Cause", "ModelStates", "OomFacts", "diagnose", "facts_from
 def diagnose(f: OomFacts) -> Diagnosis:
     """Classify one OOM from the numbers recorded at the moment it happened."""
     ev = Evidence(f)
-    rules = (_outside_rule, _leak_rule, _model_states_rule, _evaluation_rule, _oversized_rule, _demand_rule)
-    for rule in (*rules, _fragmentation_rule):
+    rules = (_outside_rule, _leak_rule, _model_states_rule, _frozen_forward_rule, _evaluation_rule, _oversized_rule)
+    for rule in (*rules, _demand_rule, _graph_pool_rule, _fragmentation_rule):
         found = rule(ev)
         if found is not None:
             return found
@@ -68,8 +56,8 @@ def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
             f"NVML lists {listed} processes on this GPU and {fb(ev.outside)} of it is used outside this "
             "process's PyTorch allocator: by the other processes (and this process's CUDA context).",
         )
-    if ev.outside < OUTSIDE_SHARE * ev.total:
-        return None
+    if ev.outside < th.value("outside_share") * ev.total or ev.outside_leak is not None:
+        return None  # memory outside the allocator that grew step after step is a leak (below)
     if ev.others is None:  # NVML cannot see our PID (containers): it may be other tenants too
         return ev.result(
             Cause.NON_PYTORCH_MEMORY,
@@ -88,10 +76,10 @@ def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
 def _decisive(ev: Evidence, held: int, own_outside: int) -> bool:
     """Whether ``held`` bytes of other processes are the cause: a large share of the GPU, or enough
     to matter while the job's own known need (plus its memory outside the allocator) fits alone."""
-    if held >= OUTSIDE_SHARE * ev.total:
+    if held >= th.value("outside_share") * ev.total:
         return True
     own = max(ev.need, ev.prior_peak or 0) + own_outside
-    return held >= DECISIVE_SHARE * ev.total and own <= ev.total
+    return held >= th.value("decisive_share") * ev.total and own <= ev.total
 
 
 def _other_process(ev: Evidence, held: int, summary: str) -> Diagnosis:
@@ -116,6 +104,14 @@ def _leak_rule(ev: Evidence) -> Optional[Diagnosis]:
             "tensors alive from every step (here so much that it ran out within a few steps)."
         )
         ev.facts["floor_growth_bytes"] = ev.short_leak
+    elif ev.outside_leak is not None:
+        return ev.result(
+            Cause.LEAK,
+            ["outside_leak", "non_pytorch", "history"],
+            f"Memory outside PyTorch's allocator (NVML's memory of this process minus reserved) rose by "
+            f"{fb(ev.outside_leak)} step after step: allocations a CUDA extension makes itself, or NCCL "
+            "communicators (hundreds of MB each) created per step, are never freed.",
+        )
     elif ev.piled is not None:
         return _piled_rule(ev, ev.piled)
     elif ev.legacy_leak is not None:
@@ -156,8 +152,11 @@ def _piled_rule(ev: Evidence, growth: int) -> Diagnosis:
 def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
     states = ev.states
     in_step = ev.f.get("phase") == "optimizer"
-    if states is None or (states < MODEL_STATES_SHARE * ev.total and not in_step):
+    bar = th.value("model_states_share") * ev.total
+    if states is None or (states < bar and not in_step):
         return None
+    if states >= bar and ev.frozen >= th.value("frozen_dominant_share") * states:
+        return _frozen_weights(ev, states)
     if not ev.training:
         return ev.result(
             Cause.MODEL_STATES,
@@ -165,7 +164,7 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
             f"The model's weights alone need {fb(states)} of the {fb(ev.total)} capacity (no optimizer in "
             f"this process; the OOM came at {fb(ev.allocated)} allocated): a smaller batch cannot make room.",
         )
-    if states < MODEL_STATES_SHARE * ev.total:  # activations are gone by optimizer.step()
+    if states < bar:  # activations are gone by optimizer.step()
         return ev.result(
             Cause.MODEL_STATES,
             ["fused_optimizer", *_model_states_order(ev)],
@@ -179,23 +178,54 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
         Cause.MODEL_STATES,
         _model_states_order(ev),
         f"Parameters, gradients and optimizer state need {fb(states)} of the {fb(ev.total)} capacity "
-        f"(the OOM came{where} at {fb(ev.allocated)} allocated): no batch size or activation remedy can "
-        "make room.",
+        f"(the OOM came{where} at {fb(ev.allocated)} allocated){_frozen_part(ev)}: no batch size or activation "
+        "remedy can make room.",
     )
 
 
+def _frozen_weights(ev: Evidence, states: int) -> Diagnosis:
+    """Frozen weights (a LoRA base, a teacher, a reference model) that leave no room: shrinking or
+    moving them is the remedy; checkpointing saves activations, never weights."""
+    return ev.result(
+        Cause.MODEL_STATES,
+        ["quantize_frozen", "offload_frozen", "smaller_base", "light_optimizer"],
+        f"Frozen weights{_modules(ev)} take {fb(ev.frozen)} of the {fb(states)} of parameters, gradients and "
+        f"optimizer state, against a {fb(ev.total)} capacity (the OOM came at {fb(ev.allocated)} allocated): "
+        "no activation remedy makes room for weights; shrink or move the frozen model.",
+    )
+
+
+def _modules(ev: Evidence) -> str:
+    return f" ({', '.join(ev.frozen_modules)})" if ev.frozen_modules else ""
+
+
+def _frozen_part(ev: Evidence) -> str:
+    return f"; {fb(ev.frozen)} of the parameters are frozen{_modules(ev)}" if ev.frozen else ""
+
+
 def _model_states_order(ev: Evidence) -> list[str]:
-    """On one GPU, first the single-GPU change whose estimate fits; sharding first where there
-    are several ranks to shard over, or where no single-GPU change fits."""
+    """The remedies of the job's layout: a sharded job is never told to shard (the next ZeRO stage,
+    optimizer-state offload, a lighter or bf16 state, more ranks); on one GPU or under DDP, the
+    single-process change whose estimate fits first, then sharding."""
+    stage = ev.layout.get("zero_stage")
+    if ev.strategy == "zero" and stage in (1, 2):
+        return ["next_zero_stage", "cpu_offload", "light_optimizer", "bf16_params", "more_ranks"]
+    if remedies.sharded(ev.job):
+        return ["cpu_offload", "light_optimizer", "bf16_params", "more_ranks"]
     p = _parameters(ev.f)
-    fits = MODEL_STATES_SHARE * ev.total
-    light = 2.1 * p if p else None  # parameters + gradients + Adafactor's factored state (a few %)
+    fits = th.value("model_states_share") * ev.total
+    trainable = max(p - ev.frozen, 0)
+    light = p + trainable * (1 + th.value("light_optimizer_state_ratio")) if p else None
     half = (ev.states or 0) / 2
-    estimates = sorted((est, key) for key, est in (("light_optimizer", light), ("bf16_params", half)) if est)
+    bucket = (ev.states or 0) - ev.buckets if ev.buckets else None
+    candidates = (("bucket_view", bucket), ("light_optimizer", light), ("bf16_params", half))
+    estimates = sorted((est, key) for key, est in candidates if est)
     single = [key for est, key in estimates if est < fits]  # the one leaving the most room first
-    if int(ev.f.get("world_size") or 1) > 1 or not single:
-        return ["shard", "light_optimizer", "bf16_params"]
-    return [*single, "shard", *[k for k in ("light_optimizer", "bf16_params") if k not in single]]
+    rest = [k for k in ("light_optimizer", "bf16_params") if k not in single]
+    if ev.strategy == "ddp" or int(ev.f.get("world_size") or 1) > 1 or not single:
+        cheap = [k for k in single if k == "bucket_view"]
+        return [*cheap, "shard", *(["bucket_view"] if ev.buckets else []), "light_optimizer", "bf16_params"]
+    return [*single, "shard", *rest]
 
 
 def _parameters(f: OomFacts) -> int:
@@ -203,8 +233,31 @@ def _parameters(f: OomFacts) -> int:
     return int(ms["parameters_bytes"]) if ms else 0
 
 
+def _frozen_forward_rule(ev: Evidence) -> Optional[Diagnosis]:
+    """The forward of a frozen second model (teacher, reference, reward model) inside a training step:
+    not an evaluation of the trained model; its activations and its weights are its own."""
+    if not ev.frozen_forward or _fragmented(ev):
+        return None
+    recording = bool(ev.f.get("grad_enabled"))
+    keys = ["frozen_no_grad", "precompute_frozen", "frozen_half"] if recording else ["precompute_frozen", "frozen_half"]
+    weights = f" Frozen weights{_modules(ev)}: {fb(ev.frozen)}." if ev.frozen else ""
+    return ev.result(
+        Cause.ACTIVATIONS,
+        [*keys, "offload_frozen", "eval_batch"],
+        f"The OOM came in the forward of a frozen model (no trainable parameter: a teacher, reference or reward "
+        f"model) inside a training step: {fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of "
+        f"{fb(ev.total)}"
+        + (
+            ", with autograd recording, so its activations are kept for a backward that gives it nothing."
+            if recording
+            else "."
+        )
+        + weights,
+    )
+
+
 def _oversized_rule(ev: Evidence) -> Optional[Diagnosis]:
-    if ev.requested <= OVERSIZED_SHARE * ev.usable:
+    if ev.requested <= th.value("oversized_share") * ev.usable:
         return None
     if ev.step_need is not None and ev.outgrew(ev.step_need - ev.requested):
         return None  # the step had already outgrown earlier ones: growing demand
@@ -254,7 +307,8 @@ def _huge_activation(ev: Evidence) -> Diagnosis:
 
 def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
     earlier = ev.earlier_forwards
-    if earlier is not None and ev.need > earlier * (1 + FORWARDS_MARGIN) + DEMAND_SLACK_SHARE * ev.total:
+    slack = th.value("demand_slack_share") * ev.total
+    if earlier is not None and ev.need > earlier * (1 + th.value("forwards_margin")) + slack:
         return ev.result(
             Cause.GROWING_DEMAND,
             ["bound_input", "eval_batch"],
@@ -266,21 +320,37 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         return None
     own = fb(ev.step_need) if ev.step_need is not None else "unknown"
     prior = fb(ev.prior_transient) if ev.prior_transient is not None else "unknown"
+    varied = _data_dependent(ev)
     return ev.result(
         Cause.GROWING_DEMAND,
-        ["bound_input", "checkpointing", "batch"],
+        ["bound_input", *(["expert_capacity"] if varied else []), "checkpointing", "batch"],
         f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
         f"{fb(ev.requested)} requested), {own} of it on top of what survives between steps, more than "
         f"any earlier step needed on top of it ({prior}; earlier peaks up to "
         f"{fb(ev.prior_peak) if ev.prior_peak is not None else 'unknown'}): the input grew (batch or "
-        "sequence). Defragmenting cannot help; bound the input.",
+        "sequence). Defragmenting cannot help; bound the input." + varied,
+    )
+
+
+def _data_dependent(ev: Evidence) -> str:
+    """Where earlier steps' own memory already varied without a trend: demand that depends on the
+    data. A longer input and a mixture-of-experts router sending more tokens to one expert look
+    alike in these facts (the input's size is not recorded): the text names both."""
+    spread = max(ev.transients, default=0) - min(ev.transients, default=0)
+    if ev.trend.growing or len(ev.transients) < 2 or spread < th.value("demand_spread_share") * max(ev.transients):
+        return ""
+    return (
+        f" Earlier steps' own memory already varied by {fb(spread)} with no trend: the demand depends on the "
+        "data (a longer input, or, in a mixture-of-experts model, more tokens routed to one expert; these facts "
+        "cannot tell the two apart)."
     )
 
 
 def _fragmented(ev: Evidence) -> bool:
     """Enough bytes reserved but unallocated and free for the request, and no block large enough."""
     block = ev.f.get("largest_free_block_bytes")
-    bytes_exist = ev.cached_free + ev.free >= ev.requested and ev.cached_free >= FRAGMENTATION_MIN_SHARE * ev.total
+    enough = ev.cached_free >= th.value("fragmentation_share") * ev.total
+    bytes_exist = ev.cached_free + ev.free >= ev.requested and enough
     return bytes_exist and ev.free < ev.requested and (block is None or block < ev.requested)
 
 
@@ -289,8 +359,8 @@ def _fragmentation_rule(ev: Evidence) -> Optional[Diagnosis]:
     # In a training step that never completed, what the rest of the step needs is unknown: the
     # request may fit a defragmented cache while the step as a whole does not.
     need_known = ev.prior_peak is not None or ev.states is None
-    if not (_fragmented(ev) and need_known):
-        return None
+    if not (_fragmented(ev) and need_known) or ev.no_allocator_detail:
+        return None  # a back-end without block sizes gives no evidence of fragmentation
     fix = "split" if ev.f.get("expandable_segments") else "expandable"
     return ev.result(
         Cause.FRAGMENTATION,
@@ -299,6 +369,33 @@ def _fragmentation_rule(ev: Evidence) -> Optional[Diagnosis]:
         f"(largest free block {fb(block) if block is not None else 'unknown'}) and {fb(ev.free)} were "
         "free, and the step needed no more than earlier steps did: enough bytes, no block large enough.",
     )
+
+
+def _graph_pool_rule(ev: Evidence) -> Optional[Diagnosis]:
+    """Private pools (CUDA graphs of torch.compile mode="reduce-overhead", MemPool) holding a large
+    share: their bytes serve only their graphs, so they are neither fragmentation of the default pool
+    nor memory the rest of the step could use."""
+    if ev.private < th.value("private_pool_share") * ev.total:
+        return None
+    spare = ev.f.get("private_pool_free_bytes")
+    unused = f", {fb(int(spare))} of it unallocated" if isinstance(spare, int) else ""
+    return ev.result(
+        Cause.ACTIVATIONS,
+        ["graph_pools", "checkpointing", "batch"],
+        f"{fb(ev.private)} of the {fb(ev.reserved)} reserved sit in private pools (CUDA graphs, MemPool){unused}: "
+        f"only their own graphs can use them, and the rest of the step needed {fb(ev.need)} of "
+        f"{fb(ev.total)}. Not fragmentation of the default pool.",
+    )
+
+
+def _layout_first(ev: Evidence) -> list[str]:
+    """A sharded layout that keeps gathered parameters from forward to backward: resharding after
+    forward comes before any activation remedy."""
+    if ev.strategy == "fsdp2" and ev.layout.get("reshard_after_forward") is False:
+        return ["reshard_after_forward"]
+    if ev.strategy == "fsdp" and ev.layout.get("sharding") in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+        return ["full_shard"]
+    return []
 
 
 def _fallback(ev: Evidence) -> Diagnosis:
@@ -313,11 +410,13 @@ def _fallback(ev: Evidence) -> Diagnosis:
             f"{fb(ev.requested)} more requested (no optimizer step was seen, so memory by category is unknown).",
         )
     states = ev.states or 0
+    gathered = f", all-gathered parameters {fb(ev.unsharded)}" if ev.unsharded else ""
     return ev.result(
         Cause.ACTIVATIONS,
-        ["checkpointing", "autocast", "batch", "compile"],
+        [*_layout_first(ev), "checkpointing", "autocast", "batch", "compile"],
         f"A steady step does not fit: {fb(ev.need)} needed of {fb(ev.total)}, of which parameters, "
-        f"gradients and optimizer state are {fb(states)} and activations and temporaries the rest.",
+        f"gradients and optimizer state are {fb(states)}{_frozen_part(ev)}{gathered}, and activations and "
+        "temporaries the rest.",
     )
 
 

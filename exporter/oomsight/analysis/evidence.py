@@ -1,5 +1,6 @@
-"""The closed set of OOM causes, their thresholds, and the evidence every diagnosis rule reads
-(:class:`Evidence`: the numbers of one OOM, computed once). The rules are in ``analysis.diagnosis``."""
+"""The closed set of OOM causes and the evidence every diagnosis rule reads (:class:`Evidence`: the
+numbers of one OOM, computed once; the thresholds are ``analysis.thresholds``). The rules are in
+``analysis.diagnosis``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from oomsight.analysis import remedies, trend
-from oomsight.analysis.oomfacts import OomFacts, leak_growth, outside, states, trains
+from oomsight.analysis import thresholds as th
+from oomsight.analysis.oomfacts import (
+    OomFacts,
+    frozen_modules,
+    layout,
+    leak_growth,
+    outside,
+    parallelism,
+    states,
+    trains,
+)
 from oomsight.wire.schema import Diagnosis
 
 
@@ -26,27 +37,6 @@ class Cause(str, enum.Enum):
 
 CAUSES = tuple(c.value for c in Cause)
 
-OUTSIDE_SHARE = 0.25
-"""Memory outside this process's allocator above this share of the device is a cause."""
-DECISIVE_SHARE = 0.05
-"""Other processes holding less than OUTSIDE_SHARE are still the cause when they hold at least
-this share and the job's own known need (this OOM's, earlier steps' peaks) fits without them."""
-OVERSIZED_SHARE = 0.5
-FRAGMENTATION_MIN_SHARE = 0.05
-"""Cached-but-unallocated bytes below this share of the device are noise, not the cause."""
-MODEL_STATES_SHARE = 0.7
-"""Parameters, gradients and (expected) optimizer state above this share of capacity leave
-activations too little room for any activation remedy to help."""
-DEMAND_MARGIN = 0.1
-"""The failing step needs more than earlier steps when its own memory (on top of the last floor)
-exceeds the most any earlier step needed on top of its floor by this share..."""
-DEMAND_SLACK_SHARE = 0.01
-"""... plus this share of capacity (steps that need almost nothing of their own)."""
-FORWARDS_MARGIN = 0.25
-"""Without steps, a forward outgrew the earlier ones when it needs 25 % more than their highest
-sampled reading (+ 1 % of capacity): a 10 Hz reading misses a forward's short-lived peak."""
-
-
 CHECKPOINT_FRAME = "torch/utils/checkpoint.py"
 """A frame of torch's checkpointing on the failing stack: the OOM came in a checkpointed block
 (forward, or its recomputation in backward), so the job uses activation checkpointing."""
@@ -62,10 +52,13 @@ class Evidence:
         self.allocated = int(f.get("allocated_bytes", 0))
         self.reserved = int(f.get("reserved_bytes", 0))
         self.free = int(f.get("device_free_bytes", 0))
-        self.cached_free = max(self.reserved - self.allocated, 0)
+        self.private = int(f.get("private_pool_bytes") or 0)
+        """Reserved in private pools (CUDA graphs, MemPool): the default pool cannot use their free bytes."""
+        self.cached_free = max(self.reserved - self.allocated - int(f.get("private_pool_free_bytes") or 0), 0)
         self.usable = self.reserved + self.free
         self.need = self.allocated + self.requested
         self.job = _job(f)
+        self._read_the_layout(f)
         rows = list(f.get("steps_memory") or [])
         self.trend = trend.analyse(rows, self.total)
         full = [r for r in rows if len(r) > trend.PEAK]
@@ -75,6 +68,11 @@ class Evidence:
         self.step_need = self.need - int(full[-1][trend.FLOOR]) if full else None
         """What the failing step needs on top of the last floor: a leak raises the floor, not this."""
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
+        self.outside_leak = trend.outside_leak(rows, self.total)
+        """Memory outside the allocator that rose along the step rows as a leak does (wire 1.6)."""
+        warm = th.count("warmup_steps")
+        self.transients = [int(r[trend.PEAK] - r[trend.FLOOR]) for r in full if r[trend.STEP] > warm]
+        """Each earlier step's own memory (peak - floor), after warm-up."""
         self.piled = piled(f, self.trend.seconds_per_step, self.total)
         """Memory that piled up over many forwards since the last optimizer step (or with none)."""
         self.states = states(f)
@@ -95,11 +93,28 @@ class Evidence:
             "prior_step_transient_bytes": self.prior_transient,
             "step_need_bytes": self.step_need,
             "in_use": remedies.in_use(self.job),
+            "frozen_parameters_bytes": self.frozen or None,
+            "frozen_modules": self.frozen_modules or None,
+            "unsharded_parameters_bytes": self.unsharded or None,
+            "private_pool_bytes": self.private or None,
+            "outside_growth_bytes": self.outside_leak,
+            "allocator_backend": f.get("allocator_backend") or None,
         }
         cap_bound = int(f.get("physical_free_bytes", self.free)) >= self.requested
         self.outside, self.others = (None, None) if cap_bound else outside(f, self.reserved)
         self.facts.update(outside_bytes=self.outside, other_processes_bytes=self.others)
         self.legacy_leak = None if rows else leak_growth(f.get("trend") or [], self.total)
+
+    def _read_the_layout(self, f: OomFacts) -> None:
+        """How the parameters are laid out (wire 1.6; 0 and {} for older events)."""
+        self.layout = parallelism(f)
+        self.strategy = str(self.layout.get("strategy") or "none")
+        self.frozen = layout(f, "frozen_parameters_bytes")
+        self.frozen_modules = frozen_modules(f)
+        self.unsharded = layout(f, "unsharded_parameters_bytes")
+        self.buckets = layout(f, "gradient_buckets_bytes")
+        self.no_allocator_detail = f.get("allocator_backend") in ("cudaMallocAsync", "pluggable")
+        """A back-end without block sizes, split or retry counts: fragmentation cannot be seen."""
 
     def _read_the_forward(self, f: OomFacts) -> None:
         """What the failing forward was: without autograd, after a loop of forwards, evaluation."""
@@ -117,7 +132,11 @@ class Evidence:
         )
         """In a process that never trains: the highest reading of the forwards that completed before
         the failing one (``trend.forwards_peak``), None without such a loop."""
-        self.evaluating = self.training and f.get("phase") == "forward" and f.get("module_training") is False
+        in_step_forward = self.training and f.get("phase") == "forward"
+        self.frozen_forward = in_step_forward and f.get("module_frozen") is True
+        """The forward of a model with no trainable parameter (a distillation teacher, an RLHF reference
+        or reward model) in a training job: its activations, not an evaluation of the trained model."""
+        self.evaluating = in_step_forward and f.get("module_training") is False and not self.frozen_forward
         """A forward of a model in eval mode (``model.eval()``) in a training job: evaluation, not a
         training step (whose memory the step rows describe)."""
 
@@ -125,7 +144,8 @@ class Evidence:
         """Whether ``needed`` (bytes on top of the last floor) is more than any earlier step needed."""
         if needed is None or self.prior_transient is None:
             return False
-        return needed > self.prior_transient * (1 + DEMAND_MARGIN) + DEMAND_SLACK_SHARE * self.total
+        margin = th.value("demand_margin")
+        return needed > self.prior_transient * (1 + margin) + th.value("demand_slack_share") * self.total
 
     def result(self, cause: Cause, keys: Sequence[str], summary: str) -> Diagnosis:
         if self.no_grad:
@@ -135,6 +155,11 @@ class Evidence:
         used = self.facts["in_use"]
         if used:
             summary += f" Already in use: {', '.join(used)}."
+        if self.no_allocator_detail:
+            summary += (
+                f" The {self.f.get('allocator_backend') or 'non-native'} allocator gives no block sizes, split or "
+                "retry counts (and no OOM observer: captured from the exception), so fragmentation cannot be seen."
+            )
         return Diagnosis(cause=cause.value, summary=summary, remedies=remedies.texts(picked), facts=self.facts)
 
 
@@ -146,6 +171,8 @@ def _job(f: OomFacts) -> dict[str, Any]:
         job["param_dtype"] = ms.get("param_dtype")
     if not job.get("checkpointing") and any(CHECKPOINT_FRAME in str(frame) for frame in f.get("stack") or []):
         job["checkpointing"] = True
+    if layout(f, "quantized_parameters_bytes") > 0:
+        job["quantized_base"] = True
     return job
 
 
@@ -177,12 +204,12 @@ def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
     if f.get("phase") not in ("forward", None):
         return None
     last, now = f.get("last_step_time"), f.get("time")
-    quiet = max(trend.PILE_STEP_TIMES * (per_step or 0.0), trend.PILE_AFTER_STEPS_MIN_SECONDS)
+    quiet = max(th.value("pile_step_times") * (per_step or 0.0), th.value("pile_after_steps_seconds"))
     try:
         if last is not None and now is not None and float(now) - float(last) < quiet:
             return None
     except (TypeError, ValueError, OverflowError):  # numbers no hook wrote: no verdict
         return None
-    span = trend.PILE_MIN_SECONDS if last is None else quiet
+    span = th.value("pile_min_seconds") if last is None else quiet
     generating = on_stack(f, GENERATION_FRAMES)
     return trend.piled_up(f.get("sampled_allocated") or [], last, total, span, falls=not generating)

@@ -1,12 +1,14 @@
 """The facts an OOM diagnosis reads (:class:`OomFacts`), how they come from a recorded event
 (:func:`facts_from_event`, so a newer oomsight re-diagnoses an old event), the model states and
-the memory outside the allocator they imply, and the legacy leak test for spools without step rows."""
+the memory outside the allocator they imply, the parameters' layout (wire 1.6: frozen, quantised,
+adapter and unsharded bytes, the parallelism), and the legacy leak test for spools without step rows."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, TypedDict
 
+from oomsight.analysis import trend
 from oomsight.wire.schema import Categories, NvmlSample
 
 
@@ -20,6 +22,13 @@ class _ModelStatesBase(TypedDict):
 class ModelStates(_ModelStatesBase, total=False):
     optimizers: Optional[int]  # 0: no optimizer, the live parameters were summed; None: unknown (older hooks)
     param_dtype: Optional[str]  # the dtype holding most parameter bytes
+    # wire 1.6: all parameters by local storage; these are subsets of parameters_bytes ...
+    frozen_parameters_bytes: int
+    quantized_parameters_bytes: int
+    adapter_parameters_bytes: int
+    gradient_buckets_bytes: int  # ... of gradients_bytes: DDP's bucket copies
+    unsharded_parameters_bytes: int  # FSDP all-gathered parameters alive at the OOM, not in parameters_bytes
+    frozen_modules: list[str]
 
 
 def trains(f: OomFacts) -> bool:
@@ -53,6 +62,11 @@ class OomFacts(TypedDict, total=False):
     sampled_allocated: Sequence[Sequence[float]]  # the sampler's last [time, allocated_bytes], oldest first
     last_step_time: Optional[float]  # Unix time the last optimizer step completed
     module_training: Optional[bool]  # the failing forward's outermost module in training mode (False: eval)
+    module_frozen: Optional[bool]  # that module has no trainable parameter (a frozen teacher, reference model)
+    private_pool_bytes: Optional[int]  # reserved in private pools (CUDA graphs, MemPool)
+    private_pool_free_bytes: Optional[int]  # of those, not allocated
+    captured_by: str  # "observer", or "exception" (no OOM observer: cudaMallocAsync, pluggable)
+    allocator_backend: str  # "native", "cudaMallocAsync", "pluggable" ("" where older events do not say)
 
 
 def states(f: OomFacts) -> Optional[int]:
@@ -80,28 +94,34 @@ def outside(f: OomFacts, reserved: int) -> tuple[Optional[int], Optional[int]]:
     return outside, None
 
 
-LEAK_MIN_POINTS = 5
-LEAK_MONOTONE_SHARE = 0.8
-LEAK_MIN_GROWTH_SHARE = 0.05
-
-
 def leak_growth(rows: Sequence[Sequence[float]], total: int) -> Optional[int]:
-    """Legacy (spools without step rows): growth of the sampled between-steps trough.
+    """Legacy (spools without step rows): the growth of the sampled between-steps troughs, rows
+    ``[time, window_min_allocated_bytes, steps]``, by the one leak detector (``trend.leak_in``)."""
+    return trend.legacy_leak(rows, total)
 
-    ``rows`` are ``[time, window_min_allocated_bytes, steps]``, oldest first. The longest
-    recent stretch in which at least 80 % of the points rose is judged.
-    """
-    points = [row for row in rows if len(row) >= 3]
-    stretch: Optional[list[Sequence[float]]] = None
-    for start in range(len(points) - LEAK_MIN_POINTS, -1, -1):
-        seg = points[start:]
-        rising = sum(1 for a, b in zip(seg, seg[1:]) if b[1] > a[1])
-        if rising >= LEAK_MONOTONE_SHARE * (len(seg) - 1):
-            stretch = seg
-    if stretch is None or stretch[-1][2] <= stretch[0][2]:
-        return None
-    growth = int(stretch[-1][1] - stretch[0][1])
-    return growth if growth >= LEAK_MIN_GROWTH_SHARE * total else None
+
+def layout(f: OomFacts, key: str) -> int:
+    """A layout byte count (wire 1.6: frozen, quantized, adapter, unsharded parameters, DDP buckets)
+    from the model states, else the categories; 0 where older events do not say."""
+    for source in (f.get("model_states"), f.get("categories")):
+        if source and isinstance(source.get(key), int):
+            return int(source.get(key) or 0)
+    return 0
+
+
+def frozen_modules(f: OomFacts) -> list[str]:
+    for source in (f.get("model_states"), f.get("categories")):
+        names = source.get("frozen_modules") if source else None
+        if isinstance(names, list):
+            return [str(n) for n in names]
+    return []
+
+
+def parallelism(f: OomFacts) -> Mapping[str, Any]:
+    """The job's parallelism (wire 1.6), {} where unknown."""
+    job = f.get("job") or {}
+    found = job.get("parallelism")
+    return found if isinstance(found, Mapping) else {}
 
 
 def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
@@ -131,4 +151,9 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         sampled_allocated=event.get("sampled_allocated") or [],
         last_step_time=event.get("last_step_time"),
         module_training=event.get("module_training"),
+        module_frozen=event.get("module_frozen"),
+        private_pool_bytes=event.get("private_pool_bytes"),
+        private_pool_free_bytes=event.get("private_pool_free_bytes"),
+        captured_by=str(event.get("captured_by") or "observer"),
+        allocator_backend=str(event.get("process", {}).get("allocator_backend") or ""),
     )

@@ -2,8 +2,9 @@
 
 A remedy is a key with one sentence of advice. :func:`pick` drops the remedies the job
 already uses (bf16 autocast, activation checkpointing, gradient accumulation,
-``expandable_segments``, ``torch.compile``, ``zero_grad(set_to_none=True)``) as the hook
-detected them (``JobSetup``), so advice never tells a job to do what it does.
+``expandable_segments``, ``torch.compile``, ``zero_grad(set_to_none=True)``, and, wire 1.6, the
+parallelism's sharding, resharding, ZeRO stage, offload and DDP bucket views, a quantised base) as
+the hook detected them (``JobSetup``), so advice never tells a job to do what it does.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ REMEDY = {
     "can also raise the peak (pytorch/pytorch#122512).",
     "expandable": "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF "
     "before torch 2.9) so freed blocks can be reused across segments.",
-    "split": "Expandable segments are already on: try PYTORCH_ALLOC_CONF="
-    "garbage_collection_threshold:0.8 or max_split_size_mb to limit splitting of large blocks.",
+    "split": "Expandable segments are already on (the allocator then ignores max_split_size_mb): add "
+    "garbage_collection_threshold:0.8 to PYTORCH_ALLOC_CONF so cached blocks are released before the cache "
+    "fills, or call torch.cuda.empty_cache() around phase changes (training to evaluation, a new input shape).",
     "shapes": "Keep tensor shapes stable between steps (pad or bucket variable-length inputs).",
     "bound_input": "Bound what one step takes in: cap the batch size or the sequence length "
     "(truncate, bucket by length, a max-tokens-per-batch sampler) at what fitted before; "
@@ -56,6 +58,38 @@ REMEDY = {
     "the default foreach implementation allocates temporaries as large as a whole parameter group.",
     "bf16_params": "Keep the parameters in bf16 (model.to(torch.bfloat16), or FSDP mixed precision): "
     "half the bytes for parameters, gradients and the optimizer state.",
+    "quantize_frozen": "Load the frozen base quantised (4-bit NF4 or 8-bit with bitsandbytes or torchao, as "
+    "QLoRA does): a quarter or half of its bf16 bytes, while the adapters still train in bf16.",
+    "offload_frozen": "Offload the frozen weights to the CPU and bring them in layer by layer (accelerate's "
+    "device_map / cpu_offload, FSDP CPUOffload), or put the frozen model on a GPU of its own.",
+    "smaller_base": "Use a smaller frozen model (base, teacher or reference): its weights are most of the memory.",
+    "frozen_no_grad": "Run the frozen model's forward under torch.no_grad() (or torch.inference_mode()) and "
+    "use its outputs as constants: it needs no gradient, so autograd need keep none of its activations.",
+    "precompute_frozen": "Precompute the frozen model's outputs (teacher logits, reference log-probabilities) "
+    "in a pass of their own and load them, so it never shares the GPU with the training step.",
+    "frozen_half": "Run the frozen model in bf16 or quantised (8-bit, 4-bit): it trains nothing, so its "
+    "precision only touches the accuracy of its outputs.",
+    "reshard_after_forward": "Reshard after forward (FSDP2 fully_shard(..., reshard_after_forward=True), the "
+    "default): each block's gathered parameters are freed after its forward and gathered again in backward, "
+    "instead of all staying unsharded until backward.",
+    "full_shard": "Use ShardingStrategy.FULL_SHARD instead of SHARD_GRAD_OP: parameters are resharded after "
+    "each unit's forward instead of kept unsharded until backward.",
+    "next_zero_stage": "Move to the next DeepSpeed ZeRO stage (stage 1 to 2 shards the gradients, 2 to 3 the "
+    "parameters too): each rank then keeps 1/N of them.",
+    "cpu_offload": "Offload the optimizer state (and, if needed, the parameters) to the CPU: DeepSpeed "
+    "offload_optimizer, FSDP2 CPUOffloadPolicy, FSDP CPUOffload(offload_params=True).",
+    "more_ranks": "Shard over more GPUs: each rank keeps 1/N of the sharded parameters, gradients and state.",
+    "bucket_view": "Construct DDP with gradient_as_bucket_view=True: gradients become views of the "
+    "communication buckets, which saves one copy of the gradient bytes.",
+    "graph_pools": "CUDA-graph private pools hold this memory: compile without CUDA graphs (mode='default' or "
+    "'max-autotune-no-cudagraphs'), keep fewer distinct input shapes (each records its own graph) and call "
+    "torch.compiler.cudagraph_mark_step_begin() between iterations, or set "
+    "torch._inductor.config.triton.cudagraph_trees = False.",
+    "outside_leak": "Memory outside PyTorch's allocator grows every step: free what a CUDA extension allocates "
+    "itself (cudaMalloc without cudaFree), and create process groups and NCCL communicators once, never per "
+    "step (dist.new_group in the loop); NVML's memory of the process shows the rise.",
+    "expert_capacity": "If the model routes tokens to experts (mixture of experts), cap the tokens one expert "
+    "takes (a capacity factor; drop or re-route the overflow): its memory then no longer depends on the routing.",
 }
 
 IN_USE = {
@@ -67,8 +101,37 @@ IN_USE = {
     "expandable": lambda job: bool(job.get("expandable_segments")),
     "split": lambda job: not job.get("expandable_segments"),
     "set_to_none": lambda job: job.get("set_to_none") is True,
+    "shard": lambda job: sharded(job),
+    "reshard_after_forward": lambda job: _par(job).get("reshard_after_forward") is True
+    or _par(job).get("sharding") in FULL_SHARDING,
+    "full_shard": lambda job: _par(job).get("sharding") in FULL_SHARDING,
+    "next_zero_stage": lambda job: _par(job).get("zero_stage") == 3,
+    "cpu_offload": lambda job: _par(job).get("offload") is True,
+    "offload_frozen": lambda job: _par(job).get("offload") is True,
+    "bucket_view": lambda job: _par(job).get("gradient_as_bucket_view") is True,
+    "quantize_frozen": lambda job: bool(job.get("quantized_base")),
+    "frozen_half": lambda job: bool(job.get("quantized_base")) or job.get("param_dtype") in ("bfloat16", "float16"),
 }
-"""Remedy key -> whether the job already does it (the ``split`` advice needs expandable segments on)."""
+"""Remedy key -> whether the job already does it (the ``split`` advice needs expandable segments on).
+``quantized_base`` is derived by the diagnosis from the model states (quantised parameter bytes)."""
+
+FULL_SHARDING = ("FULL_SHARD", "HYBRID_SHARD")
+"""Shardings that free the gathered parameters after forward."""
+SHARDED = ("fsdp", "fsdp2", "dtensor")
+
+
+def _par(job: Mapping[str, Any]) -> Mapping[str, Any]:
+    found = job.get("parallelism")
+    return found if isinstance(found, Mapping) else {}
+
+
+def sharded(job: Mapping[str, Any]) -> bool:
+    """The job shards its parameters already: FSDP, FSDP2, DTensor, ZeRO stage 3, or a shard size above 1
+    (a FSDP job with NO_SHARD replicates)."""
+    p = _par(job)
+    if p.get("strategy") in SHARDED and p.get("sharding") != "NO_SHARD":
+        return True
+    return p.get("zero_stage") == 3 or int(p.get("shard_size") or 1) > 1
 
 REPLACES = {"expandable": "split"}
 """A remedy in use is replaced by the next one in line (expandable segments on: limit splitting)."""
@@ -108,7 +171,26 @@ def in_use(job: Optional[Mapping[str, Any]]) -> list[str]:
         "expandable": "expandable_segments",
     }
     found = [label for key, label in names.items() if IN_USE[key](job)]
+    if job.get("activation_offload"):
+        found.append("activation offload to the CPU (save_on_cpu)")
+    if job.get("quantized_base"):
+        found.append("quantised weights")
+    p = _par(job)
+    if p.get("strategy") not in (None, "none"):
+        found.append(_parallelism_name(p))
     steps = job.get("accumulation_steps")
     if isinstance(steps, int) and steps > 1:
         found.append(f"gradient accumulation over {steps} micro-batches")
     return found
+
+
+def _parallelism_name(p: Mapping[str, Any]) -> str:
+    """E.g. "fsdp2 over 4 ranks (SHARD_GRAD_OP, offload)"."""
+    stage = p.get("zero_stage")
+    name = f"ZeRO stage {stage}" if p.get("strategy") == "zero" and stage is not None else str(p.get("strategy"))
+    details = [str(p["sharding"])] if p.get("sharding") else []
+    if p.get("offload"):
+        details.append("offload")
+    size = p.get("world_size")
+    out = f"{name} over {size} ranks" if isinstance(size, int) and size > 1 else name
+    return out + (f" ({', '.join(details)})" if details else "")

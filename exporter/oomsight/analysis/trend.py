@@ -24,40 +24,27 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
+from oomsight.analysis import thresholds as th
 from oomsight.wire.schema import DeviceSnapshot, StepTrend
 
 STEP, TIME, FLOOR, PEAK, RESERVED, EXACT = range(6)
 ROW_FIELDS = ("step", "time", "floor_bytes", "peak_bytes", "reserved_bytes", "exact")
 
-WARMUP_STEPS = 2
-"""Rows of the first steps are skipped: the first ``optimizer.step()`` allocates its state."""
-MIN_POINTS = 6
-"""A trend needs at least this many rows after warm-up."""
-RECENT_POINTS = 12
-"""The recent window judged for a leak (a leak that starts late is still seen)."""
-RISE_SHARE = 0.8
-"""At least this share of consecutive rows must rise for a steady rise."""
-MIN_GROWTH_SHARE = 0.02
-"""A leak must have grown by at least this share of capacity (or MIN_GROWTH_BYTES)."""
-MIN_GROWTH_BYTES = 256 * 1024 * 1024
-TRANSIENT_SHARE = 0.5
-"""For a leak the transient (peak - floor) grows by less than this share of the floor's growth."""
-GROWING_SHARE = 0.6
-CLEAN_T_STAT = 4.0
-"""A floor that rose at almost every row must also fit a rising line this many standard errors
-above zero: noise alone rises at 4 of 5 rows now and then, never along a line."""
-FEW_ROWS_T_STAT = 48.0
-"""Added to both thresholds over the rows' degrees of freedom: 16 for 6 rows, 8.8 for 12, 5.2 for 42."""
-NOISY_T_STAT = 6.0
-"""A floor that does not rise at almost every row (what the loop keeps across the boundary varies
-with the input; a leak that grows every few steps) is a leak only when its fitted slope is this
-many standard errors above zero and its lower envelope rises through each third of the rows."""
-WINDOWS = (12, 24, 48, 96)
-"""Recent windows judged besides the whole series: a leak that starts late, or grows in stairs."""
-SHORT_MIN_ROWS = 3
-SHORT_MIN_GROWTH_SHARE = 0.05
-"""At an OOM a short series (an OOM within a few steps) is a leak when the floor rose at every row
-by a steady amount, by at least this share of capacity in all, with a flat transient."""
+OUTSIDE = 6
+"""The 7th column (wire 1.6): NVML's memory of the process minus reserved at that row (-1: unknown)."""
+
+Point = tuple[float, float, Optional[float]]
+"""One point of a series the leak detector judges: (step, floor bytes, the step's own bytes above
+the floor, or None where the series does not know them)."""
+
+_LEGACY_NAMES = {"MIN_POINTS": "min_rows", "WARMUP_STEPS": "warmup_steps", "RECENT_POINTS": "recent_rows"}
+
+
+def __getattr__(name: str) -> int:
+    """The counts older callers read as module constants, from the threshold table."""
+    if name in _LEGACY_NAMES:
+        return th.count(_LEGACY_NAMES[name])
+    raise AttributeError(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +111,13 @@ def analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
 
 
 def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
-    usable = [r for r in rows if len(r) >= 5 and r[STEP] > WARMUP_STEPS]
+    usable = [r for r in rows if len(r) >= 5 and r[STEP] > th.count("warmup_steps")]
     if not usable:
         return EMPTY
     max_peak = int(max(r[PEAK] for r in usable))
     last = usable[-1]
     per_step = _seconds_per_step(usable)
-    if len(usable) < MIN_POINTS:
+    if len(usable) < th.count("min_rows"):
         return dataclasses.replace(
             EMPTY,
             points=len(usable),
@@ -139,10 +126,10 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
             last_peak_bytes=int(last[PEAK]),
             seconds_per_step=per_step,
         )
-    growth, judged = _leak(usable, capacity_bytes)
+    growth, judged = leak_in(step_series(usable), capacity_bytes)
     leak = growth is not None
-    floor_slope = _slope([r[STEP] for r in judged], [r[FLOOR] for r in judged])
-    recent = usable[-RECENT_POINTS:]
+    floor_slope = _slope([p[0] for p in judged], [p[1] for p in judged])
+    recent = usable[-th.count("recent_rows") :]
     peak_slope = _slope([r[STEP] for r in recent], [r[PEAK] for r in recent])
     growing = not leak and _growing(recent, capacity_bytes)
     slope = floor_slope if leak else peak_slope if growing else 0.0
@@ -155,7 +142,7 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
         growing=growing,
         floor_slope=floor_slope,
         peak_slope=peak_slope,
-        floor_growth_bytes=int(growth if growth is not None else judged[-1][FLOOR] - judged[0][FLOOR]),
+        floor_growth_bytes=int(growth if growth is not None else judged[-1][1] - judged[0][1]),
         max_peak_bytes=max_peak,
         last_floor_bytes=int(last[FLOOR]),
         last_peak_bytes=int(last[PEAK]),
@@ -165,39 +152,65 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
     )
 
 
-def _leak(rows: Sequence[Sequence[float]], capacity: int) -> tuple[Optional[float], Sequence[Sequence[float]]]:
-    """(the floor's growth, the rows judged) where the floor rose with a flat transient: over the
-    whole series (the fullest evidence), or over a recent window (a leak that started late)."""
-    windows = [rows] + [rows[-n:] for n in WINDOWS if n < len(rows)]
-    for judged in windows:
-        growth = _leak_growth(judged, capacity) if len(judged) >= MIN_POINTS else None
-        if growth is not None:
-            return growth, judged
-    return None, rows[-RECENT_POINTS:]
+def step_series(rows: Sequence[Sequence[float]]) -> list[Point]:
+    """The allocator's floor along step rows, with each step's own memory (peak - floor)."""
+    return [(float(r[STEP]), float(r[FLOOR]), float(r[PEAK] - r[FLOOR])) for r in rows]
 
 
-def _leak_growth(rows: Sequence[Sequence[float]], capacity: int) -> Optional[float]:
-    """The floor's growth over ``rows`` if they show a leak, else None."""
-    floors = [r[FLOOR] for r in rows]
+def leak_in(
+    series: Sequence[Point], capacity: int, short: bool = False, min_growth: Optional[float] = None
+) -> tuple[Optional[float], Sequence[Point]]:
+    """The one leak detector: (the growth, the points judged) where ``series`` (oldest first) rose
+    as a leak makes it rise, else (None, the recent points). Every leak rule reads it: the
+    allocator's floor along the step rows, the memory outside the allocator along them, the legacy
+    window troughs, and the floor of an OOM within a few steps (``short``).
+
+    A long series is judged over the whole and over recent windows (a leak that starts late, or
+    grows in stairs): its floor rose at almost every point along a line, or (noisy) its lowest
+    value rose through each third along a steeper line; by at least ``min_growth`` (default:
+    min(``growth_bytes``, ``growth_share`` of capacity)), with the step's own memory flat where
+    the series knows it. A ``short`` series is a leak when the floor rose at every point by a steady
+    amount, by ``short_growth_share`` of capacity in all."""
+    if short:
+        return _short_leak(series, capacity), series
+    recent = th.count("recent_rows")
+    if len(series) >= th.count("min_rows"):
+        windows = [series] + [series[-recent * k :] for k in (1, 2, 4, 8) if recent * k < len(series)]
+        for judged in windows:
+            growth = _leak_growth(judged, capacity, min_growth) if len(judged) >= th.count("min_rows") else None
+            if growth is not None:
+                return growth, judged
+    return None, series[-recent:]
+
+
+def _leak_growth(points: Sequence[Point], capacity: int, min_growth: Optional[float]) -> Optional[float]:
+    floors = [p[1] for p in points]
     # few rows fit a line by chance more often (Student's t has heavy tails at few degrees of freedom)
-    t = _t_stat([r[STEP] for r in rows], floors) - FEW_ROWS_T_STAT / max(len(rows) - 2, 1)
-    if _rise_share(floors) >= RISE_SHARE and t >= CLEAN_T_STAT:
+    t = _t_stat([p[0] for p in points], floors) - th.value("few_rows_t") / max(len(points) - 2, 1)
+    if _rise_share(floors) >= th.value("rise_share") and t >= th.value("clean_t"):
         growth = floors[-1] - floors[0]
-    elif _envelope_rises(floors) and t >= NOISY_T_STAT:
+    elif _envelope_rises(floors) and t >= th.value("noisy_t"):
         third = len(floors) // 3
         growth = min(floors[-third:]) - min(floors[:third])
     else:
         return None
-    if growth <= 0 or growth < min(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * capacity):
+    if growth <= 0 or growth < (_min_growth(capacity) if min_growth is None else min_growth):
         return None
-    return growth if _transient_flat(rows, growth) else None
+    return growth if _transient_flat(points, growth) else None
 
 
-def _transient_flat(rows: Sequence[Sequence[float]], growth: float) -> bool:
-    """The step's own working memory (peak - floor) grew by less than half the floor's growth."""
-    transients = [r[PEAK] - r[FLOOR] for r in rows]
-    third = max(len(rows) // 3, 1)
-    return _mean(transients[-third:]) - _mean(transients[:third]) < TRANSIENT_SHARE * growth
+def _min_growth(capacity: float) -> float:
+    return min(th.value("growth_bytes"), th.value("growth_share") * capacity)
+
+
+def _transient_flat(points: Sequence[Point], growth: float) -> bool:
+    """The step's own working memory (peak - floor) grew by less than ``transient_share`` of the
+    floor's growth (True where the series does not know it)."""
+    transients = [p[2] for p in points if p[2] is not None]
+    if len(transients) < len(points):
+        return True
+    third = max(len(points) // 3, 1)
+    return _mean(transients[-third:]) - _mean(transients[:third]) < th.value("transient_share") * growth
 
 
 def _envelope_rises(values: Sequence[float]) -> bool:
@@ -210,39 +223,58 @@ def _envelope_rises(values: Sequence[float]) -> bool:
 
 
 def leak_before_oom(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[int]:
-    """At an OOM that came within a few steps (too few rows for :func:`analyse`): the floor's growth
-    when it rose at every row since the first step by a steady amount, at least
-    ``SHORT_MIN_GROWTH_SHARE`` of capacity, with a flat transient (else None)."""
+    """At an OOM that came within a few steps (too few rows for :func:`analyse`): :func:`leak_in`
+    on the last rows since the first step, as a short series (None: no leak)."""
     try:
-        usable = [r for r in rows if len(r) >= 5 and r[STEP] > 1][-MIN_POINTS:]
-        if len(usable) < SHORT_MIN_ROWS:
-            return None
-        floors = [float(r[FLOOR]) for r in usable]
-        rises = [b - a for a, b in zip(floors, floors[1:])]
-        growth = floors[-1] - floors[0]
-        steady = min(rises) > 0 and min(rises) >= 0.3 * max(rises)
-        if not steady or growth < SHORT_MIN_GROWTH_SHARE * capacity_bytes or not _transient_flat(usable, growth):
-            return None
-        return int(growth)
+        usable = [r for r in rows if len(r) >= 5 and r[STEP] > 1][-th.count("min_rows") :]
+        growth = _short_leak(step_series(usable), capacity_bytes)
+        return int(growth) if growth is not None else None
     except (ArithmeticError, TypeError, ValueError):
         return None
 
 
-PILE_MIN_SAMPLES = 8
-PILE_MIN_SECONDS = 3.0
-"""Sampled memory that piles up across forwards: at least this many readings over at least this long
-in a process that never stepped an optimizer (nothing tells one long forward from many)..."""
-PILE_STEP_TIMES = 3.0
-PILE_AFTER_STEPS_MIN_SECONDS = 1.0
-"""...and after optimizer steps, over at least this many step times and this many seconds: a forward
-of the model takes less than a step, so memory that keeps rising for longer spans many forwards."""
+def _short_leak(points: Sequence[Point], capacity: int) -> Optional[float]:
+    if len(points) < th.count("short_min_rows"):
+        return None
+    floors = [p[1] for p in points]
+    rises = [b - a for a, b in zip(floors, floors[1:])]
+    growth = floors[-1] - floors[0]
+    steady = min(rises) > 0 and min(rises) >= th.value("short_steady_ratio") * max(rises)
+    if not steady or growth < th.value("short_growth_share") * capacity or not _transient_flat(points, growth):
+        return None
+    return growth
+
+
+def outside_leak(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[int]:
+    """Memory outside the allocator (the rows' 7th column, wire 1.6) that rose along the step rows
+    as a leak does, by at least ``outside_growth_bytes``: an extension's own allocations, or a NCCL
+    communicator made per step. None without that column or without such a rise."""
+    try:
+        warm = th.count("warmup_steps")
+        series = [(float(r[STEP]), float(r[OUTSIDE]), None) for r in rows if len(r) > OUTSIDE and r[STEP] > warm]
+        known = [p for p in series if p[1] >= 0]
+        growth, _judged = leak_in(known, capacity_bytes, min_growth=th.value("outside_growth_bytes"))
+        return int(growth) if growth is not None else None
+    except (ArithmeticError, TypeError, ValueError):
+        return None
+
+
+def legacy_leak(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[int]:
+    """Spools without step rows: :func:`leak_in` on the sampled between-steps troughs, rows
+    ``[time, window_min_allocated_bytes, steps]`` (oldest first), judged along the steps."""
+    try:
+        series = [(float(r[2]), float(r[1]), None) for r in rows if len(r) >= 3]
+        growth, _judged = leak_in(series, capacity_bytes)
+        return int(growth) if growth is not None else None
+    except (ArithmeticError, TypeError, ValueError):
+        return None
 
 
 def piled_up(
     samples: Sequence[Sequence[float]],
     since: Optional[float],
     capacity_bytes: int,
-    min_seconds: float = PILE_MIN_SECONDS,
+    min_seconds: Optional[float] = None,
     falls: bool = True,
 ) -> Optional[int]:
     """Memory that piled up while no optimizer step came (evaluation, inference, generation):
@@ -259,7 +291,8 @@ def piled_up(
     except (TypeError, ValueError):
         return None
     for start in (0, len(points) // 4, len(points) // 2, 3 * len(points) // 4):
-        found = _pile(points[start:], falls and since is None, capacity_bytes, min_seconds)
+        span = th.value("pile_min_seconds") if min_seconds is None else min_seconds
+        found = _pile(points[start:], falls and since is None, capacity_bytes, span)
         if found is not None:
             return found
     return None
@@ -269,7 +302,7 @@ def _pile(
     points: Sequence[tuple[float, float]], never_stepped: bool, capacity_bytes: int, min_seconds: float
 ) -> Optional[int]:
     try:
-        if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < min_seconds:
+        if len(points) < th.count("pile_min_readings") or points[-1][0] - points[0][0] < min_seconds:
             return None
         if never_stepped and not _falls_back(points):
             return None
@@ -278,36 +311,31 @@ def _pile(
         lows.append(min(a for _t, a in points[3 * quarter :]))
         growth = lows[-1] - lows[0]
         rising = all(b > a for a, b in zip(lows, lows[1:]))
-        if not rising or growth < min(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * capacity_bytes):
+        if not rising or growth < _min_growth(capacity_bytes):
             return None
         return int(growth)
     except (ArithmeticError, TypeError, ValueError):
         return None
 
 
-FORWARDS_CHURN = 2.0
-"""Forwards ran before the failing one when the bytes allocated in the 3 s before it add up to at
-least twice the lifetime peak: memory was allocated and freed again and again (a model loading
-allocates its weights once)."""
-
-
-def forwards_peak(samples: Sequence[Sequence[float]], now: float, quiet: float = 1.0) -> Optional[float]:
+def forwards_peak(samples: Sequence[Sequence[float]], now: float) -> Optional[float]:
     """The most memory the forwards before the failing one needed, in a process that never stepped:
-    the readings up to ``quiet`` s before the OOM (the failing forward's own rise left out), over at
-    least ``PILE_MIN_SECONDS``. Readings of wire 1.5 carry the allocator's lifetime peak and its
+    the readings up to ``forwards_quiet_seconds`` before the OOM (the failing forward's own rise left out), over at
+    least ``pile_min_seconds``. Readings of wire 1.5 carry the allocator's lifetime peak and its
     bytes ever allocated: the peak then is exact, and forwards ran when the bytes allocated over the
-    last 3 s reach ``FORWARDS_CHURN`` times it. Older readings (time, allocated) give their highest
+    last ``pile_min_seconds`` reach ``forwards_churn`` times it. Older readings (time, allocated) give their highest
     value, a lower bound, when they fell back at least three times. None when no loop of forwards
     shows."""
     try:
-        points = [[float(x) for x in r] for r in samples if float(r[0]) <= now - quiet]
-        if len(points) < PILE_MIN_SAMPLES or points[-1][0] - points[0][0] < PILE_MIN_SECONDS:
+        span = th.value("pile_min_seconds")
+        points = [[float(x) for x in r] for r in samples if float(r[0]) <= now - th.value("forwards_quiet_seconds")]
+        if len(points) < th.count("pile_min_readings") or points[-1][0] - points[0][0] < span:
             return None
         last = points[-1]
         if len(last) >= 4:
-            start = next(p for p in points if p[0] >= last[0] - PILE_MIN_SECONDS)
+            start = next(p for p in points if p[0] >= last[0] - span)
             churn = last[3] - start[3] if len(start) >= 4 else 0.0
-            return last[2] if last[2] > 0 and churn >= FORWARDS_CHURN * last[2] else None
+            return last[2] if last[2] > 0 and churn >= th.value("forwards_churn") * last[2] else None
         pairs = [(p[0], p[1]) for p in points]
         return max(a for _t, a in pairs) if _falls_back(pairs) else None
     except (ArithmeticError, TypeError, ValueError, IndexError, StopIteration):
@@ -317,22 +345,22 @@ def forwards_peak(samples: Sequence[Sequence[float]], now: float, quiet: float =
 def _falls_back(points: Sequence[tuple[float, float]]) -> bool:
     """Readings that fall by at least 1 % of their whole rise, at least once in each half."""
     values = [a for _t, a in points]
-    least = 0.01 * (max(values) - min(values))
+    least = th.value("falls_back_share") * (max(values) - min(values))
     half = len(values) // 2
     falls = [i for i in range(1, len(values)) if values[i - 1] - values[i] > least]
-    return any(i < half for i in falls) and any(i >= half for i in falls) and len(falls) >= 3
+    return any(i < half for i in falls) and any(i >= half for i in falls) and len(falls) >= th.count("falls_back_count")
 
 
 def _growing(rows: Sequence[Sequence[float]], capacity: int) -> bool:
     peaks = [r[PEAK] for r in rows]
-    if len(peaks) < MIN_POINTS or _rise_share(peaks) < GROWING_SHARE:
+    if len(peaks) < th.count("min_rows") or _rise_share(peaks) < th.value("growing_share"):
         return False
-    return peaks[-1] - peaks[0] >= min(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * capacity)
+    return peaks[-1] - peaks[0] >= _min_growth(capacity)
 
 
 def first_leak_step(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[int]:
     """The step of the first row at which :func:`analyse` calls the series a leak (None: never)."""
-    for end in range(MIN_POINTS, len(rows) + 1):
+    for end in range(th.count("min_rows"), len(rows) + 1):
         if analyse(rows[:end], capacity_bytes).leak:
             return int(rows[end - 1][STEP])
     return None
