@@ -158,7 +158,11 @@ def test_replay_shows_its_progress_on_a_terminal(tmp_path, monkeypatch):
     rc, _, err = run_cli(["replay", tape, "--spool", spool, "--speed", "10"], monkeypatch, stderr=Terminal())
     assert rc == 0
     assert f"\rreplaying {tape}: 3/3 writes, 0 of 0 s" in err
-    assert err.endswith(f"oomsight replay: wrote 3 documents into {spool}\n")
+    assert f"oomsight replay: wrote 3 documents into {spool}\n" in err
+    assert err.endswith(
+        "oomsight replay: a replay at speed 10 rescales time: the spool's timestamps are the tape's divided by 10, "
+        "so charts over time are 10 times shorter than the run; step times, step counts and bytes are as recorded\n"
+    )
     assert sorted(os.listdir(os.path.join(spool, "events"))) == ["x0.json", "x1.json", "x2.json"]
 
 
@@ -221,7 +225,7 @@ def test_a_second_sidecar_on_a_busy_port_is_one_line_and_exits_4(tmp_path):
         ]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == exitcode.PORT_BUSY == 4
-    said = "oomsight sidecar: a port it needs is in use (--port, and the admin endpoint's 21401"
+    said = f"oomsight sidecar: port {port} on 127.0.0.1 is in use; choose another with --port N"
     assert result.stderr.startswith(said) and result.stderr.count("\n") == 1, result.stderr
 
 

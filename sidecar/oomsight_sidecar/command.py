@@ -17,7 +17,7 @@ def register(sub: Any) -> None:
     )
     side.add_argument("--spool", default=None, help="spool directory (default $OOMSIGHT_DIR)")
     side.add_argument("--port", type=int, default=None, help="metrics port (default 21400)")
-    side.add_argument("--host", default=None, help="listen address (default 0.0.0.0)")
+    side.add_argument("--host", default=None, help="listen address (default 127.0.0.1; injected pods: 0.0.0.0)")
     side.add_argument(
         "--retention-seconds",
         type=float,

@@ -79,7 +79,11 @@ def run(
     collector = KubernetesCollector(poster, pod_owner(kube)) if kube.pod_name else None
     errors = ServerErrors()
     app = build_app(settings, collector, errors)
-    server = serve(app, settings.host, settings.port, settings.limits, errors)
+    try:
+        server = serve(app, settings.host, settings.port, settings.limits, errors)
+    except OSError as exc:  # a busy port: the command line names it (oomsight.tools.cli)
+        exc.filename = f"{settings.port} on {settings.host}"
+        raise
     admin_server = serve_admin(settings, admin, errors) if admin is not None else None
     logger.info("oomsight sidecar: serving %s on http://%s/metrics", settings.spool_dir, _hostport(server))
     if not app.check_ready():

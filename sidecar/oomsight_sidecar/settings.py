@@ -47,8 +47,9 @@ class SidecarSettings:
     spool_dir: str = dataclasses.field(default_factory=default_spool_dir)
     """The spool directory the training containers write (``OOMSIGHT_DIR``)."""
 
-    host: str = "0.0.0.0"
-    """Address of the metrics listener; the pod IP must reach it for Prometheus (``::`` for IPv6)."""
+    host: str = "127.0.0.1"
+    """Address of the metrics listener: this machine only by default (``oomsight sidecar`` on a
+    laptop); in a pod the injection sets ``0.0.0.0`` so Prometheus reaches the pod IP (``::`` for IPv6)."""
 
     port: int = DEFAULT_PORT
     """Metrics port (named ``metrics`` in the pod), outside the 9100-9999 exporter range."""

@@ -19,6 +19,7 @@ from oomsight_sidecar.settings import (
     ENV_ADMIN_TOKEN_FILE,
     ENV_DRAIN,
     ENV_EVENTS,
+    ENV_HOST,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
@@ -34,6 +35,9 @@ SPOOL_PATH = "/var/run/oomsight"
 STARTUP_PATH = "/var/run/oomsight-startup"
 STARTUP_SIZE_LIMIT = "32Mi"
 METRICS_PORT_NAME = "metrics"
+ALL_INTERFACES = "0.0.0.0"
+"""The injected sidecar's listen address, given explicitly: ``oomsight sidecar`` alone listens on
+127.0.0.1, and Prometheus must reach the pod IP."""
 ADMIN_TOKEN_FILE = SPOOL_PATH + "/.admin-token"
 """In ``hostNetwork`` pods the sidecar writes its admin token here (0600, its own UID)."""
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -70,6 +74,7 @@ def sidecar_container(
     env = [
         {"name": ENV_DIR, "value": SPOOL_PATH},
         {"name": ENV_PORT, "value": str(opts.metrics_port)},
+        {"name": ENV_HOST, "value": ALL_INTERFACES},
         field_env(ENV_POD_NAME, "metadata.name"),
         field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
         field_env(ENV_POD_UID, "metadata.uid"),

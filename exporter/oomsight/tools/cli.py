@@ -23,13 +23,39 @@ EXAMPLES = {
     "replay": "example:\n  oomsight replay run.tape --spool /tmp/replayed --speed 10",
     "profile": "examples:\n  oomsight profile --spool /tmp/oomsight-run-abc --steps 5 --wait 60\n"
     "  oomsight profile --spool SPOOL --memory-only --json",
-    "demo": "example:\n  oomsight demo",
+    "demo": "examples:\n  oomsight demo\n  oomsight demo --keep   # then oomsight report SPOOL (it prints the command)",
     "install-startup": "example:\n  oomsight install-startup /startup   # then PYTHONPATH=/startup python train.py",
 }
 KEEP_ALL_SECONDS = 10 * 365 * 86400.0
 PORT_HINTS = {
-    "sidecar": " (--port, and the admin endpoint's 21401: OOMSIGHT_ADMIN_PORT=0 turns it off, or names another)",
+    "sidecar": "; choose another with --port N (the admin endpoint's 21401 being taken only turns it off)",
+    "webhook": "; choose another with --port N (its metrics port: OOMSIGHT_WEBHOOK_METRICS_PORT, 0 turns it off)",
 }
+BROKEN_PIPE = 141
+"""stdout closed by its reader (``oomsight demo | head -2``): a quiet exit with 128 + SIGPIPE, as a shell
+reports a command that a closed pipe ended."""
+
+
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 0 to 65535 (0 picks a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0 to 65535; 0 picks a free one)")
+    return port
+
+
+def seconds_at_least_zero(text: str) -> float:
+    """A duration in seconds that is not negative (``--retention-seconds``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} must be 0 or more seconds")
+    return value
 
 
 def _subparser(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -57,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--html", metavar="FILE", default=None, help="write a self-contained HTML report with charts")
     rep.add_argument(
         "--retention-seconds",
-        type=float,
+        type=seconds_at_least_zero,
         default=KEEP_ALL_SECONDS,
         help="leave out processes that exited longer ago than this (default: keep all)",
     )
@@ -69,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     from oomsight.tools.predict import command as predict
 
     predict.add(sub)
-    _subparser(sub, "demo", "the main job: live on a GPU, a labelled replay of an H200 run otherwise")
+    demo = _subparser(sub, "demo", "the main job: live on a GPU, a labelled replay of an H200 run otherwise")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's spool and print the report commands for it")
     inst = _subparser(sub, "install-startup", "copy the zero-code startup folder (for an init container)")
     inst.add_argument("folder", help="where to put sitecustomize.py and the oomsight package (created if missing)")
     _add_plugins(sub)
@@ -79,7 +106,10 @@ def _parser() -> argparse.ArgumentParser:
 def _add_run(sub: Any) -> None:
     run = _subparser(sub, "run", "run a command with the hook loaded; serve /metrics; print a report")
     run.add_argument(
-        "--port", type=int, default=None, help="metrics port on localhost (default 21400, or a free one if it is busy)"
+        "--port",
+        type=port_number,
+        default=None,
+        help="metrics port on localhost (default 21400, or a free one if it is busy; 0 picks a free one)",
     )
     run.add_argument("--host", default="127.0.0.1", help="metrics address (default 127.0.0.1)")
     run.add_argument("--spool", default=None, help="spool directory, kept (default: a temporary one, removed)")
@@ -141,17 +171,42 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         return _dispatch(args)
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print(f"oomsight {args.command}: interrupted", file=sys.stderr)
         return exitcode.INTERRUPTED
     except OSError as exc:  # the environment said no (a port, permissions, a full disk): say what, not where
         if exc.errno == errno.EADDRINUSE:
-            print(
-                f"oomsight {args.command}: a port it needs is in use{PORT_HINTS.get(args.command, '')}", file=sys.stderr
-            )
+            where = f"port {exc.filename}" if exc.filename else "a port it needs"
+            print(f"oomsight {args.command}: {where} is in use{PORT_HINTS.get(args.command, '')}", file=sys.stderr)
             return exitcode.PORT_BUSY
-        print(f"oomsight {args.command}: {exc}", file=sys.stderr)
+        print(f"oomsight {args.command}: {os_error(exc)}", file=sys.stderr)
         return exitcode.REFUSED
+
+
+def os_error(exc: OSError) -> str:
+    """An ``OSError`` in words, without ``[Errno N]``: ``PATH: Permission denied``."""
+    what = exc.strerror or str(exc)
+    return f"{exc.filename}: {what}" if exc.filename else what
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): stop quietly; stdout is pointed at /dev/null so
+    that Python's own flush at exit does not complain about the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (tests): nothing to redirect
+        pass
+    return BROKEN_PIPE
+
+
+def _folder_argument(command: str, flag: str, path: Optional[str]) -> Optional[str]:
+    """The line that refuses a folder argument naming an existing file, else None."""
+    if path is not None and os.path.exists(path) and not os.path.isdir(path):
+        return f"oomsight {command}: {flag}{path} is a file, not a folder"
+    return None
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -181,6 +236,10 @@ def _run(args: argparse.Namespace) -> int:
     script = missing_script(cmd)
     if script is not None:
         print(f"oomsight run: {script}: no such script", file=sys.stderr)
+        return exitcode.USAGE
+    problem = _folder_argument("run", "--spool ", args.spool)
+    if problem:
+        print(problem, file=sys.stderr)
         return exitcode.USAGE
     if args.tape and not os.path.isdir(os.path.dirname(os.path.abspath(args.tape))):
         print(f"oomsight run: {args.tape}: its folder does not exist", file=sys.stderr)
@@ -230,6 +289,10 @@ def _replay(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         print("oomsight replay: --speed must be above 0", file=sys.stderr)
         return exitcode.USAGE
+    problem = _folder_argument("replay", "--spool ", args.spool)
+    if problem:
+        print(problem, file=sys.stderr)
+        return exitcode.USAGE
     total, written = len(records), 0
     length = float(records[-1]["t"]) / args.speed if records else 0.0
     progress = Progress()
@@ -250,6 +313,8 @@ def _replay(args: argparse.Namespace) -> int:
     finally:
         progress.done()  # also on Ctrl-C: the next line starts clean
     print(f"oomsight replay: wrote {count} documents into {args.spool}", file=sys.stderr)
+    if args.speed != 1.0:
+        print(f"oomsight replay: {tape.replay_note(args.speed)}", file=sys.stderr)
     return exitcode.OK
 
 
@@ -262,15 +327,19 @@ def _profile(args: argparse.Namespace) -> int:
     return profile_request.run(cmd, sys.stdout, sys.stderr)
 
 
-def _demo(_args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace) -> int:
     from oomsight.tools import demo
 
-    return demo.main()
+    return demo.main(keep=args.keep)
 
 
 def _install_startup(args: argparse.Namespace) -> int:
     from oomsight.hook import startup
 
+    problem = _folder_argument("install-startup", "", args.folder)
+    if problem:
+        print(problem, file=sys.stderr)
+        return exitcode.USAGE
     print(startup.install(args.folder, copy=True))
     return exitcode.OK
 
@@ -284,12 +353,12 @@ def _report_html(args: argparse.Namespace) -> int:
         if (exc.name or "").partition(".")[0] != "matplotlib":
             raise
         print("oomsight report --html needs matplotlib: pip install 'oomsight[report]'", file=sys.stderr)
-        return exitcode.REFUSED
+        return exitcode.USAGE
     page = report_html.build(args.spool, time.time(), args.retention_seconds)
     try:
         report_html.write(args.html, page)
     except OSError as exc:
-        print(f"oomsight report: cannot write {args.html}: {exc}", file=sys.stderr)
+        print(f"oomsight report: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
         return exitcode.REFUSED
     print(f"oomsight report: wrote {args.html}", file=sys.stderr)
     return exitcode.OK

@@ -3,7 +3,8 @@
 With a CUDA GPU: trains a small model under ``oomsight run`` until a deliberate OOM
 and prints the report. Without one: replays a tape recorded on an NVIDIA H200
 through the real spool -> sidecar -> /metrics path, labelled as a replay, and prints
-the same report.
+the same report. ``--keep`` keeps the replayed spool for ``oomsight report``; otherwise it
+goes, whatever ends the demo (Ctrl-C, a closed pipe).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import warnings
 from typing import Any, Optional
 
 from oomsight.analysis.units import format_bytes
@@ -29,35 +31,46 @@ SHOWN = (
 )
 
 
-def main(speed: float = 4.0) -> int:
+def main(speed: float = 4.0, keep: bool = False) -> int:
+    """Run the demo; ``keep`` keeps its spool and prints the report commands for it."""
     if _gpu_name() is not None:
-        return _live()
-    return _replay(speed)
+        return _live(keep)
+    return _replay(speed, keep)
 
 
 def _gpu_name() -> Optional[str]:
     try:
-        import torch
+        with warnings.catch_warnings():  # torch without numpy warns at import; the demo needs no numpy
+            warnings.simplefilter("ignore")
+            import torch
 
         return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
     except Exception:
         return None
 
 
-def _live() -> int:
+def _live(keep: bool) -> int:
     from oomsight.tools.run import RunOptions, run
 
     print(f"== oomsight demo: LIVE on {_gpu_name()} ==", flush=True)
-    rc = run(RunOptions([sys.executable, "-m", "oomsight.tools.demo_train"], port=0))
+    spool = tempfile.mkdtemp(prefix="oomsight-demo-") if keep else None
+    rc = run(RunOptions([sys.executable, "-m", "oomsight.tools.demo_train"], port=0, spool_dir=spool))
     print(f"demo: the training job exited with code {rc}; the CUDA OOM was deliberate.")
+    if spool is not None:
+        print(kept_notice(spool))
     return 0 if rc in (0, 1) else rc
 
 
-def _replay(speed: float) -> int:
-    from prometheus_client import CollectorRegistry, start_http_server
+def kept_notice(spool: str) -> str:
+    """What ``--keep`` prints: where the spool is and the two report commands for it."""
+    return (
+        f"demo: kept the spool {spool}; read it again with\n"
+        f"  oomsight report {spool}\n"
+        f"  oomsight report --html oomsight-demo.html {spool}   # needs pip install 'oomsight[report]'"
+    )
 
-    from oomsight.metrics.collector import SpoolCollector
 
+def _replay(speed: float, keep: bool) -> int:
     header, records = tape.read(TAPE)
     meta = header.get("meta", {})
     process: dict[str, Any] = next((r["doc"]["process"] for r in records if "process" in r["doc"]), {})
@@ -67,30 +80,61 @@ def _replay(speed: float) -> int:
     )
     print(banner, flush=True)
     spool = tempfile.mkdtemp(prefix="oomsight-demo-")
+    try:
+        _serve_replay(spool, len(records), speed)
+        print(banner)
+        if keep:
+            print(kept_notice(spool))
+    finally:
+        if not keep:
+            shutil.rmtree(spool, ignore_errors=True)
+    return 0
+
+
+def _serve_replay(spool: str, writes: int, speed: float) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from oomsight.metrics.collector import SpoolCollector
+
     collector = SpoolCollector(spool)
     registry = CollectorRegistry()
     registry.register(collector)
     server = start_http_server(0, addr="127.0.0.1", registry=registry)[0]
     url = f"http://127.0.0.1:{server.server_port}/metrics"
-    print(f"serving the replayed spool at {url} ({len(records)} recorded writes, {speed:g}x speed)")
+    print(f"serving the replayed spool at {url} ({writes} recorded writes, {speed:g}x speed)")
+    print(f"({tape.replay_note(speed)})")
     done = threading.Event()
+    stop = threading.Event()
 
     def play() -> None:
         try:
-            tape.replay(TAPE, spool, speed=speed)
+            tape.replay(TAPE, spool, speed=speed, on_record=lambda _rec: _stop_if(stop))
+        except _Stopped:
+            pass
         finally:
             done.set()
 
     player = threading.Thread(target=play, daemon=True)
     player.start()
-    while not done.wait(2.0):
+    try:
+        while not done.wait(2.0):
+            _show(url)
         _show(url)
-    _show(url)
-    server.shutdown()
-    print(report.render(collector.inventory(), spool, title="oomsight memory report (REPLAY)"))
-    shutil.rmtree(spool, ignore_errors=True)
-    print(banner)
-    return 0
+        print(report.render(collector.inventory(), spool, title="oomsight memory report (REPLAY)"))
+    finally:
+        stop.set()
+        player.join()  # no write into the spool after it is removed
+        server.shutdown()
+        server.server_close()
+
+
+class _Stopped(Exception):
+    """The demo ended early (Ctrl-C, a closed pipe): the replay stops writing."""
+
+
+def _stop_if(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise _Stopped
 
 
 def _show(url: str) -> None:

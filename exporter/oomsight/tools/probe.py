@@ -82,6 +82,23 @@ class Memory:
         return isinstance(exc, self.torch.cuda.OutOfMemoryError)
 
 
+class NoCudaDevice(RuntimeError):
+    """The measuring functions were called where torch sees no CUDA device."""
+
+
+def cuda_torch(caller: str) -> Any:
+    """``torch``, when it sees a CUDA device; ``NoCudaDevice`` saying what to do otherwise."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoCudaDevice(
+            f"oomsight.{caller} measures a CUDA device and torch sees none here "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False); without a GPU, "
+            "oomsight.predict_peak and oomsight.largest_batch predict the same on the CPU"
+        )
+    return torch
+
+
 def fit(points: list[tuple[int, int]]) -> tuple[float, float]:
     """Least-squares ``peak = fixed + per_sample * batch``."""
     n = len(points)
@@ -107,9 +124,7 @@ def probe_batch_size(
     step, zero_grad) with that batch size.
     """
     if memory is None:
-        import torch
-
-        memory = Memory(torch, device)
+        memory = Memory(cuda_torch("probe_batch_size"), device)
     memory.release()
     capacity = memory.capacity()
     measured = _measure_until_linear(step_fn, memory, start, points, capacity)

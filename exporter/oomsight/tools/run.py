@@ -55,8 +55,17 @@ class PortBusy(OSError):
 
 
 def run(opts: RunOptions, out: TextIO = sys.stderr) -> int:
-    """Run the command under oomsight; return its exit code (128+N if killed by signal N)."""
+    """Run the command under oomsight; return its exit code (128+N if killed by signal N, 130
+    when oomsight itself was interrupted). A temporary spool goes at the end, whatever ended it."""
     spool = opts.spool_dir or tempfile.mkdtemp(prefix="oomsight-run-")
+    try:
+        return _run_in(spool, opts, out)
+    finally:
+        if opts.spool_dir is None and os.path.isdir(spool):
+            _tidy_spool(spool, out)
+
+
+def _run_in(spool: str, opts: RunOptions, out: TextIO) -> int:
     os.makedirs(spool, exist_ok=True)
     collector = SpoolCollector(spool)
     registry = CollectorRegistry()
@@ -68,16 +77,17 @@ def run(opts: RunOptions, out: TextIO = sys.stderr) -> int:
         out.write(f"oomsight run: {exc}\n")
         _remove_ours(spool if opts.spool_dir is None else None)
         return exitcode.PORT_BUSY
-    boot = startup.install(tempfile.mkdtemp(prefix="oomsight-startup-"))
-    env = dict(os.environ)
-    env[ENV_DIR] = spool
-    env["PYTHONPATH"] = startup.pythonpath_with(boot, env.get("PYTHONPATH"))
-    recorder = _start_tape(opts, spool)
-    watcher = _start_watch(spool, out)
+    boot = tempfile.mkdtemp(prefix="oomsight-startup-")
+    workers: list[Worker] = []
     try:
+        startup.install(boot)
+        env = dict(os.environ)
+        env[ENV_DIR] = spool
+        env["PYTHONPATH"] = startup.pythonpath_with(boot, env.get("PYTHONPATH"))
+        workers += [_start_tape(opts, spool), _start_watch(spool, out)]
         code = _run_child(opts.command, env, out)
     finally:
-        for stop, thread in (recorder, watcher):
+        for stop, thread in workers:
             stop.set()
             thread.join()
         if server is not None:
@@ -86,8 +96,6 @@ def run(opts: RunOptions, out: TextIO = sys.stderr) -> int:
         _remove_ours(boot)
     if opts.report:
         out.write(report.render(collector.inventory(), spool))
-    if opts.spool_dir is None:
-        _tidy_spool(spool, out)
     return code
 
 
@@ -161,13 +169,23 @@ def _tidy_spool(spool: str, out: TextIO) -> None:
     except OSError:
         kept = []
     if kept:
-        out.write(
+        _say(
+            out,
             f"oomsight: kept {spool}: it holds {len(kept)} artifact(s) (memory snapshots, profiles); "
-            f"oomsight report {spool} shows it again\n"
+            f"oomsight report {spool} shows it again\n",
         )
         return
     _remove_ours(spool)
-    out.write(f"oomsight: removed the temporary spool {spool} (--spool DIR keeps one)\n")
+    _say(out, f"oomsight: removed the temporary spool {spool} (--spool DIR keeps one)\n")
+
+
+def _say(out: TextIO, text: str) -> None:
+    """A last notice; a closed stream (its reader went away) must not stop the tidying."""
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _remove_ours(folder: Optional[str]) -> None:
@@ -181,16 +199,42 @@ def _run_child(command: list[str], env: dict[str, str], out: TextIO) -> int:
     except OSError as exc:
         out.write(f"oomsight run: cannot start {command[0]!r}: {exc.strerror or exc}\n")
         return exitcode.CANNOT_START
-    forwarded = (signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, lambda sig, _frame: child.send_signal(sig)) for s in forwarded}
-    # Ctrl-C reaches the child from the terminal directly; the parent just waits for it.
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupted = threading.Event()
+
+    def forward(sig: int, _frame: Any) -> None:
+        if sig == signal.SIGINT:
+            interrupted.set()
+            if _in_terminal_foreground():
+                return  # a Ctrl-C: the terminal sent it to the child as well
+        child.send_signal(sig)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         rc = child.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return rc if rc >= 0 else 128 - rc
+    code = rc if rc >= 0 else 128 - rc
+    if interrupted.is_set():
+        out.write(f"oomsight run: interrupted (SIGINT); the command exited with {code}\n")
+        return exitcode.INTERRUPTED
+    return code
+
+
+def _in_terminal_foreground() -> bool:
+    """Whether this process belongs to its terminal's foreground process group: a SIGINT then
+    comes from a Ctrl-C, which the terminal sends to the whole group, the command included.
+    Otherwise (``kill -INT PID``, a CI runner, ``timeout -s INT``) only oomsight got it."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def missing_script(command: list[str]) -> Optional[str]:

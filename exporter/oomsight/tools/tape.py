@@ -91,6 +91,14 @@ def read(tape_path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return lines[0], lines[1:]
 
 
+def replay_note(speed: float) -> str:
+    """What a replay at ``speed`` changes, in words: timestamps, not what the hook measured."""
+    return (
+        f"a replay at speed {speed:g} rescales time: the spool's timestamps are the tape's divided by {speed:g}, so "
+        f"charts over time are {speed:g} times shorter than the run; step times, step counts and bytes are as recorded"
+    )
+
+
 def replay(
     tape_path: str,
     spool_dir: str,

@@ -15,8 +15,10 @@ import argparse
 import functools
 import importlib.util
 import json
+import os
 import re
 import sys
+import traceback
 from typing import Any, Optional
 
 from oomsight.analysis.units import format_bytes
@@ -26,8 +28,16 @@ EXAMPLE = (
     "examples:\n  oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB\n"
     "  oomsight predict --module my_model.py:spec --batch 32 --json"
 )
-UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "kb": 10**3, "mb": 10**6}
-UNITS.update({"gb": 10**9, "tb": 10**12})
+UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+UNITS.update({"kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12})
+"""Size suffixes as written (IEC binary, SI decimal), case kept: ``Gb`` would be gigabits and
+``gib`` no unit at all, so both are refused rather than guessed."""
+CATEGORY_ORDER = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "workspace")
+"""The categories of a prediction in the order of a training step's life: what the model holds,
+then what backward and the optimizer add, then what a step makes and frees; every one shown,
+a category at 0 too (GPT-2's gradients are freed before its peak: 0 says so, a gap would not)."""
+DATA_DEPENDENT = ("_local_scalar_dense", "DataDependentOutputException", "data-dependent")
+"""Signs that the step read a tensor's value (``.item()``, ``.tolist()``, ``if tensor:``)."""
 
 
 def add(sub: Any) -> None:
@@ -56,11 +66,11 @@ def add(sub: Any) -> None:
 
 
 def parse_bytes(text: str) -> int:
-    """``80GiB``, ``40 GB``, ``1e9`` → bytes; ``ValueError`` otherwise."""
+    """``80GiB``, ``40 GB``, ``1e9`` → bytes (``UNITS``, case as written); ``ValueError`` otherwise."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in UNITS:
-        raise ValueError(f"{text!r} is not a size (e.g. 80GiB, 40GB, 1e9)")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+    if not m or m.group(2) not in UNITS:
+        raise ValueError(f"{text!r} is not a size (e.g. 80GiB = 80 x 2^30 bytes, 40GB = 40 x 10^9, 1e9)")
+    return int(float(m.group(1)) * UNITS[m.group(2)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,18 +86,44 @@ def run(args: argparse.Namespace) -> int:
         return exitcode.USAGE
     try:
         user_spec = _spec(args)
-    except (KeyError, ValueError, OSError, ImportError, AttributeError, TypeError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"oomsight predict: {message}", file=sys.stderr)
+    except SpecError as exc:
+        print(f"oomsight predict: {exc}", file=sys.stderr)
         return exitcode.USAGE
     try:
         result = _predict(args, user_spec)
     except Exception as exc:  # the user's model could not be traced: say so in one line
-        print(f"oomsight predict: the step could not be traced on fake tensors: {type(exc).__name__}: {exc}"[:600],
-              file=sys.stderr)  # fmt: skip
+        print(f"oomsight predict: {untraceable(exc)}"[:600], file=sys.stderr)
         return exitcode.REFUSED
     print(json.dumps(result, indent=1) if args.json else _prose(result))
     return exitcode.OK
+
+
+class SpecError(ValueError):
+    """What was given to predict cannot be used: the line to print."""
+
+
+def untraceable(exc: BaseException) -> str:
+    """Why the step could not be traced, in one line: the cause first where it is known."""
+    text = f"{type(exc).__name__}: {exc}"
+    if any(sign in text for sign in DATA_DEPENDENT):
+        return (
+            "the step has data-dependent control flow (.item(), .tolist(), if on a tensor's value), which a "
+            "trace on fake tensors cannot follow: move it out of the step or give --module a 'step' without it "
+            f"({_first_line(text)})"
+        )
+    where = _user_frame(exc)
+    return f"the step could not be traced on fake tensors{where}: {_first_line(text)}"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _user_frame(exc: BaseException) -> str:
+    """`` at FILE:LINE`` of the innermost frame outside torch and oomsight, if any."""
+    skip = (os.sep + "torch" + os.sep, os.sep + "oomsight" + os.sep, os.sep + "transformers" + os.sep, "<frozen")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(s in f.filename for s in skip)]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _check(args: argparse.Namespace) -> Optional[str]:
@@ -107,20 +143,50 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     from oomsight.tools.predict import models
 
     if args.model:
-        named = models.get(args.model)
+        try:
+            named = models.get(args.model)
+            models.check_available(named)
+        except (KeyError, ImportError) as exc:
+            raise SpecError(exc.args[0] if exc.args else exc) from None
         return {"build": named.build, "batch": named.batch}
     path, _, name = args.module.rpartition(":")
     if not path or not name:
-        raise ValueError(f"--module {args.module}: give FILE.py:NAME")
-    loader = importlib.util.spec_from_file_location("oomsight_user_model", path)
-    if loader is None or loader.loader is None:
-        raise ValueError(f"--module: {path} is not a Python file")
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    found = getattr(module, name)()
+        raise SpecError(f"--module {args.module}: give FILE.py:NAME")
+    if not os.path.isfile(path):
+        raise SpecError(f"--module: {path}: no such file")
+    function = getattr(_load(path), name, None)
+    if not callable(function):
+        raise SpecError(f"--module: {path} has no function {name}")
+    try:
+        found = function()
+    except Exception as exc:
+        raise SpecError(f"--module: {path}: {name}() raised {_in_user_file(exc, path)}") from None
     if not isinstance(found, dict) or not {"build", "batch"} <= set(found):
-        raise TypeError(f"--module: {name}() must return a dict with 'build' and 'batch'")
+        raise SpecError(f"--module: {path}: {name}() must return a dict with 'build' and 'batch'")
     return dict(found)
+
+
+def _load(path: str) -> Any:
+    """The user's file as a module; its own error (a ``SyntaxError``, a ``NameError``) named with
+    the file and line, never a traceback."""
+    loader = importlib.util.spec_from_file_location("oomsight_predict_module", path)
+    if loader is None or loader.loader is None:
+        raise SpecError(f"--module: {path} is not a Python file")
+    module = importlib.util.module_from_spec(loader)
+    try:
+        loader.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise SpecError(f"--module: {path}:{exc.lineno}: SyntaxError: {exc.msg}") from None
+    except Exception as exc:  # the user's file failed while it was imported
+        raise SpecError(f"--module: {path} failed to import: {_in_user_file(exc, path)}") from None
+    return module
+
+
+def _in_user_file(exc: BaseException, path: str) -> str:
+    """``NameError: name 'x' is not defined (line 6)``: the error and its line in the user's file."""
+    target = os.path.abspath(path)
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == target]
+    return f"{type(exc).__name__}: {_first_line(str(exc))}" + (f" (line {lines[-1]})" if lines else "")
 
 
 def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +209,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
         return spec["batch"](n, "cpu")
 
     p = predict_peak(spec["build"], batch, args.batch, optimizer, spec.get("step"), **kwargs)
-    out: dict[str, Any] = {"prediction": p.to_dict()}
+    out: dict[str, Any] = {"prediction": in_order(p.to_dict())}
     if args.capacity is not None:
         search = largest_batch(
             spec["build"], batch, args.capacity_bytes, optimizer, spec.get("step"), margin=args.margin,
@@ -153,6 +219,22 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def in_order(prediction: dict[str, Any]) -> dict[str, Any]:
+    """The prediction with its categories in ``CATEGORY_ORDER``, zeros kept (any other category
+    after them), and the workspace figures told apart: ``workspace_bytes`` is one cuBLAS handle's,
+    the ``workspace`` category every handle's the step made (forward and backward each have one,
+    and cuBLASLt adds its own)."""
+    found = dict(prediction["by_category_bytes"])
+    ordered = {name: int(found.pop(name, 0)) for name in CATEGORY_ORDER}
+    ordered.update(sorted(found.items()))
+    handles = ordered["workspace"] // prediction["workspace_bytes"] if prediction["workspace_bytes"] else 0
+    return {
+        **prediction,
+        "by_category_bytes": ordered,
+        "workspace_handles": handles,
+    }
+
+
 def _prose(result: dict[str, Any]) -> str:
     p = result["prediction"]
     lines = [
@@ -160,7 +242,9 @@ def _prose(result: dict[str, Any]) -> str:
         f"peak reserved {format_bytes(p['peak_reserved_bytes'])}"
         + (" (expandable segments)" if p["expandable_segments"] else ""),
         "at the peak: "
-        + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in p["by_category_bytes"].items() if v),
+        + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in p["by_category_bytes"].items()),
+        f"(workspace: {p['workspace_handles']} cuBLAS handle(s) of {format_bytes(p['workspace_bytes'])} "
+        "each, forward and backward, and cuBLASLt's own; a category at 0 has nothing alive at the peak)",
         "per step: " + ", ".join(format_bytes(v) for v in p["step_peak_allocated_bytes"]),
     ]
     search = result.get("largest_batch")

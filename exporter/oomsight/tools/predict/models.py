@@ -9,6 +9,7 @@ Transformers models come from their config classes (``transformers``); vision mo
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,6 +26,8 @@ class ModelSpec:
     batch: Callable[[int, str], Any]
     """``batch(batch_size, device)``: the inputs of one step."""
     summary: str
+    needs: tuple[str, ...] = ("transformers",)
+    """Packages that can build it, any one of them (the first that imports is used)."""
 
 
 class WithLoss(nn.Module):
@@ -76,11 +79,22 @@ def _hf(kind: str, checkpointing: bool = False, **config: Any) -> Callable[[], n
 
 def _vision(name: str) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        import torchvision
-
+        try:
+            import torchvision
+        except ImportError:  # the same architecture from transformers' config classes
+            return WithLoss(_hf_vision(name)).train()
         return WithLoss(getattr(torchvision.models, name)(weights=None)).train()
 
     return build
+
+
+def _hf_vision(name: str) -> nn.Module:
+    """transformers' ResNet-50 (its ``ResNetConfig`` default) or ViT-B/16 (``ViTConfig``'s), 1,000 classes."""
+    import transformers
+
+    if name == "resnet50":
+        return transformers.ResNetForImageClassification(transformers.ResNetConfig(num_labels=1000))
+    return transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=1000))
 
 
 GPT2: dict[str, Any] = {"n_positions": 1024, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
@@ -113,8 +127,20 @@ MODELS: dict[str, ModelSpec] = {
         "Llama-style decoder, activation checkpointing per layer",
     ),
     "bert": ModelSpec("bert", _hf("Bert", False, **BERT), _tokens(30522, 512), "BERT base, masked LM, 512 tokens"),
-    "resnet50": ModelSpec("resnet50", _vision("resnet50"), _images(1000), "torchvision ResNet-50, 224x224"),
-    "vit_b_16": ModelSpec("vit_b_16", _vision("vit_b_16"), _images(1000), "torchvision ViT-B/16, 224x224"),
+    "resnet50": ModelSpec(
+        "resnet50",
+        _vision("resnet50"),
+        _images(1000),
+        "ResNet-50, 224x224 (torchvision's; transformers' without it)",
+        ("torchvision", "transformers"),
+    ),
+    "vit_b_16": ModelSpec(
+        "vit_b_16",
+        _vision("vit_b_16"),
+        _images(1000),
+        "ViT-B/16, 224x224 (torchvision's; transformers' without it)",
+        ("torchvision", "transformers"),
+    ),
 }
 
 
@@ -124,3 +150,10 @@ def get(name: str) -> ModelSpec:
         return MODELS[name]
     except KeyError:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+
+
+def check_available(spec: ModelSpec) -> None:
+    """``ImportError`` with the line to print when no package that builds ``spec`` is installed."""
+    if not any(importlib.util.find_spec(package) for package in spec.needs):
+        either = " or ".join(spec.needs)
+        raise ImportError(f"--model {spec.name} needs {either}: pip install {spec.needs[-1]}")
