@@ -1,213 +1,108 @@
-"""The table of metric families read off a device snapshot: name, HELP, value.
+"""The table of every ``oomsight_*`` family the spool gives: one row each, in exposition order.
 
-One row per family (``docs/metrics.md`` is the prose version); the collector turns
-rows into Prometheus families, the text report reuses the derived values.
+A row names its family, its type, its HELP, the scope it is read in (the reader, a process, a
+device of a process, an OOM tally, a process's latest profile) and how its value is read from
+that scope's subject. ``oomsight.metrics.collector`` turns the rows into prometheus_client
+families on every scrape; ``docs/metrics.md`` is the prose version, and a new metric is one row
+here (docs/architecture.md, "A new metric").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import platform
 from typing import Any, Callable, Optional
 
+from oomsight._version import __version__
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
-from oomsight.analysis.inventory import Inventory
-from oomsight.wire.schema import DeviceSnapshot, StepTrend
+from oomsight.analysis.inventory import Inventory, OomTally, ProcessView
+from oomsight.wire.schema import DeviceSnapshot, Profile, StepTrend
+from oomsight.wire.spool import SKIP_REASONS
 
 PROC = ["rank", "local_rank"]
 DEV = ["rank", "local_rank", "device", "gpu_uuid"]
 _SRC = "torch.cuda.memory_stats()"
 
-
-class At:
-    """A device snapshot's value at ``d[section][key]``; None where the section is null or lacks
-    the key. The collector reads all of a section's keys in one call."""
-
-    __slots__ = ("key", "section")
-
-    def __init__(self, section: str, key: str) -> None:
-        self.section = section
-        self.key = key
-
-    def __call__(self, d: DeviceSnapshot) -> Optional[float]:
-        found: Any = d.get(self.section)
-        return None if found is None else found.get(self.key)
+READER, SOURCE, PROCESS, DEVICE, OOM, PROFILE = "reader", "source", "process", "device", "oom", "profile"
+"""Scopes: what a row's value reads. READER: the whole read (an ``Inventory``), no labels. SOURCE: the
+data sources as {name: up}, the reader's own (no rank) and then each process's. PROCESS: a
+``ProcessView``; DEVICE: a ``DeviceSnapshot`` of a process; OOM: an ``OomTally`` of a (rank, GPU);
+PROFILE: a process's latest ``Profile``."""
+LABELS = {READER: [], SOURCE: PROC, PROCESS: PROC, DEVICE: DEV, OOM: DEV, PROFILE: PROC}
+"""The labels of each scope's subjects."""
 
 
-Row = tuple[str, str, Callable[[DeviceSnapshot], Optional[float]]]
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One family: ``value(subject)`` is its number, None for no sample; an info family's label
+    values (a dict); with ``label``, (that label's value, number) pairs, one sample each."""
 
-# name (without unit suffix handling: full name), help, value from a device snapshot (At: the
-# value at one key of one section)
-ALLOCATOR_GAUGES: Sequence[Row] = (
-    (
-        "oomsight_torch_allocated_bytes",
-        f"Bytes in live tensors ({_SRC} allocated_bytes.all.current).",
-        At("allocator", "allocated_bytes"),
-    ),
-    (
-        "oomsight_torch_reserved_bytes",
-        f"Bytes held by the caching allocator ({_SRC} reserved_bytes.all.current).",
-        At("allocator", "reserved_bytes"),
-    ),
-    (
-        "oomsight_torch_active_bytes",
-        f"Bytes in active blocks, incl. frees awaiting other streams ({_SRC} active_bytes.all.current).",
-        At("allocator", "active_bytes"),
-    ),
-    (
-        "oomsight_torch_requested_bytes",
-        f"Bytes requested by tensors before rounding ({_SRC} requested_bytes.all.current).",
-        At("allocator", "requested_bytes"),
-    ),
-    (
-        "oomsight_torch_inactive_split_bytes",
-        f"Free bytes inside split segments that empty_cache() cannot release: fragmentation ({_SRC} inactive_split_bytes.all.current).",
-        At("allocator", "inactive_split_bytes"),
-    ),
-    (
-        "oomsight_torch_peak_allocated_bytes",
-        f"Lifetime peak of allocated bytes; oomsight never resets it ({_SRC} allocated_bytes.all.peak).",
-        At("allocator", "peak_allocated_bytes"),
-    ),
-    (
-        "oomsight_torch_peak_reserved_bytes",
-        f"Lifetime peak of reserved bytes; oomsight never resets it ({_SRC} reserved_bytes.all.peak).",
-        At("allocator", "peak_reserved_bytes"),
-    ),
-    (
-        "oomsight_torch_window_peak_allocated_bytes",
-        "Maximum sampled allocated bytes within the hook's sliding window (OOMSIGHT_WINDOW_SECONDS).",
-        At("allocator", "window_peak_allocated_bytes"),
-    ),
-    (
-        "oomsight_torch_window_peak_reserved_bytes",
-        "Maximum sampled reserved bytes within the hook's sliding window.",
-        At("allocator", "window_peak_reserved_bytes"),
-    ),
-    (
-        "oomsight_torch_window_min_allocated_bytes",
-        "Minimum sampled allocated bytes within the sliding window: memory that survives between steps.",
-        At("allocator", "window_min_allocated_bytes"),
-    ),
-)
-ALLOCATOR_COUNTERS: Sequence[Row] = (
-    (
-        "oomsight_torch_alloc_retries",
-        f"cudaMalloc failures after which the allocator freed its cache and retried: slow steps, an OOM precursor ({_SRC} num_alloc_retries).",
-        At("allocator", "alloc_retries"),
-    ),
-    (
-        "oomsight_torch_ooms",
-        f"OOMs raised by this process's allocator, caught ones included ({_SRC} num_ooms); resets when the process restarts.",
-        At("allocator", "ooms"),
-    ),
-    (
-        "oomsight_torch_device_allocs",
-        f"cudaMalloc/cuMemMap calls ({_SRC} num_device_alloc; 0 before torch 2.4).",
-        At("allocator", "device_allocs"),
-    ),
-    (
-        "oomsight_torch_device_frees",
-        f"cudaFree/cuMemUnmap calls ({_SRC} num_device_free; 0 before torch 2.4).",
-        At("allocator", "device_frees"),
-    ),
-)
-NVML_GAUGES: Sequence[Row] = (
-    (
-        "oomsight_gpu_memory_total_bytes",
-        "Device memory capacity (NVML nvmlDeviceGetMemoryInfo total).",
-        At("nvml", "total_bytes"),
-    ),
-    (
-        "oomsight_gpu_memory_used_bytes",
-        "Device memory used by all processes and the driver (NVML used).",
-        At("nvml", "used_bytes"),
-    ),
-    ("oomsight_gpu_memory_free_bytes", "Device memory free (NVML free).", At("nvml", "free_bytes")),
-    (
-        "oomsight_gpu_memory_reserved_bytes",
-        "Device memory reserved by the driver and firmware (NVML v2 reserved).",
-        At("nvml", "reserved_bytes"),
-    ),
-    (
-        "oomsight_gpu_utilization_ratio",
-        "Share of time a kernel ran on the device (NVML utilization.gpu / 100).",
-        At("nvml", "utilization_ratio"),
-    ),
-    (
-        "oomsight_gpu_process_used_bytes",
-        "This process's device memory per NVML; absent where NVML cannot see the PID (containers).",
-        At("nvml", "process_used_bytes"),
-    ),
-    (
-        "oomsight_gpu_process_visible",
-        "1 if NVML lists this process's PID on the device, else 0 (then non-torch bytes include other processes).",
-        At("nvml", "process_visible"),
-    ),
-    (
-        "oomsight_gpu_non_torch_bytes",
-        "Device memory of this process outside PyTorch's allocator (CUDA context, NCCL, cuBLAS): NVML process used minus reserved; where the PID is not visible, device used minus reserved.",
-        lambda d: non_torch_bytes(d),
-    ),
-    (
-        "oomsight_gpu_headroom_bytes",
-        "Device memory left at this window's peak: total minus memory outside the allocator minus the window peak of reserved bytes.",
-        lambda d: headroom_bytes(d),
-    ),
-)
-LIMIT_GAUGES: Sequence[Row] = (
-    (
-        "oomsight_torch_memory_limit_bytes",
-        "Per-process cap of the caching allocator set with torch.cuda.set_per_process_memory_fraction(); absent when unset.",
-        lambda d: d.get("limit_bytes"),
-    ),
-)
-STEP_PEAK_GAUGES: Sequence[Row] = (
-    (
-        "oomsight_step_peak_allocated_bytes",
-        "Peak allocated bytes of the last optimizer step read: exact when torch's lifetime peak rose in it, else the sampled maximum (a lower bound); with opt-in OOMSIGHT_STEP_PEAKS read and reset every step.",
-        lambda d: _step_peak(d, "allocated_bytes") if d.get("step_peak") else _row(d, trend.PEAK),
-    ),
-    (
-        "oomsight_step_peak_reserved_bytes",
-        "Peak reserved bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS).",
-        lambda d: _step_peak(d, "reserved_bytes"),
-    ),
-)
-STEP_MEMORY_GAUGES: Sequence[Row] = (
-    (
-        "oomsight_step_floor_allocated_bytes",
-        "Allocated bytes right after the last optimizer step read: what survives between steps (the leak signal).",
-        lambda d: _row(d, trend.FLOOR),
-    ),
-    (
-        "oomsight_step_floor_slope_bytes",
-        "Bytes per optimizer step the between-steps floor rose over the judged steps (least squares; 0 when flat).",
-        lambda d: _trend(d, "floor_slope_bytes"),
-    ),
-    (
-        "oomsight_oom_forecast_steps",
-        "Optimizer steps until the step peak reaches capacity at the current leak or growth; +Inf without a rise.",
-        lambda d: _trend(d, "steps_to_oom"),
-    ),
-    (
-        "oomsight_oom_forecast_seconds",
-        "Seconds until the step peak reaches capacity at the current leak or growth and step time; +Inf without a rise.",
-        lambda d: _trend(d, "seconds_to_oom"),
-    ),
-)
-PREDICTION_GAUGES: Sequence[Row] = (
-    (
-        "oomsight_predicted_peak_allocated_bytes",
-        "Peak allocated bytes the job's prediction (oomsight predict) gave for its training step, carried by the job (OOMSIGHT_PREDICTION or oomsight.record_prediction); compare with oomsight_torch_peak_allocated_bytes.",
-        lambda d: _predicted(d, "peak_allocated_bytes"),
-    ),
-    (
-        "oomsight_predicted_peak_reserved_bytes",
-        "Peak reserved bytes the job's prediction gave; absent when it gave none (a bare size).",
-        lambda d: _predicted(d, "peak_reserved_bytes"),
-    ),
-)
+    name: str
+    type: str
+    """gauge, counter or info"""
+    help: str
+    scope: str
+    value: Callable[[Any], Any]
+    label: str = ""
+
+    @property
+    def labels(self) -> list[str]:
+        return [*LABELS[self.scope], *([self.label] if self.label else [])]
+
+    @property
+    def unit(self) -> str:
+        """The OpenMetrics unit, read off the name's suffix (info families have none)."""
+        found = (u for u in ("bytes", "seconds", "ratio") if self.name.endswith("_" + u))
+        return "" if self.type == "info" else next(found, "")
+
+
+def gauge(name: str, help: str, scope: str, value: Callable[[Any], Any], label: str = "") -> Family:
+    return Family(name, "gauge", help, scope, value, label)
+
+
+def counter(name: str, help: str, scope: str, value: Callable[[Any], Any], label: str = "") -> Family:
+    return Family(name, "counter", help, scope, value, label)
+
+
+def info(name: str, help: str, scope: str, value: Callable[[Any], Any]) -> Family:
+    return Family(name, "info", help, scope, value)
+
+
+def at(section: str, key: str) -> Callable[[DeviceSnapshot], Any]:
+    """A device snapshot's value at ``d[section][key]``; None where the section is null or lacks the key."""
+
+    def value(d: DeviceSnapshot) -> Any:
+        found: Any = d.get(section)
+        return None if found is None else found.get(key)
+
+    return value
+
+
+def _snap(key: str, default: Any = None) -> Callable[[ProcessView], Any]:
+    return lambda v: v.snapshot.get(key, default)
+
+
+def _step(key: str, default: Any = None) -> Callable[[ProcessView], Any]:
+    return lambda v: v.snapshot["steps"].get(key, default)
+
+
+def _last(key: str) -> Callable[[OomTally], Any]:
+    return lambda t: None if t.last is None else t.last[key]  # type: ignore[literal-required]
+
+
+def _sorted(key: str) -> Callable[[ProcessView], Any]:
+    return lambda v: sorted(v.snapshot.get(key, {}).items())  # type: ignore[attr-defined]
+
+
+def _ops(key: str, column: str, scale: float = 1.0) -> Callable[[Profile], Any]:
+    return lambda p: [(op["op"], op[column] / scale if scale != 1.0 else op[column]) for op in p[key]]  # type: ignore[literal-required]
+
+
+def _finding(key: str, column: str) -> Callable[[ProcessView], Any]:
+    return lambda v: v.snapshot[key][column] if v.snapshot.get(key) else None  # type: ignore[literal-required]
+
+
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 _TRENDS: dict[int, tuple[DeviceSnapshot, StepTrend]] = {}
 """One verdict per device document of an older writer (id -> (document, verdict)): readers
@@ -330,3 +225,376 @@ def headroom_bytes(d: DeviceSnapshot, peak: Optional[int] = None) -> Optional[in
     if limit:
         left = min(left, int(limit) - peak)
     return max(left, 0)
+
+
+def _process_info(v: ProcessView) -> dict[str, str]:
+    p = v.snapshot["process"]
+    return {
+        "world_size": str(p.get("world_size", 1)),
+        "torch_version": str(p.get("torch_version", "")),
+        "cuda_version": str(p.get("cuda_version", "")),
+        "allocator_backend": str(p.get("allocator_backend", "")),
+        "expandable_segments": str(bool(p.get("expandable_segments", False))).lower(),
+        "oomsight_version": str(p.get("oomsight_version", "")),
+    }
+
+
+HEADROOM_HELP = (
+    "Bytes the allocator could still reserve at this window's peak: the device total minus memory outside the "
+    "allocator, or the per-process cap of set_per_process_memory_fraction() where that is smaller, minus the "
+    "window peak of reserved bytes; 0 when none is left."
+)
+SLOPE_HELP = (
+    "Slope of the between-steps floor of allocated memory in bytes per optimizer step, not bytes (least squares "
+    "over the judged step rows; negative while it falls, 0 when not known); absent before enough steps."
+)
+
+
+FAMILIES: tuple[Family, ...] = (
+    info(
+        "oomsight_build",
+        "Version of the oomsight reader serving these metrics.",
+        READER,
+        lambda inv: {"version": __version__, "python_version": platform.python_version()},
+    ),
+    counter(
+        "oomsight_spool_skipped_files",
+        "Spool files that could not be used, by reason; each distinct file counted once.",
+        READER,
+        lambda inv: [(reason, inv.skipped_total.get(reason, 0)) for reason in SKIP_REASONS],
+        "reason",
+    ),
+    gauge(
+        "oomsight_source_up",
+        "1 if a data source works. The sidecar's own sources have no rank.",
+        SOURCE,
+        lambda sources: sources.items(),
+        "source",
+    ),
+    gauge(
+        "oomsight_process_up",
+        "1 while the process runs and publishes; 0 once it exited or went silent (kept for the retention period).",
+        PROCESS,
+        lambda v: float(v.up),
+    ),
+    gauge(
+        "oomsight_snapshot_age_seconds",
+        "Seconds since the process last wrote its snapshot.",
+        PROCESS,
+        lambda v: v.age_seconds,
+    ),
+    info("oomsight_process", "The process behind a rank: versions and allocator settings.", PROCESS, _process_info),
+    info(
+        "oomsight_process_exit",
+        "Why a process that is no longer up ended: normal, exception, oom, stopped, or vanished (silent without a final snapshot: killed, or its hook stopped).",
+        PROCESS,
+        lambda v: None if v.up else {"reason": v.exit_reason or "vanished"},
+    ),
+    counter("oomsight_steps", "Optimizer steps seen by the global step hook.", PROCESS, _step("count", 0)),
+    counter(
+        "oomsight_step_duration_seconds",
+        "Sum of the times between consecutive optimizer steps.",
+        PROCESS,
+        _step("duration_seconds_total", 0.0),
+    ),
+    gauge(
+        "oomsight_step_last_duration_seconds",
+        "Time between the last two optimizer steps.",
+        PROCESS,
+        _step("last_duration_seconds"),
+    ),
+    counter(
+        "oomsight_hook_errors",
+        "Errors the in-process hook caught and swallowed, by component.",
+        PROCESS,
+        _sorted("errors"),
+        "component",
+    ),
+    counter(
+        "oomsight_oom_events_unwritten",
+        "OOMs counted but not written because OOMSIGHT_MAX_OOM_EVENTS was reached.",
+        PROCESS,
+        _snap("oom_events_unwritten", 0),
+    ),
+    gauge(
+        "oomsight_torch_allocated_bytes",
+        f"Bytes in live tensors ({_SRC} allocated_bytes.all.current).",
+        DEVICE,
+        at("allocator", "allocated_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_reserved_bytes",
+        f"Bytes held by the caching allocator ({_SRC} reserved_bytes.all.current).",
+        DEVICE,
+        at("allocator", "reserved_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_active_bytes",
+        f"Bytes in active blocks, incl. frees awaiting other streams ({_SRC} active_bytes.all.current).",
+        DEVICE,
+        at("allocator", "active_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_requested_bytes",
+        f"Bytes requested by tensors before rounding ({_SRC} requested_bytes.all.current).",
+        DEVICE,
+        at("allocator", "requested_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_inactive_split_bytes",
+        f"Free bytes inside split segments that empty_cache() cannot release: fragmentation ({_SRC} inactive_split_bytes.all.current).",
+        DEVICE,
+        at("allocator", "inactive_split_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_peak_allocated_bytes",
+        f"Lifetime peak of allocated bytes; oomsight never resets it ({_SRC} allocated_bytes.all.peak).",
+        DEVICE,
+        at("allocator", "peak_allocated_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_peak_reserved_bytes",
+        f"Lifetime peak of reserved bytes; oomsight never resets it ({_SRC} reserved_bytes.all.peak).",
+        DEVICE,
+        at("allocator", "peak_reserved_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_window_peak_allocated_bytes",
+        "Maximum sampled allocated bytes within the hook's sliding window (OOMSIGHT_WINDOW_SECONDS).",
+        DEVICE,
+        at("allocator", "window_peak_allocated_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_window_peak_reserved_bytes",
+        "Maximum sampled reserved bytes within the hook's sliding window.",
+        DEVICE,
+        at("allocator", "window_peak_reserved_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_window_min_allocated_bytes",
+        "Minimum sampled allocated bytes within the sliding window: memory that survives between steps.",
+        DEVICE,
+        at("allocator", "window_min_allocated_bytes"),
+    ),
+    gauge(
+        "oomsight_torch_memory_limit_bytes",
+        "Per-process cap of the caching allocator set with torch.cuda.set_per_process_memory_fraction(); absent when unset.",
+        DEVICE,
+        lambda d: d.get("limit_bytes"),
+    ),
+    gauge(
+        "oomsight_gpu_memory_total_bytes",
+        "Device memory capacity (NVML nvmlDeviceGetMemoryInfo total).",
+        DEVICE,
+        at("nvml", "total_bytes"),
+    ),
+    gauge(
+        "oomsight_gpu_memory_used_bytes",
+        "Device memory used by all processes and the driver (NVML used).",
+        DEVICE,
+        at("nvml", "used_bytes"),
+    ),
+    gauge("oomsight_gpu_memory_free_bytes", "Device memory free (NVML free).", DEVICE, at("nvml", "free_bytes")),
+    gauge(
+        "oomsight_gpu_memory_reserved_bytes",
+        "Device memory reserved by the driver and firmware (NVML v2 reserved).",
+        DEVICE,
+        at("nvml", "reserved_bytes"),
+    ),
+    gauge(
+        "oomsight_gpu_utilization_ratio",
+        "Share of time a kernel ran on the device (NVML utilization.gpu / 100).",
+        DEVICE,
+        at("nvml", "utilization_ratio"),
+    ),
+    gauge(
+        "oomsight_gpu_process_used_bytes",
+        "This process's device memory per NVML; absent where NVML cannot see the PID (containers).",
+        DEVICE,
+        at("nvml", "process_used_bytes"),
+    ),
+    gauge(
+        "oomsight_gpu_process_visible",
+        "1 if NVML lists this process's PID on the device, else 0 (then non-torch bytes include other processes).",
+        DEVICE,
+        at("nvml", "process_visible"),
+    ),
+    gauge(
+        "oomsight_gpu_non_torch_bytes",
+        "Device memory of this process outside PyTorch's allocator (CUDA context, NCCL, cuBLAS): NVML process used minus reserved; where the PID is not visible, device used minus reserved.",
+        DEVICE,
+        lambda d: non_torch_bytes(d),
+    ),
+    gauge(
+        "oomsight_gpu_headroom_bytes",
+        HEADROOM_HELP,
+        DEVICE,
+        lambda d: headroom_bytes(d),
+    ),
+    gauge(
+        "oomsight_step_peak_allocated_bytes",
+        "Peak allocated bytes of the last optimizer step read: exact when torch's lifetime peak rose in it, else the sampled maximum (a lower bound); with opt-in OOMSIGHT_STEP_PEAKS read and reset every step.",
+        DEVICE,
+        lambda d: _step_peak(d, "allocated_bytes") if d.get("step_peak") else _row(d, trend.PEAK),
+    ),
+    gauge(
+        "oomsight_step_peak_reserved_bytes",
+        "Peak reserved bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS).",
+        DEVICE,
+        lambda d: _step_peak(d, "reserved_bytes"),
+    ),
+    gauge(
+        "oomsight_step_floor_allocated_bytes",
+        "Allocated bytes right after the last optimizer step read: what survives between steps (the leak signal).",
+        DEVICE,
+        lambda d: _row(d, trend.FLOOR),
+    ),
+    gauge(
+        "oomsight_step_floor_slope_bytes",
+        SLOPE_HELP,
+        DEVICE,
+        lambda d: _trend(d, "floor_slope_bytes"),
+    ),
+    gauge(
+        "oomsight_oom_forecast_steps",
+        "Optimizer steps until the step peak reaches capacity at the current leak or growth; +Inf without a rise.",
+        DEVICE,
+        lambda d: _trend(d, "steps_to_oom"),
+    ),
+    gauge(
+        "oomsight_oom_forecast_seconds",
+        "Seconds until the step peak reaches capacity at the current leak or growth and step time; +Inf without a rise.",
+        DEVICE,
+        lambda d: _trend(d, "seconds_to_oom"),
+    ),
+    gauge(
+        "oomsight_predicted_peak_allocated_bytes",
+        "Peak allocated bytes the job's prediction (oomsight predict) gave for its training step, carried by the job (OOMSIGHT_PREDICTION or oomsight.record_prediction); compare with oomsight_torch_peak_allocated_bytes.",
+        DEVICE,
+        lambda d: _predicted(d, "peak_allocated_bytes"),
+    ),
+    gauge(
+        "oomsight_predicted_peak_reserved_bytes",
+        "Peak reserved bytes the job's prediction gave; absent when it gave none (a bare size).",
+        DEVICE,
+        lambda d: _predicted(d, "peak_reserved_bytes"),
+    ),
+    counter(
+        "oomsight_torch_alloc_retries",
+        f"cudaMalloc failures after which the allocator freed its cache and retried: slow steps, an OOM precursor ({_SRC} num_alloc_retries).",
+        DEVICE,
+        at("allocator", "alloc_retries"),
+    ),
+    counter(
+        "oomsight_torch_ooms",
+        f"OOMs raised by this process's allocator, caught ones included ({_SRC} num_ooms); resets when the process restarts.",
+        DEVICE,
+        at("allocator", "ooms"),
+    ),
+    counter(
+        "oomsight_torch_device_allocs",
+        f"cudaMalloc/cuMemMap calls ({_SRC} num_device_alloc; 0 before torch 2.4).",
+        DEVICE,
+        at("allocator", "device_allocs"),
+    ),
+    counter(
+        "oomsight_torch_device_frees",
+        f"cudaFree/cuMemUnmap calls ({_SRC} num_device_free; 0 before torch 2.4).",
+        DEVICE,
+        at("allocator", "device_frees"),
+    ),
+    info("oomsight_gpu", "The GPU behind a (rank, device): model name.", DEVICE, lambda d: {"name": d.get("name", "")}),
+    gauge(
+        "oomsight_memory_by_category_bytes",
+        "Device memory by category: parameters, gradients and optimizer state summed from the optimizers' tensors; "
+        "activations = peak allocated minus those (a lower bound unless OOMSIGHT_STEP_PEAKS is on).",
+        DEVICE,
+        lambda d: (
+            [(name, d["categories"].get(f"{name}_bytes")) for name in CATEGORIES] if d.get("categories") else None
+        ),
+        "category",
+    ),
+    counter(
+        "oomsight_oom_events",
+        "CUDA OOMs recorded by the hook's observer (caught ones included); 0 from the start.",
+        OOM,
+        lambda t: t.events,
+    ),
+    counter(
+        "oomsight_oom_fatal_events",
+        "OOMs that ended their process (uncaught, or the process died before a later step).",
+        OOM,
+        lambda t: t.fatal,
+    ),
+    counter(
+        "oomsight_oom_recovered_events",
+        "OOMs the process survived (a later step completed, or it exited normally).",
+        OOM,
+        lambda t: t.recovered,
+    ),
+    gauge("oomsight_last_oom_timestamp_seconds", "Unix time of the last OOM.", OOM, _last("time")),
+    gauge(
+        "oomsight_last_oom_requested_bytes",
+        "Bytes the failing allocation of the last OOM asked for.",
+        OOM,
+        _last("requested_bytes"),
+    ),
+    gauge(
+        "oomsight_last_oom_device_free_bytes",
+        "Device bytes free as the allocator saw them at the last OOM.",
+        OOM,
+        _last("device_free_bytes"),
+    ),
+    info(
+        "oomsight_last_oom_cause",
+        "Diagnosed cause of the last OOM (see docs/diagnosis.md).",
+        OOM,
+        lambda t: None if t.last is None else {"cause": t.last["diagnosis"]["cause"]},
+    ),
+    gauge(
+        "oomsight_leak_suspected",
+        "1 while the between-steps floor of allocated memory rises step after step and the step's own memory does not (docs/diagnosis.md).",
+        DEVICE,
+        lambda d: float(leak_suspected(d)),
+    ),
+    gauge(
+        "oomsight_leak_graph_tensors",
+        "CUDA tensors found alive past an optimizer step still holding their autograd graph (last scan).",
+        PROCESS,
+        _finding("leak", "graph_tensors"),
+    ),
+    gauge("oomsight_leak_graph_bytes", "Bytes of those tensors (last scan).", PROCESS, _finding("leak", "graph_bytes")),
+    gauge(
+        "oomsight_advice_max_batch_size",
+        "Largest batch size that keeps the margin, from oomsight.probe_batch_size().",
+        PROCESS,
+        _finding("batch_advice", "max_batch_size"),
+    ),
+    gauge(
+        "oomsight_profiling",
+        "1 while a profiling window is pending or running in the process.",
+        PROCESS,
+        lambda v: float(bool(v.snapshot.get("profiling"))),
+    ),
+    gauge(
+        "oomsight_profile_op_self_cuda_memory_bytes",
+        'Self CUDA memory of the top operators in the last profiling window (top 10 by memory, the rest as op="other").',
+        PROFILE,
+        _ops("top_by_memory", "self_cuda_memory_bytes"),
+        "op",
+    ),
+    gauge(
+        "oomsight_profile_op_self_cuda_time_seconds",
+        'Self CUDA time of the top operators in the last profiling window (top 10 by time, the rest as op="other").',
+        PROFILE,
+        _ops("top_by_time", "self_cuda_time_us", 1e6),
+        "op",
+    ),
+    gauge(
+        "oomsight_profile_last_timestamp_seconds",
+        "When the last profiling window of the process ended.",
+        PROFILE,
+        lambda p: p["ended_at"],
+    ),
+)
+"""Every family of the spool, in exposition order."""
