@@ -9,7 +9,6 @@ Every failure is an :class:`Unusable` with one of the spool's skip reasons.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -28,19 +27,6 @@ _KEEP = b'[]{}"'
 _DROP = bytes(c for c in range(256) if c not in _KEEP)
 _STRING = re.compile(rb'"[^"]*"')
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-try:  # the sidecar image's parser (the "sidecar" extra): about 5x json.loads for a snapshot
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - without it, json alone
-    _orjson = None  # type: ignore[assignment]
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-_LONG_DIGITS = b"0" * 19
-"""orjson reads an integer beyond 64 bits as a float, and json as an int (which validation
-rejects): a document with a run of 19 digits is read by json alone. NaN, infinities, ``1e400``,
-lone surrogate escapes and nesting past orjson's limit are errors to orjson; such a document is
-read by json too. Whichever reads it, a document gives the same value (``test_decoding``)."""
-_ABSENT: Any = object()
 
 
 class Unusable(Exception):
@@ -136,15 +122,10 @@ def decode(raw: bytes, max_depth: Optional[int] = MAX_DEPTH) -> Any:
         raise Unusable("corrupt", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     if max_depth is not None and not nesting_within(raw, max_depth):
         raise Unusable("corrupt", f"not JSON nested at most {max_depth} deep")
-    doc = _ABSENT
-    if _orjson is not None and _LONG_DIGITS not in raw.translate(_DIGITS_AS_ZERO):  # in C passes
-        with contextlib.suppress(_orjson.JSONDecodeError):
-            doc = _orjson.loads(raw)
-    if doc is _ABSENT:
-        try:
-            doc = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise Unusable("corrupt", f"not JSON ({exc})") from None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise Unusable("corrupt", f"not JSON ({exc})") from None
     if _SURROGATE_ESCAPE.search(text) and not _strings_encodable(doc):
         raise Unusable("corrupt", "a string holds a lone surrogate (not Unicode text)")
     return doc

@@ -38,7 +38,6 @@ from oomsight.wire.documents import (
 )
 from oomsight.wire.fields import DOCUMENTS
 from oomsight.wire.fieldtypes import Field, Table, default_of
-from oomsight.wire.tablecheck import Check, compile_table
 
 __all__ = [
     "AllocatorSample",
@@ -202,25 +201,22 @@ def _check_value(f: Field, value: Any, where: str, fill: bool, known: Any = None
 def _check(doc: Any, table: Table, where: str, fill: bool, known: Optional[dict[str, Any]] = None) -> None:
     """``known``: the same object of a document validated before (with defaults filled when
     ``fill``); a nested object or list equal to its counterpart there is that one, already
-    checked, so it is taken instead of checked again (a publish changes a few counters).
-    The table's generated check (``oomsight.wire.tablecheck``) goes first; where it does not
-    pass, the keys are checked in turn, which says what is wrong."""
+    checked, so it is taken instead of checked again (a publish changes a few counters)."""
     if type(doc) is not dict:
         raise SchemaError(f"{where} is not an object")
-    plan, names, check = _planned(table)
-    if not check(doc, where, fill, known):
-        for name, f, fits in plan:
-            value = doc.get(name, _ABSENT)
-            if value is _ABSENT:
-                if f.required:
-                    raise SchemaError(f"{where}.{name} is missing")
-                if fill:
-                    doc[name] = default_of(f)
-            elif value is None:
-                if not f.nullable:
-                    raise SchemaError(f"{where}.{name} is null")
-            elif fits is None or not fits(value):
-                _check_nested(doc, name, f, value, where, fill, known)
+    plan, names = _planned(table)
+    for name, f, fits in plan:
+        value = doc.get(name, _ABSENT)
+        if value is _ABSENT:
+            if f.required:
+                raise SchemaError(f"{where}.{name} is missing")
+            if fill:
+                doc[name] = default_of(f)
+        elif value is None:
+            if not f.nullable:
+                raise SchemaError(f"{where}.{name} is null")
+        elif fits is None or not fits(value):
+            _check_nested(doc, name, f, value, where, fill, known)
     if not names.issuperset(doc):  # a newer writer's keys: any JSON, within bounds
         for name, value in list(doc.items()):
             if name in names:
@@ -251,36 +247,23 @@ _SHARED = frozenset((dict, list))
 
 
 Plan = tuple[tuple[str, Field, Optional[Callable[[Any], bool]]], ...]
-_PLANS: dict[int, tuple[Table, Plan, frozenset[str], Check]] = {}
+_PLANS: dict[int, tuple[Table, Plan, frozenset[str]]] = {}
 
 
-def _planned(table: Table) -> tuple[Plan, frozenset[str], Check]:
+def _planned(table: Table) -> tuple[Plan, frozenset[str]]:
     """Each field of ``table`` with, for a scalar without choices, the test a value must pass
-    (a value that fails it goes to ``_check_value``, which says why), the table's key names and
-    its generated check; made once per table."""
+    (a value that fails it goes to ``_check_value``, which says why), and the table's key names;
+    made once per table."""
     found = _PLANS.get(id(table))
     if found is None or found[0] is not table:
         plan = tuple(
             (f.name, f, _SCALARS[f.kind] if f.kind in _SCALARS and not f.choices else None) for f in table.fields
         )
-        check = compile_table(table, _CHECK_ENV)
-        found = _PLANS[id(table)] = (table, plan, frozenset(f.name for f in table.fields), check)
-    return found[1], found[2], found[3]
+        found = _PLANS[id(table)] = (table, plan, frozenset(f.name for f in table.fields))
+    return found[1], found[2]
 
 
 _ABSENT = object()
-_CHECK_ENV = {
-    "A": _ABSENT,
-    "LO": INT_MIN,
-    "HI": INT_MAX,
-    "TMAX": TIME_MAX,
-    "TEXT": _is_text,
-    "JSON": _is_json,
-    "NESTED": _check_nested,
-    "OBJECT": _check,
-    "TABLE": lambda table: _planned(table)[1:],
-    "ROWS": _are_rows,
-}
 
 
 def validate(doc: Any, fill_defaults: bool = False, known: Any = None) -> str:
