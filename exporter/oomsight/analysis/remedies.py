@@ -23,7 +23,7 @@ REMEDY = {
     "can also raise the peak (pytorch/pytorch#122512).",
     "expandable": "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF "
     "before torch 2.9) so freed blocks can be reused across segments.",
-    "split": "Expandable segments are already on (the allocator then ignores max_split_size_mb): add "
+    "split": "Expandable segments are already on (the allocator then ignores any maximum split size): add "
     "garbage_collection_threshold:0.8 to PYTORCH_ALLOC_CONF so cached blocks are released before the cache "
     "fills, or call torch.cuda.empty_cache() around phase changes (training to evaluation, a new input shape).",
     "shapes": "Keep tensor shapes stable between steps (pad or bucket variable-length inputs).",
