@@ -46,22 +46,27 @@ def test_idle_connections_are_closed_after_the_idle_timeout(tmp_path):
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
 
 
-def test_connections_over_the_cap_get_503_at_once_and_the_cap_frees_up(tmp_path):
+def test_over_the_cap_the_connection_waiting_longest_is_closed_and_the_newcomer_is_served(tmp_path):
     env = sidecar_env(max_connections=4, idle_timeout_seconds=10)
     with sidecar(str(tmp_path), env=env) as (_, port):
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200)
-        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-        time.sleep(0.3)  # let the server take them
-        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
-        assert extra.recv(100).startswith(b"HTTP/1.1 503")
-        extra.close()
+        held = []
+        for _ in range(4):
+            held.append(socket.create_connection(("127.0.0.1", port)))
+            time.sleep(0.05)  # an order of waiting the server can tell
+        held[1].sendall(b"GET /metrics HTTP/1.1\r\n")  # a partial head is still waiting
+        time.sleep(0.2)
+        assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # the newcomer, over the cap
+        assert closed_by_server(held[0], within=2)  # the oldest wait went first
+        assert not any(closed_by_server(s, within=0.1) for s in held[2:])
+        held += [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # over the cap again
+        assert not closed_by_server(held[-1], within=0.2)  # the newcomer stays; a partial head is no help:
+        assert closed_by_server(held[1], within=2)
         for s in held:
             s.close()
-        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, timeout=5)
         metrics = http_get(f"http://127.0.0.1:{port}/metrics")[1]
-        # at least the refused one; a health probe racing the held sockets' release may add more
         found = re.search(r'oomsight_sidecar_http_errors_total\{reason="over_capacity"\} ([0-9.]+)', metrics)
-        assert found is not None and float(found.group(1)) >= 1.0
+        assert found is not None and float(found.group(1)) >= 2.0
 
 
 def test_a_client_trickling_its_request_is_cut_off_at_the_request_deadline(tmp_path):

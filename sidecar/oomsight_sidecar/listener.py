@@ -1,17 +1,23 @@
 """The HTTP listener under every oomsight server (sidecar metrics and admin, webhook).
 
-What the standard library's threading servers lack and a pod needs (docs/kubernetes.md,
-"Server limits"):
+One event-loop thread holds every connection while its request arrives (TLS handshake
+included); a few worker threads answer requests that arrived whole. A connection that
+only waits costs a descriptor and its bytes so far, never a thread, so thousands of idle
+or slow clients cannot keep Prometheus, the kubelet or the API server from being answered
+(docs/kubernetes.md, "Server limits", has the decision and its measurements):
 
-* a **connection cap**: a bounded number of handler threads; a connection over the cap
-  gets ``503`` (plain HTTP) or is closed (TLS) at once, in the accept thread;
-* an **idle timeout** (a socket timeout: a connection silent that long is closed) and a
-  **request deadline** (a request, headers and body, that takes longer in all to arrive
-  is cut off, so a client trickling a byte every few seconds cannot hold a thread);
-* a **request-head cap**: request line and headers larger than ``max_head_bytes`` close
-  the connection;
-* **back-off at the descriptor limit**: when ``accept()`` fails with ``EMFILE`` the
-  loop sleeps instead of spinning at 100 % CPU on the still-readable listening socket;
+* a **connection cap** (``max_connections``): over it, the connection that has waited
+  longest for its request is closed, never the newcomer; only when every connection holds
+  a whole request is a newcomer refused (``503`` on plain HTTP, closed on TLS);
+* an **idle timeout** (a connection silent that long is closed) and a **request
+  deadline** (a request, TLS handshake, head and body, that takes longer in all to arrive
+  is cut off, so a client trickling a byte every few seconds cannot hold anything);
+* a **request-head cap**: request line and headers larger than ``max_head_bytes`` get
+  ``431`` and a close; a request line that is not ``METHOD target HTTP/x.y`` (HTTP/0.9)
+  gets ``400`` and a close, at once;
+* **descriptors**: the soft ``RLIMIT_NOFILE`` is raised toward the hard one to fit the
+  caps (:class:`DescriptorBudget`); when ``accept()`` still fails with ``EMFILE`` the
+  idlest connection is closed and accepting pauses instead of spinning at 100 % CPU;
 * **IPv6**: a listen address with a colon (``::1``, ``::``) gets an ``AF_INET6`` socket.
 """
 
@@ -22,11 +28,15 @@ import dataclasses
 import errno
 import functools
 import logging
+import math
+import queue
+import resource
+import selectors
 import socket
-import socketserver
+import ssl
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -34,6 +44,10 @@ from oomsight.config import env_setting, parse_count, parse_seconds
 
 logger = logging.getLogger(__name__)
 
+READ_BYTES = 64 * 1024
+LINGER_SECONDS = 2.0
+"""How long a closing connection's unread bytes are drained (an answered request's body)."""
+NEVER = math.inf
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 22\r\n"
@@ -45,19 +59,24 @@ BUSY_RESPONSE = (
 class ServerLimits:
     """Limits of one HTTP server; read from ``<PREFIX>_MAX_CONNECTIONS`` and friends."""
 
-    max_connections: int = 32
-    """Connections served at once (one thread each); more are refused at once."""
+    max_connections: int = 1024
+    """Connections held open at once; over it, the one waiting longest for its request is
+    closed. An idle connection costs a descriptor and at most ``max_head_bytes``."""
+
+    workers: int = 4
+    """Requests answered at once (one thread each); more wait, whole, for a free worker."""
 
     idle_timeout_seconds: float = 15.0
-    """A connection that sends nothing for this long is closed (the socket timeout)."""
+    """A connection that sends nothing for this long is closed."""
 
     request_timeout_seconds: float = 30.0
-    """Longest time to receive one request, head and body (from the connection's start, or
-    from the previous answer on a kept-alive one). Writing the answer is not limited by it
-    (a large artifact download may take longer), only by the idle timeout per write."""
+    """Longest time to receive one request, TLS handshake, head and body (from the
+    connection's start, or from the previous answer plus the idle timeout on a kept-alive
+    one). Writing the answer is not limited by it (a large artifact download may take
+    longer), only by the idle timeout per write."""
 
-    max_head_bytes: int = 32 * 1024
-    """Largest request line plus headers; larger requests close the connection."""
+    max_head_bytes: int = 8 * 1024
+    """Largest request line plus headers; larger requests get 431 and a close."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], prefix: str, default: Optional[ServerLimits] = None) -> ServerLimits:
@@ -69,6 +88,7 @@ class ServerLimits:
             max_connections=env_setting(
                 env, f"{prefix}_MAX_CONNECTIONS", functools.partial(parse_count, maximum=10_000), d.max_connections
             ),
+            workers=env_setting(env, f"{prefix}_WORKERS", functools.partial(parse_count, maximum=64), d.workers),
             idle_timeout_seconds=env_setting(env, f"{prefix}_IDLE_TIMEOUT_SECONDS", hour, d.idle_timeout_seconds),
             request_timeout_seconds=env_setting(
                 env, f"{prefix}_REQUEST_TIMEOUT_SECONDS", hour, d.request_timeout_seconds
@@ -81,38 +101,8 @@ class ServerLimits:
 
 def limit_env_names(prefix: str) -> tuple[str, ...]:
     """The variables :meth:`ServerLimits.from_env` reads for ``prefix`` (for the docs test)."""
-    names = ("MAX_CONNECTIONS", "IDLE_TIMEOUT_SECONDS", "REQUEST_TIMEOUT_SECONDS", "MAX_HEAD_BYTES")
+    names = ("MAX_CONNECTIONS", "WORKERS", "IDLE_TIMEOUT_SECONDS", "REQUEST_TIMEOUT_SECONDS", "MAX_HEAD_BYTES")
     return tuple(f"{prefix}_{n}" for n in names)
-
-
-class HeadTooLarge(OSError):
-    """The request line and headers are over ``max_head_bytes``; the connection is closed."""
-
-
-class CappedReader:
-    """Wraps a handler's ``rfile``: ``readline`` (request line, headers) counts against a cap.
-
-    ``read`` (the body) is not counted: bodies have their own limit, by Content-Length."""
-
-    def __init__(self, raw: Any, cap: int) -> None:
-        self.raw = raw
-        self.cap = cap
-        self.used = 0
-
-    def readline(self, limit: int = -1) -> bytes:
-        room = self.cap - self.used
-        if room <= 0:
-            raise HeadTooLarge(f"request head over {self.cap} bytes")
-        line: bytes = self.raw.readline(room if limit < 0 else min(limit, room))
-        self.used += len(line)
-        return line
-
-    def reset(self) -> None:
-        """A new request on a kept-alive connection starts its own count."""
-        self.used = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.raw, name)
 
 
 ERROR_REASONS = ("request", "over_capacity", "out_of_descriptors", "deadline")
@@ -136,121 +126,465 @@ class ServerErrors:
             return dict(self._counts)
 
 
-class Deadlines:
-    """One thread that shuts down sockets whose request deadline has passed."""
+class ConnectionReader:
+    """A handler's ``rfile``: the bytes the loop already received, then the socket.
 
-    def __init__(self, errors: ServerErrors, tick_seconds: float = 0.25) -> None:
-        self.tick_seconds = tick_seconds
-        self.errors = errors
-        self._due: dict[socket.socket, float] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="oomsight-deadlines", daemon=True)
-        self._thread.start()
+    What a request leaves unread (a pipelined next request) stays in ``conn.buffer`` and
+    goes back to the loop with the connection."""
 
-    def watch(self, sock: socket.socket, seconds: float) -> None:
-        with self._lock:
-            self._due[sock] = time.monotonic() + seconds
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
 
-    def forget(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._due.pop(sock, None)
+    def _fill(self, most: int = READ_BYTES) -> bool:
+        data = self.conn.sock.recv(min(most, READ_BYTES))
+        self.conn.buffer += data
+        return bool(data)
+
+    def readline(self, limit: int = -1) -> bytes:
+        buf = self.conn.buffer
+        while True:
+            end = buf.find(b"\n")
+            if end >= 0 and (limit < 0 or end < limit):
+                return self._take(end + 1)
+            if 0 <= limit <= len(buf) or not self._fill():
+                return self._take(len(buf) if limit < 0 else limit)
+
+    def read(self, size: Optional[int] = -1) -> bytes:
+        buf = self.conn.buffer
+        if size is None or size < 0:
+            while self._fill():
+                pass
+            return self._take(len(buf))
+        while len(buf) < size and self._fill(size - len(buf)):
+            pass
+        return self._take(size)
+
+    def _take(self, n: int) -> bytes:
+        out = bytes(self.conn.buffer[:n])
+        del self.conn.buffer[:n]
+        return out
 
     def close(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.tick_seconds):
-            now = time.monotonic()
-            with self._lock:
-                late = [s for s, due in self._due.items() if due <= now]
-                for sock in late:
-                    del self._due[sock]
-            if late:
-                self.errors.count("deadline", len(late))
-            for sock in late:
-                with contextlib.suppress(OSError):  # already closed by its handler
-                    sock.shutdown(socket.SHUT_RDWR)  # the handler's blocked read returns, it cleans up
+        pass  # the connection belongs to the server
 
 
-class BoundedServer(socketserver.ThreadingMixIn):
-    """Mixed in before an ``HTTPServer``/``WSGIServer``: capped threads, deadlines, back-off.
+class Connection:
+    """One client connection: its socket, what it sent so far, its clock."""
+
+    __slots__ = ("address", "buffer", "cut", "due", "events", "last_byte", "since", "sock", "tls_done")
+
+    def __init__(self, sock: socket.socket, address: Any, now: float, due: float) -> None:
+        self.sock = sock
+        self.address = address
+        self.buffer = bytearray()
+        self.since = now
+        """When it began waiting for its request (accepted, or its last answer sent)."""
+        self.last_byte = now
+        self.due = due
+        """When its request must have arrived whole (the request deadline)."""
+        self.events = selectors.EVENT_READ
+        self.tls_done = not isinstance(sock, ssl.SSLSocket)
+        self.cut = False
+
+
+class DescriptorBudget:
+    """File descriptors the servers of one process may hold: the soft ``RLIMIT_NOFILE``,
+    raised toward the hard limit when the servers' caps need it, less a reserve for files."""
+
+    RESERVE = 256
+    """Descriptors left for everything else (spool files, the API client, logs)."""
+
+    def __init__(self) -> None:
+        self._claimed = 0
+        self._lock = threading.Lock()
+
+    def claim(self, wanted: int) -> int:
+        """Connections a server may hold, ``wanted`` or fewer (a warning says so)."""
+        with self._lock:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            need = self._claimed + wanted + self.RESERVE
+            if soft != resource.RLIM_INFINITY and soft < need:
+                target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+                with contextlib.suppress(ValueError, OSError):
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                    soft = target
+            room = wanted if soft == resource.RLIM_INFINITY else soft - self.RESERVE - self._claimed
+            granted = max(1, min(wanted, room))
+            if granted < wanted:
+                logger.warning(
+                    "oomsight: a server may hold %d connections, not %d: the descriptor limit is %d "
+                    "(raise the container's nofile limit, or lower the connection cap)",
+                    granted,
+                    wanted,
+                    soft,
+                )
+            self._claimed += granted
+            return granted
+
+    def release(self, granted: int) -> None:
+        with self._lock:
+            self._claimed = max(0, self._claimed - granted)
+
+
+DESCRIPTORS = DescriptorBudget()
+_LISTENER, _WAKE = object(), object()
+
+
+class BoundedServer:
+    """Mixed in before an ``HTTPServer``/``WSGIServer``: an event loop holds every connection
+    while its request arrives, ``limits.workers`` threads answer whole requests.
 
     Call :meth:`init_limits` in ``__init__`` before ``super().__init__`` (set
-    ``busy_response`` to None where a plain 503 cannot be sent, on a TLS port); call
-    :meth:`close_limits` after ``server_close()``. ``errors`` counts what was refused or
-    cut off (:data:`ERROR_REASONS`)."""
+    ``busy_response`` to None where a plain 503 cannot be sent, on a TLS port); its handler
+    calls :meth:`reader` in ``setup`` and :meth:`received` once the request is read, and sets
+    ``keep_alive`` for a connection to go back to the loop for its next request. Call
+    :meth:`close_limits` after ``server_close()``. ``errors`` counts what was refused or cut
+    off (:data:`ERROR_REASONS`)."""
 
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 64  # the listen backlog: socketserver's 5 drops a burst of scrapes' SYNs
+    request_queue_size = 1024  # the listen backlog: a burst of connections waits in the kernel
     limits: ServerLimits = ServerLimits()
     busy_response: Optional[bytes] = BUSY_RESPONSE
     accept_backoff_seconds = (0.05, 1.0)
+    tick_seconds = 0.1
+    accepts_per_turn = 64
+    socket: Any
+    RequestHandlerClass: Any
 
     def init_limits(self, limits: ServerLimits, errors: Optional[ServerErrors] = None) -> None:
         self.limits = limits
-        self.slots = threading.BoundedSemaphore(limits.max_connections)
         self.errors = errors or ServerErrors()
-        self.deadlines = Deadlines(self.errors)
-        self._backoff = 0.0
+        self.cap = DESCRIPTORS.claim(limits.max_connections)
+        self._waiting: OrderedDict[Connection, None] = OrderedDict()  # oldest wait first
+        self._busy: set[Connection] = set()  # queued for or in a worker
+        self._lingering: OrderedDict[Connection, None] = OrderedDict()  # answered, draining before close
+        self._back: deque[tuple[Connection, bool]] = deque()
+        self._work: queue.SimpleQueue[Optional[Connection]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._stopping, self._stopped = threading.Event(), threading.Event()
+        self._stopped.set()
+        self._backoff, self._paused_until, self._swept = 0.0, 0.0, 0.0
+        self._local = threading.local()
+        for i in range(limits.workers):
+            threading.Thread(target=self._work_loop, name=f"oomsight-http-{i}", daemon=True).start()
 
     def count(self, reason: str) -> None:
         self.errors.count(reason)
 
-    def get_request(self) -> tuple[Any, Any]:
-        try:
-            conn, addr = super().get_request()  # type: ignore[misc]
-        except OSError as exc:
-            if exc.errno in _OUT_OF_DESCRIPTORS:
-                self.count("out_of_descriptors")
-                low, high = self.accept_backoff_seconds
-                if not self._backoff:  # once per episode: it is counted every time
-                    logger.warning(
-                        "oomsight: cannot accept connections (%s): out of file descriptors; "
-                        "pausing up to %.0f s between attempts",
-                        exc.strerror,
-                        high,
-                    )
-                self._backoff = min(high, max(low, self._backoff * 2))
-                time.sleep(self._backoff)
-            raise
-        self._backoff = 0.0
-        return conn, addr
+    # --- what handlers call, in their worker thread ---
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.count("over_capacity")
-            self._refuse(request)
-            return
-        request.settimeout(self.limits.idle_timeout_seconds)
-        self.deadlines.watch(request, self.limits.request_timeout_seconds)
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.deadlines.forget(request)
-            self.slots.release()
-            raise
+    def reader(self) -> ConnectionReader:
+        """The ``rfile`` of the request this thread answers."""
+        return ConnectionReader(self._local.conn)
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def received(self) -> None:
+        """The request is read whole: answering it is not under the request deadline."""
+        self._local.conn.due = NEVER
+
+    # --- the loop ---
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        self._stopped.clear()
+        self.socket.setblocking(False)
+        self._selector.register(self.socket, selectors.EVENT_READ, _LISTENER)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
         try:
-            super().process_request_thread(request, client_address)
+            while not self._stopping.is_set():
+                self._turn()
         finally:
-            self.deadlines.forget(request)
-            self.slots.release()
+            for conn in [*self._waiting, *self._lingering]:
+                self._close(conn)
+            self._selector.close()
+            self._stopped.set()
 
-    def _refuse(self, request: Any) -> None:
-        try:
-            if self.busy_response is not None:
-                request.setblocking(False)
-                request.send(self.busy_response)
-        except OSError:
-            pass  # the client is told nothing more than a closed connection
-        finally:
-            self.shutdown_request(request)  # type: ignore[attr-defined]
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._wake()
+        self._stopped.wait(10.0)
 
     def close_limits(self) -> None:
-        self.deadlines.close()
+        for _ in range(self.limits.workers):
+            self._work.put(None)
+        DESCRIPTORS.release(self.cap)
+        for sock in (self._wake_r, self._wake_w):
+            sock.close()
+
+    def _turn(self) -> None:
+        now = time.monotonic()
+        if self._paused_until and now >= self._paused_until:
+            self._paused_until = 0.0
+            self._selector.register(self.socket, selectors.EVENT_READ, _LISTENER)
+        for key, _events in self._selector.select(self.tick_seconds):
+            if key.data is _LISTENER:
+                self._accept()
+            elif key.data is _WAKE:
+                self._take_back()
+            elif key.data in self._waiting:
+                self._on_ready(key.data)
+            elif key.data in self._lingering:
+                self._drain(key.data)
+        if time.monotonic() - self._swept >= self.tick_seconds:
+            self._sweep()
+
+    def _accept(self) -> None:
+        for _ in range(self.accepts_per_turn):
+            try:
+                sock, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_DESCRIPTORS:
+                    self._out_of_descriptors(exc)
+                return
+            self._backoff = 0.0
+            self._admit(sock, address)
+
+    def _out_of_descriptors(self, exc: OSError) -> None:
+        """Count, close the idlest connection, and stop accepting for a while: the listening
+        socket stays readable, accepting again at once would spin at 100 % CPU."""
+        self.count("out_of_descriptors")
+        low, high = self.accept_backoff_seconds
+        if not self._backoff:  # once per episode: it is counted every time
+            logger.warning(
+                "oomsight: cannot accept connections (%s): out of file descriptors; "
+                "closing the idlest connection and pausing up to %.0f s between attempts",
+                exc.strerror,
+                high,
+            )
+        self._backoff = min(high, max(low, self._backoff * 2))
+        self._evict_idlest()
+        self._paused_until = time.monotonic() + self._backoff
+        self._selector.unregister(self.socket)
+
+    def _admit(self, sock: socket.socket, address: Any) -> None:
+        if len(self._waiting) + len(self._busy) + len(self._lingering) >= self.cap and not self._evict_idlest():
+            self.count("over_capacity")  # every connection has a whole request: refuse the newcomer
+            self._refuse(sock)
+            return
+        now = time.monotonic()
+        sock.setblocking(False)
+        conn = Connection(sock, address, now, now + self.limits.request_timeout_seconds)
+        self._waiting[conn] = None
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _evict_idlest(self) -> bool:
+        """Close the connection that has waited longest for its request (one already answered
+        and closing goes first, uncounted); False if none waits."""
+        if self._lingering:
+            self._close(next(iter(self._lingering)))
+            return True
+        if not self._waiting:
+            return False
+        self.count("over_capacity")
+        self._close(next(iter(self._waiting)))
+        return True
+
+    def _refuse(self, sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            if self.busy_response is not None:
+                sock.setblocking(False)
+                sock.send(self.busy_response)
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def _on_ready(self, conn: Connection) -> None:
+        if not conn.tls_done and not self._handshake(conn):
+            return
+        if self._receive(conn):
+            self._examine(conn)
+
+    def _handshake(self, conn: Connection) -> bool:
+        sock: Any = conn.sock
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._listen_for(conn, selectors.EVENT_READ)
+            return False
+        except ssl.SSLWantWriteError:
+            self._listen_for(conn, selectors.EVENT_WRITE)
+            return False
+        except (ssl.SSLError, OSError) as exc:
+            self._close(conn, "tls_handshake" if isinstance(exc, ssl.SSLError) else "request")
+            return False
+        conn.tls_done = True
+        self._listen_for(conn, selectors.EVENT_READ)
+        return True
+
+    def _listen_for(self, conn: Connection, events: int) -> None:
+        if conn.events != events:
+            conn.events = events
+            self._selector.modify(conn.sock, events, conn)
+
+    def _receive(self, conn: Connection) -> bool:
+        """Read what has arrived, up to one byte over the head cap; False if it closed."""
+        room = self.limits.max_head_bytes + 1 - len(conn.buffer)
+        while room > 0:
+            try:
+                data = conn.sock.recv(min(room, READ_BYTES))
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return True
+            except OSError:  # ssl.SSLError included: a reset or a broken record
+                self._close(conn, "request")
+                return False
+            if not data:
+                self._close(conn)
+                return False
+            conn.buffer += data
+            conn.last_byte = time.monotonic()
+            room -= len(data)
+            pending = getattr(conn.sock, "pending", None)
+            if pending is None or not pending():
+                return True  # more arrives as another readable event
+        return True
+
+    def _examine(self, conn: Connection) -> None:
+        """Hand a whole request head to a worker; answer a bad or oversized one and close."""
+        buf, cap = conn.buffer, self.limits.max_head_bytes
+        line_end = buf.find(b"\n")
+        if line_end < 0:
+            if len(buf) > cap:
+                self._answer(conn, b"431 Request Header Fields Too Large")
+            return
+        if not _request_line_ok(bytes(buf[:line_end])):
+            self._answer(conn, b"400 Bad Request")  # HTTP/0.9 and junk: answered, never held
+            return
+        end = _head_end(buf, line_end)
+        if end < 0 and len(buf) <= cap:
+            return
+        if end < 0 or end > cap:
+            self._answer(conn, b"431 Request Header Fields Too Large")
+            return
+        self._dispatch(conn)
+
+    def _answer(self, conn: Connection, status: bytes) -> None:
+        text = status + b"\r\n"
+        head = b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        with contextlib.suppress(OSError):  # best effort: the client may be gone or not reading
+            conn.sock.send(head % (status, len(text)) + text)
+        self.count("request")
+        self._linger(conn)
+
+    def _dispatch(self, conn: Connection) -> None:
+        del self._waiting[conn]
+        self._selector.unregister(conn.sock)
+        self._busy.add(conn)
+        self._work.put(conn)
+
+    def _take_back(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+        now = time.monotonic()
+        while self._back:
+            conn, keep = self._back.popleft()
+            self._busy.discard(conn)
+            if not keep or conn.cut or self._stopping.is_set():
+                self._linger(conn)
+                continue
+            conn.sock.setblocking(False)
+            conn.since = conn.last_byte = now
+            conn.due = now + self.limits.idle_timeout_seconds + self.limits.request_timeout_seconds
+            conn.events = selectors.EVENT_READ
+            self._waiting[conn] = None
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+            pending = getattr(conn.sock, "pending", None)
+            if pending is not None and pending():
+                self._on_ready(conn)
+            elif conn.buffer:
+                self._examine(conn)  # a pipelined request is already here
+
+    def _linger(self, conn: Connection) -> None:
+        """Close after the answer without losing it: send FIN, then read and drop what the
+        client still sends (an unread body) until it closes or :data:`LINGER_SECONDS` pass;
+        closing with unread bytes would send a reset that can destroy the answer in flight."""
+        if conn in self._waiting:
+            del self._waiting[conn]
+            self._selector.unregister(conn.sock)
+        try:
+            conn.sock.setblocking(False)
+            conn.sock.shutdown(socket.SHUT_WR)  # an SSLSocket drops its TLS layer here: raw bytes follow
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            return
+        conn.due = time.monotonic() + LINGER_SECONDS
+        self._lingering[conn] = None
+
+    def _drain(self, conn: Connection) -> None:
+        try:
+            while conn.sock.recv(READ_BYTES):
+                pass
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self._close(conn)
+
+    def _sweep(self) -> None:
+        """Close connections past their request deadline or silent past the idle timeout;
+        cut off requests still being read in a worker past their deadline."""
+        now = self._swept = time.monotonic()
+        idle = self.limits.idle_timeout_seconds
+        for conn in [c for c in self._waiting if c.due <= now or c.last_byte + idle <= now]:
+            self._close(conn, "deadline" if conn.due <= now else None)
+        for conn in [c for c in self._lingering if c.due <= now]:
+            self._close(conn)
+        for conn in self._busy:
+            if conn.due <= now:
+                conn.due, conn.cut = NEVER, True
+                self.count("deadline")
+                with contextlib.suppress(OSError):  # the worker's blocked read returns, it cleans up
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+
+    def _close(self, conn: Connection, reason: Optional[str] = None) -> None:
+        if reason is not None:
+            self.count(reason)
+        for held in (self._waiting, self._lingering):
+            if conn in held:
+                del held[conn]
+                self._selector.unregister(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # BlockingIOError: a wake is already pending
+            self._wake_w.send(b"x")
+
+    # --- the workers ---
+
+    def _work_loop(self) -> None:
+        while (conn := self._work.get()) is not None:
+            keep = self._serve(conn)
+            self._back.append((conn, keep))
+            self._wake()
+
+    def _serve(self, conn: Connection) -> bool:
+        """Answer the request whose head ``conn`` holds; True to keep the connection."""
+        self._local.conn = conn
+        try:
+            conn.sock.settimeout(self.limits.idle_timeout_seconds)
+            handler = self.RequestHandlerClass(conn.sock, conn.address, self)
+            return bool(getattr(handler, "keep_alive", False))
+        except Exception:
+            self.handle_error(conn.sock, conn.address)  # type: ignore[attr-defined]
+            return False
+        finally:
+            self._local.conn = None
+
+
+def _request_line_ok(line: bytes) -> bool:
+    """``METHOD target HTTP/x.y``: HTTP/0.9's two words and anything else are refused."""
+    words = line.split()
+    return len(words) == 3 and words[2].startswith(b"HTTP/")
+
+
+def _head_end(buf: bytearray, line_end: int) -> int:
+    """Where the head ending with the first blank line after ``line_end`` ends; -1 if not yet."""
+    ends = [i + len(sep) for sep in (b"\n\r\n", b"\n\n") if (i := buf.find(sep, line_end)) >= 0]
+    return min(ends, default=-1)
 
 
 def address_family(host: str) -> socket.AddressFamily:

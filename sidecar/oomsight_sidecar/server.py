@@ -34,7 +34,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from oomsight.metrics.collector import SpoolCollector
-from oomsight_sidecar.listener import BoundedServer, CappedReader, ServerErrors, ServerLimits, address_family
+from oomsight_sidecar.listener import BoundedServer, ServerErrors, ServerLimits, address_family
 
 logger = logging.getLogger(__name__)
 
@@ -229,12 +229,13 @@ class _QuietHandler(WSGIRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.rfile = CappedReader(self.rfile, self.server.limits.max_head_bytes)  # type: ignore[assignment]
+        self.rfile.close()
+        self.rfile = self.server.reader()  # type: ignore[assignment]
 
     def parse_request(self) -> bool:
         received = super().parse_request()
         if received:  # requests here have no body: the deadline no longer applies to this one
-            self.server.deadlines.forget(self.connection)
+            self.server.received()
         return received
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -245,7 +246,8 @@ def serve(
     app: WsgiApp, host: str, port: int, limits: Optional[ServerLimits] = None, errors: Optional[ServerErrors] = None
 ) -> WSGIServer:
     """Bind and serve ``app`` in a daemon thread; the caller calls :func:`stop`. ``errors``:
-    where it counts what it refuses (one :class:`ServerErrors` for all servers of a process)."""
+    where it counts what it refuses (one :class:`ServerErrors` for all servers of a process).
+    One request per connection (wsgiref answers HTTP/1.0 and closes)."""
     server = _Server((host, port), limits or ServerLimits(), errors)
     server.set_app(app)
     threading.Thread(target=server.serve_forever, name="oomsight-http", daemon=True).start()
@@ -257,7 +259,7 @@ serve_wsgi = serve
 
 
 def stop(server: WSGIServer) -> None:
-    """Stop serving and close the listening socket and the deadline thread."""
+    """Stop serving and close the listening socket and the worker threads."""
     server.shutdown()
     server.server_close()
     if isinstance(server, BoundedServer):

@@ -15,6 +15,7 @@ def register(sub: Any) -> None:
         description="Serve the sidecar-injecting admission webhook over HTTPS (settings: OOMSIGHT_WEBHOOK_*).",
         epilog="example: oomsight webhook --tls-mode files --port 21443",
     )
+    hook.add_argument("--host", default=None, help="listen address of HTTPS and metrics (default 0.0.0.0)")
     hook.add_argument("--port", type=int, default=None, help="HTTPS port (default 21443)")
     hook.add_argument("--tls-mode", choices=("self", "files"), default=None, help="certificate source (default self)")
     hook.set_defaults(handler=run)
@@ -23,4 +24,4 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from oomsight_webhook.main import main
 
-    return main({"port": args.port, "tls_mode": args.tls_mode})
+    return main({"host": args.host, "port": args.port, "tls_mode": args.tls_mode})

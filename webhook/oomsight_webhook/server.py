@@ -1,9 +1,10 @@
 """The webhook's HTTPS endpoint: ``POST /mutate`` (AdmissionReview), ``GET /healthz``.
 
-A bounded threading HTTP/1.1 server (:mod:`oomsight_sidecar.listener`: connection cap,
-idle timeout, a read deadline per request, a request-head cap, back-off at the
-descriptor limit) whose sockets do their TLS handshake in the request thread, under the
-deadline, so a slow or plain-text client never stalls the accept loop. Request bodies
+An HTTP/1.1 server on :mod:`oomsight_sidecar.listener`: its event loop does each TLS
+handshake and waits for each request head, under the request deadline, so silent, slow or
+plain-text clients hold no thread; a few workers read bodies and answer. A kept-alive
+connection goes back to the loop between reviews; over the connection cap the one that
+has waited longest is closed, so the API server's new connection is served. Request bodies
 need a ``Content-Length`` and are refused unread above ``max_body_bytes``; a body over
 ``max_review_bytes`` is read through in chunks, only its head kept (fail-open answer).
 """
@@ -15,10 +16,10 @@ import socket
 import ssl
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Optional
 
-from oomsight_sidecar.listener import BoundedServer, CappedReader, ServerLimits, address_family
+from oomsight_sidecar.listener import BoundedServer, ServerLimits, address_family
 from oomsight_webhook.admission import HEAD_BYTES, Admitter
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ MUTATE_PATH = "/mutate"
 READ_CHUNK_BYTES = 64 * 1024
 
 
-class AdmissionServer(BoundedServer, ThreadingHTTPServer):
+class AdmissionServer(BoundedServer, HTTPServer):
     busy_response = None  # over the cap a TLS connection is closed: there is no plain-text 503
 
     def __init__(
@@ -38,7 +39,7 @@ class AdmissionServer(BoundedServer, ThreadingHTTPServer):
         limits: Optional[ServerLimits] = None,
     ) -> None:
         self.address_family = address_family(address[0])
-        self.init_limits(limits or ServerLimits(request_timeout_seconds=10.0))
+        self.init_limits(limits or ServerLimits(request_timeout_seconds=10.0, workers=4))
         super().__init__(address, _Handler)
         self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.admitter = admitter
@@ -59,15 +60,18 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "oomsight-webhook"
     sys_version = ""
 
+    keep_alive = False
+
     def setup(self) -> None:
         super().setup()
-        self.rfile = CappedReader(self.rfile, self.server.limits.max_head_bytes)  # type: ignore[assignment]
+        self.rfile.close()
+        self.rfile = self.server.reader()  # type: ignore[assignment]
 
-    def handle_one_request(self) -> None:
-        self.rfile.reset()  # type: ignore[attr-defined]
-        super().handle_one_request()
-        limits = self.server.limits  # the next request on this kept-alive connection gets its own deadline
-        self.server.deadlines.watch(self.connection, limits.idle_timeout_seconds + limits.request_timeout_seconds)
+    def handle(self) -> None:
+        """One request; a kept-alive connection then waits in the server's loop, not here."""
+        self.close_connection = True
+        self.handle_one_request()
+        self.keep_alive = not self.close_connection
 
     def do_POST(self) -> None:
         if self.path.split("?")[0] != MUTATE_PATH:
@@ -77,7 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length is None:
             return
         body = self._read_body(length)
-        self.server.deadlines.forget(self.connection)  # received: answering is not under the read deadline
+        self.server.received()  # answering is not under the read deadline
         if body is None:
             self.close_connection = True
             return self._send(400, b"body shorter than Content-Length\n", "text/plain")
@@ -85,6 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(answer.status, answer.body, answer.content_type)
 
     def do_GET(self) -> None:
+        self.server.received()
         if self.path in ("/healthz", "/readyz"):
             return self._send(200, b"ok\n", "text/plain")
         self._send(404, b"not found\n", "text/plain")

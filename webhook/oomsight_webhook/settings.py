@@ -11,6 +11,7 @@ from oomsight.config import ConfigError, env_setting, parse_count, parse_port, p
 from oomsight_sidecar.listener import ServerLimits
 from oomsight_sidecar.settings import with_flags
 
+ENV_WEBHOOK_HOST = "OOMSIGHT_WEBHOOK_HOST"
 ENV_WEBHOOK_PORT = "OOMSIGHT_WEBHOOK_PORT"
 ENV_WEBHOOK_METRICS_PORT = "OOMSIGHT_WEBHOOK_METRICS_PORT"
 ENV_WEBHOOK_TLS_MODE = "OOMSIGHT_WEBHOOK_TLS_MODE"
@@ -28,6 +29,8 @@ ENV_WEBHOOK_MAX_CONTAINERS = "OOMSIGHT_WEBHOOK_MAX_CONTAINERS"
 ENV_WEBHOOK_MAX_REVIEWS = "OOMSIGHT_WEBHOOK_MAX_CONCURRENT_REVIEWS"
 LIMITS_PREFIX = "OOMSIGHT_WEBHOOK"
 MIB = 1024 * 1024
+WORKERS = 4
+"""Requests answered at once: bodies being read plus reviews parsed (docs/kubernetes.md)."""
 
 WEBHOOK_PORT = 21443
 WEBHOOK_METRICS_PORT = 21401
@@ -39,7 +42,8 @@ class WebhookSettings:
     """The admission webhook's server and TLS; the chart sets them (``templates/deployment.yaml``)."""
 
     host: str = "0.0.0.0"
-    """Listen address of the HTTPS and metrics servers."""
+    """Listen address of the HTTPS and metrics servers (``::`` for every IPv6 and IPv4
+    address, ``127.0.0.1`` behind a local proxy); the chart sets it from ``webhook.listenAddress``."""
 
     port: int = WEBHOOK_PORT
     """HTTPS port the Service's port 443 forwards to."""
@@ -93,16 +97,18 @@ class WebhookSettings:
 
     limits: ServerLimits = dataclasses.field(
         default_factory=lambda: ServerLimits(
-            max_connections=16, idle_timeout_seconds=30.0, request_timeout_seconds=10.0
+            max_connections=1024, workers=WORKERS, idle_timeout_seconds=30.0, request_timeout_seconds=10.0
         )
     )
-    """Connections, idle timeout, the read deadline of a request (trickled bodies) and head size."""
+    """Connections held, workers, idle timeout, the read deadline of a request (handshake, head,
+    body) and head size (docs/kubernetes.md, "Server limits")."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **flags: object) -> WebhookSettings:
         e = os.environ if env is None else env
         d = cls()
         values: dict[str, object] = {
+            "host": (e.get(ENV_WEBHOOK_HOST) or d.host).strip(),
             "port": env_setting(e, ENV_WEBHOOK_PORT, parse_port, d.port),
             "metrics_port": env_setting(e, ENV_WEBHOOK_METRICS_PORT, parse_port, d.metrics_port),
             "tls_mode": e.get(ENV_WEBHOOK_TLS_MODE, d.tls_mode).strip(),
@@ -137,6 +143,8 @@ class WebhookSettings:
         ]
         if self.tls_mode == "self" and missing:
             raise ConfigError(f"TLS mode 'self' needs {', '.join(missing)}")
+        if not self.host or any(c.isspace() or c in "/[]" for c in self.host):
+            raise ConfigError(f"{ENV_WEBHOOK_HOST}={self.host!r} is not a listen address (an IP or host name)")
         for name, port in (("port", self.port), ("metrics_port", self.metrics_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"webhook {name} {port} is not a TCP port")
