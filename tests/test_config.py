@@ -3,22 +3,28 @@ import dataclasses
 import inspect
 import os
 import re
+import sys
 import textwrap
+import types
 
 import pytest
 
+import oomsight
 import oomsight.config as config
 from oomsight.config import (
-    ALL_ENV_VARS,
     DEFAULT_METRICS_PORT,
-    VARIABLES,
+    HOOK,
     ConfigError,
-    HistorySettings,
+    Group,
+    Setting,
     Settings,
-    Variable,
     ascii_int,
     parse_bool,
+    parse_count,
+    rendering,
+    table,
 )
+from oomsight.config.variables import GROUPS
 from oomsight_sidecar.listener import ServerLimits, limit_env_names
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 from oomsight_webhook.injection import InjectionSettings
@@ -59,6 +65,7 @@ def test_every_variable_is_read():
         ({"OOMSIGHT_SAMPLE_INTERVAL_SECONDS": "fast"}, "is not a number of seconds"),
         ({"OOMSIGHT_SAMPLE_INTERVAL_SECONDS": "-1"}, "must be between"),
         ({"OOMSIGHT_HISTORY_MAX_ENTRIES": "0"}, "must be at least 1"),
+        ({"OOMSIGHT_HISTORY_MODE": "none"}, "OOMSIGHT_HISTORY_MODE='none' is not one of all, state"),
         ({"OOMSIGHT_PUBLISH_INTERVAL_SECONDS": "0.01"}, "shorter than OOMSIGHT_SAMPLE_INTERVAL_SECONDS"),
     ],
 )
@@ -72,13 +79,6 @@ def test_replace_rejects_unknown_settings():
         Settings().replace(sampel_interval_seconds=1)
 
 
-def test_every_env_var_is_documented():
-    with open(os.path.join(ROOT, "docs", "configuration.md")) as fh:
-        doc = fh.read()
-    missing = [name for name in ALL_ENV_VARS if name not in doc]
-    assert not missing
-
-
 def test_the_default_spool_dir_is_named_not_probed(monkeypatch):
     # tempfile.gettempdir() would skip an unusable $TMPDIR (and raise where nothing is writable:
     # a read-only root filesystem, as the sidecar runs); the default must only name the folder
@@ -88,7 +88,8 @@ def test_the_default_spool_dir_is_named_not_probed(monkeypatch):
     assert Settings.from_env({"OOMSIGHT_DIR": "/spool"}).spool.dir == "/spool"
 
 
-# A value unlike the default for every variable, as the environment and as a start() keyword
+# Every variable users may have set before the table (their names and meanings are kept), with a
+# value unlike the default, as the environment gives it and as a start() keyword gives it.
 CHANGED = {
     "OOMSIGHT_DIR": ("/x", "/x"),
     "OOMSIGHT_DISABLED": ("1", True),
@@ -113,59 +114,135 @@ CHANGED = {
 }
 
 
-GROUPS = [f.default_factory for f in dataclasses.fields(Settings) if f.default_factory is not dataclasses.MISSING]
-"""The hook's settings groups, as the fields of its root ``Settings``."""
+def _value(settings, row):
+    return getattr(getattr(settings, row.group) if row.group else settings, row.field)
 
 
-def _value(settings, variable):
-    group = getattr(settings, variable.group) if variable.group else settings
-    return getattr(group, variable.field)
-
-
-@pytest.mark.parametrize("variable", VARIABLES, ids=lambda v: v.env)
-def test_each_variable_and_its_start_keyword_set_the_same_field_of_one_group(variable):
-    raw, value = CHANGED[variable.env]
-    assert _value(Settings(), variable) != value
-    assert _value(Settings.from_env({variable.env: raw}), variable) == value
-    assert _value(Settings().replace(**{variable.keyword: value}), variable) == value
+@pytest.mark.parametrize("row", HOOK, ids=lambda row: row.variable)
+def test_each_variable_and_its_start_keyword_set_the_same_field_of_one_group(row):
+    raw, value = CHANGED[row.variable]
+    assert _value(Settings(), row) != value
+    assert _value(Settings.from_env({row.variable: raw}), row) == value
+    assert _value(Settings().replace(**{row.keyword: value}), row) == value
     # and nothing else: the other groups keep their defaults
-    changed = [v.env for v in VARIABLES if _value(Settings.from_env({variable.env: raw}), v) != _value(Settings(), v)]
-    assert changed == [variable.env]
+    changed = [r.variable for r in HOOK if _value(Settings.from_env({row.variable: raw}), r) != _value(Settings(), r)]
+    assert changed == [row.variable]
 
 
-def test_every_variable_has_a_row_and_every_field_a_variable():
-    assert sorted(CHANGED) == sorted(ALL_ENV_VARS)
+def test_every_existing_variable_keeps_its_name_and_every_field_has_a_row():
+    assert sorted(CHANGED) == sorted(row.variable for row in HOOK)
     fields = {
         (f.name, g.name)
         for f in dataclasses.fields(Settings)
-        if f.name != "disabled"
+        if f.default_factory is not dataclasses.MISSING
         for g in dataclasses.fields(f.default_factory)
     }
-    rows = {(v.group, v.field) for v in VARIABLES if v.group}
-    assert rows == fields
+    fields |= {("", f.name) for f in dataclasses.fields(Settings) if f.default_factory is dataclasses.MISSING}
+    assert {(row.group, row.field) for row in HOOK} == fields
 
 
-def test_the_documentation_names_each_variable_with_its_start_keyword():
-    with open(os.path.join(ROOT, "docs", "configuration.md")) as fh:
+def test_a_keyword_is_the_variable_without_its_prefix_but_for_one_older_name():
+    assert {row.keyword for row in HOOK if row.variable != "OOMSIGHT_" + row.keyword.upper()} == {"spool_dir"}
+    assert [row.keyword for row in HOOK if row.env] == ["spool_dir"]
+
+
+def test_start_takes_exactly_the_tables_keywords_with_their_defaults():
+    params = inspect.signature(oomsight.start).parameters
+    assert list(params) == [row.keyword for row in HOOK]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    assert params["window_seconds"].default == Settings().sampling.window_seconds
+    assert params["record_history"].annotation is bool
+
+
+@pytest.mark.parametrize(
+    "keywords, fragment",
+    [
+        ({"window_seconds": 0.5}, "OOMSIGHT_WINDOW_SECONDS=0.5 is shorter than OOMSIGHT_PUBLISH_INTERVAL_SECONDS=1"),
+        ({"history_mode": "none"}, "history_mode='none' is not one of all, state"),
+        ({"window_seconds": -1}, "window_seconds='-1' must be between"),
+        ({"profile_steps": 2.5}, "profile_steps='2.5' is not a whole number"),
+        ({"sample_interval_seconds": True}, "sample_interval_seconds=True is not a float"),
+        ({"step_peaks": "maybe"}, "step_peaks='maybe' is not a boolean"),
+        ({"history_max_entries": None}, "history_max_entries=None is not a int"),
+    ],
+)
+def test_a_keyword_is_read_and_checked_as_its_variable(keywords, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        Settings().replace(**keywords)
+
+
+def test_a_keyword_given_as_text_or_number_means_what_its_variable_would():
+    s = Settings().replace(step_peaks="yes", window_seconds=90, history_max_entries=12, record_history=1)
+    assert (s.steps.peaks, s.sampling.window_seconds, s.history.max_entries, s.history.record) == (True, 90.0, 12, True)
+    assert isinstance(s.sampling.window_seconds, float)
+
+
+def test_the_generated_settings_and_documentation_are_those_of_the_table():
+    assert rendering.main(["--check"]) == 0
+
+
+def test_the_check_sees_a_drifted_documentation_table(tmp_path, monkeypatch, capsys):
+    with open(rendering.CONFIGURATION_MD, encoding="utf-8") as fh:
         doc = fh.read()
-    missing = [v.env for v in VARIABLES if f"| `{v.env}` | `{v.keyword}` |" not in doc]
-    assert not missing
+    stale = tmp_path / "configuration.md"
+    stale.write_text(doc.replace("| `OOMSIGHT_NVML` | `nvml` | `1` |", "| `OOMSIGHT_NVML` | `nvml` | `0` |"))
+    monkeypatch.setattr(rendering, "CONFIGURATION_MD", str(stale))
+    assert rendering.main(["--check"]) == 1
+    assert "configuration.md differs from the settings table" in capsys.readouterr().out
+    assert rendering.main([]) == 0 and stale.read_text() == doc
+    with pytest.raises(ValueError, match="no <!-- settings:hook -->"):
+        rendering.markdown("# a page without the section\n")
 
 
-def test_replace_checks_the_combined_groups_as_from_env_does():
-    with pytest.raises(
-        ConfigError, match=re.escape("OOMSIGHT_WINDOW_SECONDS=0.5 is shorter than OOMSIGHT_PUBLISH_INTERVAL")
-    ):
-        Settings().replace(window_seconds=0.5)
-    with pytest.raises(ConfigError, match="OOMSIGHT_HISTORY_MODE='none' is not one of all, state"):
-        Settings().replace(history_mode="none")
-    with pytest.raises(ConfigError, match="OOMSIGHT_HISTORY_MODE='none' is not one of all, state"):
-        HistorySettings(mode="none").validate()
+NEW_ROW = Setting(
+    "leak_scan_interval_seconds", "steps", "leak_scan_interval_seconds", 300.0, parse_count, "a setting made here"
+)
+"""A row added in a test (parsed as a count, so a bad value's message is the count parser's)."""
 
 
-def _undocumented_fields(cls):
-    """Fields of the dataclass ``cls`` without a docstring right below them (ast: the class source)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+def _module_of(source, monkeypatch):
+    module = types.ModuleType("generated_settings")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(source, "<generated>", "exec"), module.__dict__)
+    return module
+
+
+def test_a_row_added_to_the_table_is_a_variable_a_field_a_keyword_and_a_documented_line(monkeypatch):
+    rows = (*HOOK, NEW_ROW)
+    generated = _module_of(rendering.python_module(GROUPS, rows), monkeypatch)
+    assert "leak_scan_interval_seconds" in {f.name for f in dataclasses.fields(generated.StepSettings)}
+    assert generated.Settings().steps.leak_scan_interval_seconds == 300.0
+    assert _undocumented_fields(generated.StepSettings, rendering.python_module(GROUPS, rows)) == []
+    read = table.from_env(generated.Settings, rows, {"OOMSIGHT_LEAK_SCAN_INTERVAL_SECONDS": "60"})
+    assert read.steps.leak_scan_interval_seconds == 60
+    with pytest.raises(ConfigError, match=re.escape("OOMSIGHT_LEAK_SCAN_INTERVAL_SECONDS='soon' is not a whole")):
+        table.from_env(generated.Settings, rows, {"OOMSIGHT_LEAK_SCAN_INTERVAL_SECONDS": "soon"})
+    kept = table.apply(generated.Settings(), table.read_keywords(rows, {"leak_scan_interval_seconds": 7}))
+    assert kept.steps.leak_scan_interval_seconds == 7 and kept.steps.hook is True
+    assert "| `OOMSIGHT_LEAK_SCAN_INTERVAL_SECONDS` | `leak_scan_interval_seconds` | `300` | a setting made here |" in (
+        rendering.markdown_table(rows)
+    )
+    assert "leak_scan_interval_seconds" in table.signature(rows).parameters
+    # and the table in use does not have it
+    assert "leak_scan_interval_seconds" not in {f.name for f in dataclasses.fields(config.StepSettings)}
+
+
+def test_a_group_added_to_the_table_is_a_class_and_a_field_of_the_root(monkeypatch):
+    groups = (*GROUPS, Group("leaks", "LeakSettings", "The leak scan."))
+    rows = (*HOOK, Setting("leak_scan", "leaks", "enabled", True, parse_bool, "scan for leaks"))
+    generated = _module_of(rendering.python_module(groups, rows), monkeypatch)
+    assert generated.Settings().leaks == generated.LeakSettings(enabled=True)
+    assert table.from_env(generated.Settings, rows, {"OOMSIGHT_LEAK_SCAN": "0"}).leaks.enabled is False
+
+
+def _undocumented_fields(cls, source=None):
+    """Fields of the dataclass ``cls`` without a docstring right below them (ast: the class source,
+    found in the module's ``source`` when given)."""
+    if source is None:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    else:
+        tree = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+        tree = ast.Module(body=[tree], type_ignores=[])
     body = tree.body[0].body
     documented = {
         node.target.id
@@ -178,10 +255,14 @@ def _undocumented_fields(cls):
     return [f.name for f in dataclasses.fields(cls) if f.name not in documented]
 
 
+HOOK_GROUPS = [f.default_factory for f in dataclasses.fields(Settings) if f.default_factory is not dataclasses.MISSING]
+"""The hook's settings groups, as the fields of its root ``Settings``."""
+
 SETTINGS_GROUPS = [
-    *GROUPS,
+    *HOOK_GROUPS,
     Settings,
-    Variable,
+    Setting,
+    Group,
     SidecarSettings,
     AdminSettings,
     KubernetesSettings,
@@ -198,8 +279,8 @@ def test_every_settings_field_has_a_docstring(group):
 
 
 def test_every_hook_group_is_frozen_and_exported():
-    assert len(GROUPS) == 8
-    for group in GROUPS:
+    assert len(HOOK_GROUPS) == len(GROUPS) == 8
+    for group in HOOK_GROUPS:
         assert getattr(config, group.__name__) is group
         with pytest.raises(dataclasses.FrozenInstanceError):
             group().x = 1

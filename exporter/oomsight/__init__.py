@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from oomsight._version import __version__
+from oomsight.config.table import signature as _signature
+from oomsight.config.variables import HOOK as _HOOK
 
 if TYPE_CHECKING:  # return types for readers and type checkers, not imported at run time
     from oomsight.tools.predict import BatchSearch, Prediction
@@ -30,10 +32,21 @@ __all__ = [
 
 
 def start(**settings: Any) -> bool:
-    """Start the hook (idempotent, never raises); True when it runs."""
+    """Start the hook (idempotent, never raises); True when it runs.
+
+    Each keyword overrides its ``OOMSIGHT_*`` variable and is read as that variable is; the
+    signature shows them all with their defaults, and ``docs/configuration.md`` what each does.
+    A value it cannot use is one log line, and the hook stays off. Example::
+
+        oomsight.start(record_history=True, window_seconds=30)
+    """
     from oomsight.hook import runtime as hook
 
     return hook.start(**settings)
+
+
+start.__signature__ = _signature(_HOOK)  # type: ignore[attr-defined]  # the settings table's keywords
+del _signature, _HOOK
 
 
 def probe_batch_size(

@@ -1,41 +1,20 @@
 """Configuration: every setting is read once from ``OOMSIGHT_*`` environment variables.
 
-- :mod:`oomsight.config.hook`: the in-process hook's settings, one frozen dataclass per
-  component (:class:`Settings` holds them; ``Settings.from_env()``), every variable name a
-  constant, and :data:`VARIABLES` (variable, ``oomsight.start()`` keyword, group and field).
+- :mod:`oomsight.config.variables`: the hook's settings table, one row per setting (its
+  ``oomsight.start()`` keyword, from which its variable's name derives, its group and field,
+  default, parser and meaning).
+- :mod:`oomsight.config.hook`: the hook's settings, one frozen dataclass per component
+  (:class:`Settings` holds them; ``Settings.from_env()``, ``Settings.replace(**keywords)``),
+  GENERATED from that table by :mod:`oomsight.config.rendering`, with ``docs/configuration.md``'s
+  table.
+- :mod:`oomsight.config.table`: the vocabulary of a settings table and how one is read.
 - :mod:`oomsight.config.values`: the one parser of values (booleans, seconds, counts, ports)
-  that the hook's groups, the sidecar's and the webhook's settings all read through.
-
-Everything is importable from here, as ``oomsight.config``; ``docs/configuration.md`` lists
-every variable.
+  that the hook's table, the sidecar's and the webhook's settings all read through.
 """
 
 from __future__ import annotations
 
 from oomsight.config.hook import (
-    ALL_ENV_VARS,
-    ENV_ARTIFACTS_MAX_BYTES,
-    ENV_CATEGORIES_INTERVAL,
-    ENV_DIR,
-    ENV_DISABLED,
-    ENV_HISTORY_MAX_ENTRIES,
-    ENV_HISTORY_MODE,
-    ENV_MAX_OOM_EVENTS,
-    ENV_NVML,
-    ENV_OOM_OBSERVER,
-    ENV_PREDICTION,
-    ENV_PROFILE_CUDA_TIME,
-    ENV_PROFILE_EVERY,
-    ENV_PROFILE_STEPS,
-    ENV_PUBLISH_INTERVAL,
-    ENV_RECORD_HISTORY,
-    ENV_SAMPLE_INTERVAL,
-    ENV_STEP_HOOK,
-    ENV_STEP_PEAKS,
-    ENV_TERMINATION_MESSAGE_PATH,
-    ENV_WINDOW,
-    HISTORY_MODES,
-    VARIABLES,
     HistorySettings,
     NvmlSettings,
     OomSettings,
@@ -45,9 +24,8 @@ from oomsight.config.hook import (
     Settings,
     SpoolSettings,
     StepSettings,
-    Variable,
-    default_spool_dir,
 )
+from oomsight.config.table import Group, Setting
 from oomsight.config.values import (
     DEFAULT_METRICS_PORT,
     FALSE_WORDS,
@@ -61,45 +39,40 @@ from oomsight.config.values import (
     parse_port,
     parse_seconds,
 )
+from oomsight.config.variables import BY_KEYWORD, HISTORY_MODES, HOOK, default_spool_dir
+
+# The variables that other components write for the hook (the webhook's pod patches, `oomsight
+# run`): their names as the table gives them, not written again.
+ENV_DIR = BY_KEYWORD["spool_dir"].variable
+ENV_ARTIFACTS_MAX_BYTES = BY_KEYWORD["artifacts_max_bytes"].variable
+ENV_PROFILE_EVERY = BY_KEYWORD["profile_every_seconds"].variable
+ENV_PROFILE_STEPS = BY_KEYWORD["profile_steps"].variable
+ENV_TERMINATION_MESSAGE_PATH = BY_KEYWORD["termination_message_path"].variable
 
 __all__ = [
-    "ALL_ENV_VARS",
+    "BY_KEYWORD",
     "DEFAULT_METRICS_PORT",
     "ENV_ARTIFACTS_MAX_BYTES",
-    "ENV_CATEGORIES_INTERVAL",
     "ENV_DIR",
-    "ENV_DISABLED",
-    "ENV_HISTORY_MAX_ENTRIES",
-    "ENV_HISTORY_MODE",
-    "ENV_MAX_OOM_EVENTS",
-    "ENV_NVML",
-    "ENV_OOM_OBSERVER",
-    "ENV_PREDICTION",
-    "ENV_PROFILE_CUDA_TIME",
     "ENV_PROFILE_EVERY",
     "ENV_PROFILE_STEPS",
-    "ENV_PUBLISH_INTERVAL",
-    "ENV_RECORD_HISTORY",
-    "ENV_SAMPLE_INTERVAL",
-    "ENV_STEP_HOOK",
-    "ENV_STEP_PEAKS",
     "ENV_TERMINATION_MESSAGE_PATH",
-    "ENV_WINDOW",
     "FALSE_WORDS",
     "HISTORY_MODES",
+    "HOOK",
     "TRUE_WORDS",
-    "VARIABLES",
     "ConfigError",
+    "Group",
     "HistorySettings",
     "NvmlSettings",
     "OomSettings",
     "PredictionSettings",
     "ProfilerSettings",
     "SamplingSettings",
+    "Setting",
     "Settings",
     "SpoolSettings",
     "StepSettings",
-    "Variable",
     "ascii_bool",
     "ascii_int",
     "default_spool_dir",

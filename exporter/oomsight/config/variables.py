@@ -1,0 +1,181 @@
+"""The hook's settings table: every ``OOMSIGHT_*`` variable of the training process, one row each.
+
+Each row (:class:`~oomsight.config.table.Setting`) names a setting once: its ``oomsight.start()``
+keyword (the variable is ``OOMSIGHT_`` + the keyword in capitals, except ``OOMSIGHT_DIR``, a name
+users set before the rule), the group and field that hold it, its default, its parser and its
+meaning. ``python -m oomsight.config.rendering`` generates from this table the dataclasses of
+:mod:`oomsight.config.hook` (one frozen group per component, a docstring per field) and the
+table in ``docs/configuration.md``; ``--check`` fails when either has drifted.
+
+Adding a setting: add a row here (and a group to :data:`GROUPS` if it starts one), run the
+generator, and read the field where the component uses it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING
+
+from oomsight.config.table import Group, Setting
+from oomsight.config.values import ConfigError, parse_bool, parse_count, parse_seconds
+
+if TYPE_CHECKING:
+    from oomsight.config.hook import Settings
+
+HISTORY_MODES = ("all", "state")
+
+
+def default_spool_dir() -> str:
+    """Where the hook writes when ``OOMSIGHT_DIR`` is unset: ``$TMPDIR/oomsight``, else ``/tmp/oomsight``.
+
+    Named, not probed: ``tempfile.gettempdir()`` raises where no temporary folder is writable
+    (a read-only root filesystem with only the spool mounted, as the injected sidecar runs),
+    and this default is computed even when ``OOMSIGHT_DIR`` is set."""
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", "oomsight")
+
+
+def parse_choice(choices: tuple[str, ...], name: str, raw: str) -> str:
+    """One of ``choices``, as written."""
+    if raw not in choices:
+        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return raw
+
+
+def _seconds_or_off(name: str, raw: str) -> float:
+    return 0.0 if raw in ("0", "0.0", "") else parse_seconds(name, raw)
+
+
+def _verbatim(_name: str, raw: str) -> str:
+    return raw
+
+
+def _spool_dir(_name: str, raw: str) -> str:
+    return raw or default_spool_dir()
+
+
+GROUPS = (
+    Group("spool", "SpoolSettings", "Where the hook writes: the spool writer and the profiler's request folder."),
+    Group("sampling", "SamplingSettings", "The sampler thread: how often it reads the allocator and publishes."),
+    Group("nvml", "NvmlSettings", "NVML: read by the runtime, which gives the sampler an NVML reader or none."),
+    Group("steps", "StepSettings", "The global optimizer step hook (the step tracker)."),
+    Group("oom", "OomSettings", "OOM capture (the OOM recorder): the observer, the event files and what they leave."),
+    Group("history", "HistorySettings", "Allocation history, started by the runtime when CUDA initialises."),
+    Group("profiler", "ProfilerSettings", "Scheduled profiling windows (the profiler); on-demand ones need none."),
+    Group("prediction", "PredictionSettings", "The job's predicted peak, published next to the measured one."),
+)
+"""The groups of :class:`~oomsight.config.hook.Settings`, in its order."""
+
+HOOK = (
+    Setting(
+        "spool_dir", "spool", "dir", default_spool_dir, _spool_dir, env="OOMSIGHT_DIR", verbatim=True,
+        shown="`$TMPDIR/oomsight` (`/tmp/oomsight` without `TMPDIR`)",
+        meaning="spool directory shared with the sidecar (`emptyDir` in a pod; a temporary folder under "
+        "`oomsight run`)",
+    ),
+    Setting("disabled", "", "disabled", False, parse_bool, "`1` turns the hook off entirely (one log line, no more)"),
+    Setting(
+        "sample_interval_seconds", "sampling", "interval_seconds", 0.1, parse_seconds,
+        "how often the sampler thread reads the allocator counters (≈20 µs per device)",
+    ),
+    Setting(
+        "publish_interval_seconds", "sampling", "publish_interval_seconds", 1.0, parse_seconds,
+        "how often the process snapshot is rewritten in the spool (and NVML queried); at least the sample interval",
+    ),
+    Setting(
+        "window_seconds", "sampling", "window_seconds", 60.0, parse_seconds,
+        "sliding window of the exported window peak/minimum; keep it ≥ the scrape interval (and ≥ the publish "
+        "interval). The leak trend takes a point every window/6",
+    ),
+    Setting("nvml", "nvml", "enabled", True, parse_bool, "query NVML for the devices the process uses"),
+    Setting(
+        "step_hook", "steps", "hook", True, parse_bool,
+        "register the global optimizer step hooks (steps, step time, memory by category). Off: no step rows, "
+        "job setup, leak scan or scheduled profiling windows",
+    ),
+    Setting(
+        "step_peaks", "steps", "peaks", False, parse_bool,
+        "**opt-in**: read and reset the allocator peak after each optimizer step. This calls "
+        "`torch.cuda.reset_peak_memory_stats()`, which also resets what `torch.cuda.max_memory_allocated()` "
+        "returns to your code, Lightning or torchtune",
+    ),
+    Setting(
+        "categories_interval_seconds", "steps", "categories_interval_seconds", 30.0, parse_seconds,
+        "minimum time between two walks of the optimizers' tensors (parameters, gradients, optimizer state), "
+        "made in the training thread right after a step",
+    ),
+    Setting(
+        "oom_observer", "oom", "observer", True, parse_bool,
+        "attach the allocator's OOM observer (private API `torch._C._cuda_attach_out_of_memory_observer`, "
+        "feature-detected) to record every OOM durably",
+    ),
+    Setting(
+        "record_history", "history", "record", False, parse_bool,
+        "record allocation history with Python stacks (bounded ring) so an OOM writes a snapshot pickle for "
+        "https://pytorch.org/memory_viz (about 2 µs an allocation). Skipped when you already record history yourself",
+    ),
+    Setting(
+        "history_max_entries", "history", "max_entries", 10_000, parse_count,
+        "ring size of that history (each entry is a few KB of host memory)",
+    ),
+    Setting(
+        "history_mode", "history", "mode", "all", functools.partial(parse_choice, HISTORY_MODES),
+        "`all`: alloc/free events with the allocating Python stack (memory_viz's timeline); `state`: only the "
+        "stacks of live blocks — who holds memory at the OOM — at lower cost (`benchmarks/results/`)",
+    ),
+    Setting(
+        "profile_every_seconds", "profiler", "every_seconds", 0.0, _seconds_or_off,
+        "scheduled profiling: every this many seconds, profile `OOMSIGHT_PROFILE_STEPS` optimizer steps with "
+        "`torch.profiler`; `0`: off (on-demand profiling works without it: `oomsight profile`, or the sidecar's "
+        "admin endpoint)",
+    ),
+    Setting("profile_steps", "profiler", "steps", 5, parse_count, "steps in a scheduled profiling window"),
+    Setting(
+        "profile_scheduled_cuda_time", "profiler", "scheduled_cuda_time", False, parse_bool,
+        "scheduled windows trace CUDA time too. Off, they are memory-only: the top operators by self CUDA "
+        "memory, no CUDA time, CUPTI never attached and no slowdown after the window (below)",
+    ),
+    Setting(
+        "artifacts_max_bytes", "oom", "artifacts_max_bytes", 256 * 1024 * 1024, parse_count,
+        "size bound of the spool's `artifacts/` folder; oldest artifacts are evicted first (before an OOM writes "
+        "its memory-snapshot pickle, down to half of it). Lowered to half the spool's filesystem, and set by the "
+        "webhook to half the spool's `sizeLimit` (`docs/spool-format.md`, writing rules)",
+    ),
+    Setting(
+        "max_oom_events", "oom", "max_events", 1000, parse_count,
+        "per process, OOM event files written at most; later OOMs are counted "
+        "(`oomsight_oom_events_unwritten_total`)",
+    ),
+    Setting(
+        "termination_message_path", "oom", "termination_message_path", "/dev/termination-log", _verbatim,
+        "where a fatal OOM's diagnosis is written so `kubectl describe pod` shows it — only if the file already "
+        "exists (Kubernetes creates it); empty: never",
+        verbatim=True,
+    ),
+    Setting(
+        "prediction", "prediction", "source", "", _verbatim, verbatim=True, shown="empty (none)",
+        meaning="the job's predicted peak, published next to the measured one "
+        "(`oomsight_predicted_peak_allocated_bytes`, the report, the pod dashboard): the path of the JSON that "
+        "`oomsight predict --json` wrote, or a size such as `30GiB` (peak allocated bytes). Read when the hook "
+        "starts; a value that cannot be used is one warning and "
+        '`oomsight_hook_errors_total{component="prediction"}`, never a reason for the hook to stay off. '
+        "From code: `oomsight.record_prediction(...)` (`docs/prediction.md`)",
+    ),
+)
+"""Every setting of the hook, in the order of ``docs/configuration.md``."""
+
+BY_KEYWORD = {row.keyword: row for row in HOOK}
+
+
+def check(settings: Settings) -> None:
+    """Reject combinations that cannot work, naming the variables involved."""
+    sampling = settings.sampling
+    for shorter, longer in (
+        ("publish_interval_seconds", "sample_interval_seconds"),
+        ("window_seconds", "publish_interval_seconds"),
+    ):
+        value, bound = (getattr(sampling, BY_KEYWORD[k].field) for k in (shorter, longer))
+        if value < bound:
+            raise ConfigError(
+                f"{BY_KEYWORD[shorter].variable}={value:g} is shorter than {BY_KEYWORD[longer].variable}={bound:g}"
+            )
