@@ -80,6 +80,8 @@ class FakeCuda:
         self.autocast = False
         self.is_compiled = False
         self.grad = True
+        self.saved_hooks: Optional[str] = None
+        self.pools: Optional[tuple[int, int]] = None
 
     def set(self, device: int = 0, **kw: Any) -> None:
         self.stats[device] = nested_stats(**kw)
@@ -166,8 +168,11 @@ class FakeCuda:
     def open_contexts(self) -> dict[str, bool]:
         return {"autocast": self.autocast, "checkpointing": False}
 
-    def saved_tensor_hooks_active(self) -> bool:
-        return False
+    def saved_tensor_hooks(self) -> Optional[str]:
+        return self.saved_hooks
+
+    def private_pools(self, device: int) -> Optional[tuple[int, int]]:
+        return self.pools
 
     def compiled(self) -> bool:
         return self.is_compiled

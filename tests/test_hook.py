@@ -411,23 +411,25 @@ def test_the_hook_publishes_its_verdict_on_the_step_rows_with_only_the_last_row(
     assert validate(read_snapshot(spool)) == "snapshot"
 
 
-def test_the_failing_forwards_model_mode_is_read_off_the_stack():
-    """Wire 1.5: an OOM event tells whether the outermost module being called is in training mode."""
+def test_the_failing_forwards_model_mode_and_frozenness_are_read_off_the_stack():
+    """Wire 1.5: an OOM event tells whether the outermost module being called is in training mode;
+    1.6: whether it trains anything at all (a frozen teacher is not evaluation)."""
     import torch
 
-    from oomsight.hook.oom import _module_training
+    from oomsight.hook.oom import _outer_module
 
     seen = []
 
     class Inner(torch.nn.Module):
         def forward(self, x):
-            seen.append(_module_training())
+            seen.append(_outer_module())
             return x
 
     class Outer(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.inner = Inner()
+            self.weight = torch.nn.Parameter(torch.zeros(2))
 
         def forward(self, x):
             return self.inner(x)
@@ -441,5 +443,48 @@ def test_the_failing_forwards_model_mode_is_read_off_the_stack():
     model.train()
     model.inner.eval()  # a frozen submodule (eval) inside a model being trained
     model(torch.zeros(1))
-    assert seen == [True, False, False, True]
-    assert _module_training() is None  # no module being called
+    model.eval().requires_grad_(False)  # a frozen teacher run inside a training step
+    model(torch.zeros(1))
+    assert [m.training for m in seen] == [True, False, False, True, False]
+    assert [m.frozen for m in seen] == [False, False, False, False, True]
+    assert _outer_module() is None  # no module being called
+
+
+ASYNC_OOM = (
+    "Allocation on device 0 would exceed allowed memory. (out of memory)\n"
+    "Currently allocated     : 130.50 GiB\nRequested               : 12.00 GiB\n"
+    "Device limit            : 139.81 GiB\nFree (according to CUDA): 3.25 GiB\n"
+    "PyTorch limit (set by user-supplied memory fraction)\n                        : 139.81 GiB"
+)
+
+
+def test_an_oom_under_cuda_malloc_async_is_recorded_from_the_exception(make_hook, spool):
+    """No observer can be attached under backend:cudaMallocAsync: the OutOfMemoryError on its way out
+    of the process is the event, with what its message says."""
+    cuda = FakeCuda()
+    cuda.observer_supported = False
+    cuda.set(0, allocated=130 * GIB, reserved=131 * GIB)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.tick()
+    assert hook.sources["oom_observer"] is False
+    error = type("OutOfMemoryError", (RuntimeError,), {})(ASYNC_OOM)
+    hook.on_uncaught(error)
+    hook.on_uncaught(error)  # the same exception again (excepthook and exit): one event
+    hook.at_exit()
+    (ev,) = SpoolReader(spool).read().events
+    assert validate(ev) == "oom_event"
+    assert ev["captured_by"] == "exception" and ev["outcome"] == "fatal"
+    assert ev["requested_bytes"] == 12 * GIB and ev["device_free_bytes"] == int(3.25 * GIB)
+    assert ev["allocated_bytes"] == 130 * GIB and ev["diagnosis"]["cause"]
+
+
+def test_with_the_observer_attached_the_exception_adds_no_second_event(make_hook, spool):
+    cuda = FakeCuda()
+    hook = make_hook(cuda)
+    hook.start()
+    cuda.observer(0, 20 * GIB, 140 * GIB, GIB)
+    hook.on_uncaught(type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory. Tried to allocate 20.00 GiB"))
+    hook.at_exit()
+    (ev,) = SpoolReader(spool).read().events
+    assert ev["captured_by"] == "observer"

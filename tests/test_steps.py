@@ -1,6 +1,5 @@
 """The global optimizer step hook, with a real (CPU) torch optimizer where it matters."""
 
-import types
 
 import pytest
 
@@ -11,46 +10,52 @@ from oomsight.hook.steps import StepTracker
 from fakes import FakeCuda, FakeOptimizer
 
 
-class FakeTensor:
-    def __init__(self, nbytes, ptr, device=0, cuda=True):
-        self.is_cuda = cuda
-        self.device = types.SimpleNamespace(index=device)
-        self._storage = types.SimpleNamespace(data_ptr=lambda: ptr, nbytes=lambda: nbytes)
-        self.grad = None
-
-    def untyped_storage(self):
-        return self._storage
-
-
 def tracker(**kw):
     return StepTracker(Settings().replace(**kw).steps, FakeCuda(), ErrorBook())
 
 
-def test_categories_sum_parameters_gradients_and_state_once_per_storage():
-    w, b = FakeTensor(400, 1), FakeTensor(40, 2)
-    w.grad, b.grad = FakeTensor(400, 3), FakeTensor(40, 4)
-    tied = w  # the same parameter listed twice (tied weights) counts once
-    cpu = FakeTensor(10_000, 9, cuda=False)
-    opt = FakeOptimizer(
-        [w, b, tied, cpu], state={w: {"exp_avg": FakeTensor(400, 5), "exp_avg_sq": FakeTensor(400, 6), "step": 3}}
-    )
+def cpu_tracker():
+    """A tracker that measures the CPU's tensors of the real torch (the hook measures CUDA's)."""
+    torch = pytest.importorskip("torch")
     t = tracker()
+    t.torch, t.device_type = torch, "cpu"
+    return t, torch
+
+
+def test_categories_sum_parameters_gradients_and_state_once_per_storage():
+    t, torch = cpu_tracker()
+    model = torch.nn.Linear(10, 10)
+    tied = torch.nn.Linear(10, 10)
+    tied.weight = model.weight  # tied weights: one storage, counted once
+    opt = torch.optim.AdamW(model.parameters())
+    t.set_roots([model, tied])
+    model(torch.zeros(1, 10)).sum().backward()
+    opt.step()
     t.post_step(opt, (), {})
     params, grads, state, _ = t.categories[0]
-    assert (params, grads, state) == (440, 440, 800)
+    assert (params, grads) == (440 + 40, 440)  # the tied module's own bias is a parameter too
+    assert state == 2 * 440 + 2 * 4  # exp_avg and exp_avg_sq of both, and two 4-byte step counters
 
 
-def test_tensors_on_two_devices_are_kept_apart():
-    opt = FakeOptimizer([FakeTensor(100, 1, device=0), FakeTensor(300, 2, device=1)])
-    t = tracker()
+def test_the_models_seen_called_add_their_frozen_parameters():
+    t, torch = cpu_tracker()
+    student, teacher = torch.nn.Linear(4, 4), torch.nn.Linear(4, 64).requires_grad_(False)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
     t.post_step(opt, (), {})
-    assert t.categories[0][0] == 100 and t.categories[1][0] == 300
+    assert t.categories[0][0] == 80  # only what the optimizer holds is known so far
+    t.set_roots([student, teacher])
+    t.post_step(opt, (), {})  # learning new models walks at the next step, whatever the interval
+    assert t.categories[0][0] == 80 + 1280
+    assert t.layout_states[0]["frozen_parameters_bytes"] == 1280
+    assert t.layout_states[0]["frozen_modules"] == ["Linear"]
+    del teacher
+    assert len(t.roots) == 1  # held weakly: a model the job drops is not kept alive
 
 
 def test_the_walk_runs_at_most_once_per_interval():
     clock = iter([0.0, 1.0, 2.0, 100.0]).__next__
     t = StepTracker(StepSettings(), FakeCuda(), ErrorBook(), clock=clock)
-    opt = FakeOptimizer([FakeTensor(100, 1)])
+    opt = FakeOptimizer([])
     walks = []
     t.walk = lambda: walks.append(1)  # type: ignore[method-assign]
     for _ in range(4):
@@ -64,7 +69,7 @@ def test_a_failing_walk_is_swallowed():
         param_groups = property(lambda self: 1 / 0)
         state = {}
 
-    t = tracker()
+    t, _torch = cpu_tracker()
     t.post_step(Broken(), (), {})
     assert t.errors.counts["step_hook"] == 1 and t.count == 1
 
@@ -85,19 +90,31 @@ def test_the_real_global_hook_sees_a_real_optimizer_step():
     assert t.count == 3
 
 
-def test_with_no_optimizer_the_live_parameters_are_found_and_walked_like_an_optimizers():
+def test_at_an_oom_the_live_models_and_optimizers_are_found_through_the_garbage_collector():
     torch = pytest.importorskip("torch")
-    from oomsight.hook.steps import Unstepped, find_live, walk_optimizers
+    import gc
 
-    model = torch.nn.Linear(4, 4)
-    optimizers, parameters = find_live(__import__("gc"), torch.optim.Optimizer, torch.nn.Parameter)
-    assert not [o for o in optimizers if any(p is model.weight for g in o.param_groups for p in g["params"])]
-    assert any(p is model.weight for p in parameters) and any(p is model.bias for p in parameters)
+    from oomsight.hook.steps import find_live, model_states
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    optimizers, modules = find_live(gc, torch.optim.Optimizer, torch.nn.Module)
+    assert any(m is model for m in modules) and any(m is model[0] for m in modules)
+    assert not [o for o in optimizers if any(p is model[0].weight for g in o.param_groups for p in g["params"])]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    optimizers, _ = find_live(__import__("gc"), torch.optim.Optimizer, torch.nn.Parameter)
+    optimizers, _ = find_live(gc, torch.optim.Optimizer, torch.nn.Module)
     assert any(o is opt for o in optimizers)
-    # walked like an optimizer with no state: bytes by device, dtype counted, nothing expected
-    w = FakeTensor(400, 1)
-    w.dtype = "torch.bfloat16"
-    totals, dtypes, _expected = walk_optimizers([Unstepped([w, FakeTensor(40, 2, cuda=False)])])
-    assert totals[0] == [400, 0, 0] and dtypes == {"bfloat16": 400}
+    # the CPU machine has no CUDA tensors: nothing on a CUDA device, no model states there
+    assert model_states([opt], [model], torch, 0, gc) is None
+
+
+def test_a_step_row_carries_the_memory_outside_the_allocator_where_nvml_sees_the_process():
+    from oomsight.hook.cuda import reading_from_nested
+    from oomsight.hook.stepmemory import outside_bytes
+
+    from fakes import nested_stats
+
+    r = reading_from_nested(nested_stats(allocated=3 << 30, reserved=4 << 30))
+    seen = {"process_visible": True, "process_used_bytes": 5 << 30}
+    assert outside_bytes(seen, r) == 1 << 30  # context, NCCL, an extension's own cudaMalloc
+    assert outside_bytes({"process_visible": False, "process_used_bytes": None}, r) == -1
+    assert outside_bytes(None, r) == -1

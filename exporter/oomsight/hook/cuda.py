@@ -104,7 +104,8 @@ class CudaApi(Protocol):
     def in_backward(self) -> bool: ...
     def autocast_enabled(self) -> bool: ...
     def open_contexts(self) -> dict[str, bool]: ...
-    def saved_tensor_hooks_active(self) -> bool: ...
+    def saved_tensor_hooks(self) -> str | None: ...
+    def private_pools(self, device: int) -> tuple[int, int] | None: ...
     def compiled(self) -> bool: ...
     def grad_enabled(self) -> bool: ...
 
@@ -179,8 +180,8 @@ class TorchCuda:
         trampoline is attached per process and later calls only change its target."""
         global _trampoline_attached
         attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
-        if attach is None:
-            return False
+        if attach is None or self.backend() not in ("native", ""):
+            return False  # cudaMallocAsync and pluggable allocators raise: OOMs are taken from the exception
         _observer_target[0] = fn
         if not _trampoline_attached:
             attach(_trampoline)
@@ -247,19 +248,36 @@ class TorchCuda:
 
 
     def largest_free_block(self, device: int) -> int | None:
-        """The largest cached-but-unallocated block of ``device``'s large pool, from the allocator's
-        segment snapshot (no history needed; read at an OOM only). None if unsupported."""
-        snap = getattr(self.cuda.memory, "_snapshot", None)
-        if snap is None:
+        """The largest cached-but-unallocated block of ``device``'s large default pool, from the
+        allocator's segment snapshot (no history needed; read at an OOM only). Blocks of private pools
+        (CUDA graphs, ``MemPool``) cannot serve other allocations. None if unsupported."""
+        segments = self._segments(device)
+        if segments is None:
             return None
         largest = 0
-        for seg in snap().get("segments", []):
-            if seg.get("device") != device or seg.get("segment_type", "large") != "large":
+        for seg in segments:
+            if seg.get("segment_type", "large") != "large" or _private(seg):
                 continue
             for block in seg.get("blocks", []):
                 if block.get("state") == "inactive" and int(block.get("size", 0)) > largest:
                     largest = int(block["size"])
         return largest
+
+    def private_pools(self, device: int) -> tuple[int, int] | None:
+        """(reserved, unallocated) bytes of ``device``'s private pools: CUDA graphs' (torch.compile's
+        ``reduce-overhead``) and ``MemPool`` s, which serve only their own allocations. At an OOM only."""
+        segments = self._segments(device)
+        if segments is None:
+            return None
+        private = [seg for seg in segments if _private(seg)]
+        reserved = sum(int(seg.get("total_size", 0)) for seg in private)
+        return reserved, reserved - sum(int(seg.get("allocated_size", 0)) for seg in private)
+
+    def _segments(self, device: int) -> list[dict[str, Any]] | None:
+        snap = getattr(self.cuda.memory, "_snapshot", None)
+        if snap is None:
+            return None
+        return [seg for seg in snap().get("segments", []) if seg.get("device") == device]
 
     def in_backward(self) -> bool:
         """True while this thread runs an autograd backward pass (the engine's graph task)."""
@@ -306,15 +324,24 @@ class TorchCuda:
                 found["checkpointing"] = True
         return found
 
-    def saved_tensor_hooks_active(self) -> bool:
-        """Whether saved-tensor hooks are on in this thread (non-reentrant checkpointing or offloading)."""
+    def saved_tensor_hooks(self) -> str | None:
+        """What the saved-tensor hooks on in this thread are: ``checkpoint`` (non-reentrant
+        activation checkpointing), ``offload`` (``save_on_cpu``: activations go to the host, nothing
+        is recomputed), ``other`` (a user's hooks, which may hide either), None when none is on."""
         top = getattr(self.torch._C._autograd, "_top_saved_tensors_default_hooks", None)
         if top is None:
-            return False
+            return None
         try:
-            return top(True) is not None
+            hooks = top(True)
         except TypeError:
-            return top() is not None
+            hooks = top()
+        if not hooks:
+            return None
+        pack = hooks[0]
+        where = f"{getattr(pack, '__module__', '')}.{getattr(pack, '__qualname__', '')}"
+        if "save_on_cpu" in where:
+            return "offload"
+        return "checkpoint" if ".utils.checkpoint" in where else "other"
 
     def grad_enabled(self) -> bool:
         """Whether autograd records in this thread now (False under no_grad and inference_mode)."""
@@ -327,6 +354,12 @@ class TorchCuda:
         dynamo = sys.modules.get(f"{self.torch.__name__}._dynamo.utils")
         counters = getattr(dynamo, "counters", None)
         return bool(counters and counters.get("stats", {}).get("unique_graphs", 0))
+
+
+def _private(segment: Mapping[str, Any]) -> bool:
+    """A segment of a private pool: its pool id is not the default pool's ``(0, 0)``."""
+    pool = segment.get("segment_pool_id") or (0, 0)
+    return tuple(pool) != (0, 0)
 
 
 def _user_frame(frames: list[dict[str, Any]]) -> str:

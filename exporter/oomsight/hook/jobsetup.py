@@ -9,7 +9,10 @@ at the next. In between they see
 - activation checkpointing: a module's forward ran *inside* a backward pass (recomputation,
   reentrant or not);
 - gradient accumulation: backward passes through the parameter per optimizer step;
-- ``set_to_none``: the parameter's ``.grad`` was ``None`` at the first forward after a step.
+- ``set_to_none``: the parameter's ``.grad`` was ``None`` at the first forward after a step;
+- activation offload: a module's forward ran under ``save_on_cpu``'s saved-tensor hooks;
+- the models: the outermost modules called (the trained model, a frozen teacher, a reference
+  or reward model), whose parameters, trainable and frozen, the step tracker then measures.
 
 ``torch.compile`` is read from dynamo's own counter, the parameters' dtype from the
 optimizers, ``expandable_segments`` from the allocator config. Outside a window nothing
@@ -50,7 +53,12 @@ class JobProbe:
             "set_to_none": None,
             "expandable_segments": expandable_segments,
             "optimizers": [],
+            "activation_offload": None,
+            "parallelism": None,
+            "adapters": None,
         }
+        self.roots: list[Any] = []
+        """The outermost modules called in the last window (taken by the step tracker)."""
         self._handles: list[Any] = []
         self._next = -1.0
         self._seen: Optional[dict[str, Any]] = None
@@ -74,11 +82,20 @@ class JobProbe:
             self._open(torch, optimizers)
 
     def _open(self, torch: Any, optimizers: list[Any]) -> None:
-        seen: dict[str, Any] = {"calls": 0, "autocast": False, "recompute": False, "backwards": 0, "grad_none": None}
+        seen: dict[str, Any] = {
+            "calls": 0, "autocast": False, "recompute": False, "backwards": 0, "grad_none": None,
+            "offload": False, "depth": 0, "roots": {},
+        }
         self._seen = seen
         param = _first_trainable(optimizers)
 
+        def pre_hook(module: Any, args: Any) -> None:
+            if seen["depth"] == 0:
+                seen["roots"][id(module)] = module
+            seen["depth"] += 1
+
         def forward_hook(module: Any, args: Any, output: Any) -> None:
+            seen["depth"] = max(seen["depth"] - 1, 0)
             seen["calls"] += 1
             if seen["calls"] == 1 and param is not None:
                 seen["grad_none"] = param.grad is None
@@ -86,9 +103,12 @@ class JobProbe:
                 seen["autocast"] = True
             if not seen["recompute"] and self.cuda.in_backward():
                 seen["recompute"] = True
+            if not seen["offload"] and self.cuda.saved_tensor_hooks() == "offload":
+                seen["offload"] = True
 
-        register = torch.nn.modules.module.register_module_forward_hook
-        self._handles.append(register(forward_hook))
+        hooks = torch.nn.modules.module
+        self._handles.append(hooks.register_module_forward_pre_hook(pre_hook))
+        self._handles.append(hooks.register_module_forward_hook(forward_hook))
         if param is not None and hasattr(param, "register_post_accumulate_grad_hook"):
 
             def grad_hook(_p: Any) -> None:
@@ -106,6 +126,8 @@ class JobProbe:
             return  # no module forward in the window (not an nn.Module job): nothing learned
         self.setup["autocast"] = seen["autocast"]
         self.setup["checkpointing"] = seen["recompute"]
+        self.setup["activation_offload"] = seen["offload"]
+        self.roots = list(seen["roots"].values())
         if seen["grad_none"] is not None:
             self.setup["set_to_none"] = seen["grad_none"]
         if seen.get("counting") and seen["backwards"]:

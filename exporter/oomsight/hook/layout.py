@@ -147,7 +147,7 @@ class _Counter:
                 yield from self._storages(getattr(t, name, None), depth + 1)
             return
         device = getattr(t, "device", None)
-        if getattr(device, "type", None) != self.device_type:
+        if device is None or getattr(device, "type", None) != self.device_type:
             return
         storage = t.untyped_storage()
         nbytes = int(storage.nbytes())

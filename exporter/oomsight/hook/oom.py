@@ -14,19 +14,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 import time
 import traceback
 from types import FrameType
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, NamedTuple, Optional, cast
 
 from oomsight.analysis.diagnosis import diagnose, facts_from_event
 from oomsight.analysis.units import format_bytes
 from oomsight.config import OomSettings
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
-from oomsight.hook.sampler import Sampler
+from oomsight.hook.sampler import Sampler, categories_with_activations
 from oomsight.hook.steps import StepTracker
 from oomsight.wire.schema import (
     KIND_OOM_EVENT,
@@ -80,6 +81,8 @@ class OomRecorder:
         self._seq = 0
         self._last_snapshot = -SNAPSHOT_MIN_INTERVAL_SECONDS
         self._lock = threading.Lock()
+        self._excepted: set[int] = set()
+        """The exceptions already recorded (one OOM leaves several frames, and reaches the exit hook)."""
 
     def observe(self, device: int, requested: int, device_total: int, device_free: int) -> None:
         """The allocator's OOM observer. Runs in the failing thread; must never raise."""
@@ -95,7 +98,30 @@ class OomRecorder:
             self._attach_snapshot(event)
         self.sampler.publish_soon()  # the snapshot follows from the sampler thread, not from here
 
-    def _record(self, device: int, requested: int, total: int, free: int) -> Optional[OomEvent]:
+    def observe_exception(self, exc: BaseException) -> None:
+        """An OOM seen as the exception on its way out (``cudaMallocAsync`` and pluggable allocators
+        have no observer): the same event, from what the message and the allocator say now. Must
+        never raise."""
+        if not self.active or not is_oom(exc) or id(exc) in self._excepted:
+            return
+        self._excepted.add(id(exc))
+        try:
+            text = str(exc)
+            device = _device_of(text, self.cuda)
+            requested = _bytes_after(text, REQUESTED_MARKS) or 0
+            dev = self.sampler.device(device)
+            total = dev.total if dev is not None else 0
+            free = _bytes_after(text, FREE_MARKS)
+            with self._lock:
+                self._record(device, requested, total, free if free is not None else 0, "exception")
+        except Exception as err:
+            self.errors.record("oom_exception", err)
+            return
+        self.sampler.publish_soon()
+
+    def _record(
+        self, device: int, requested: int, total: int, free: int, captured_by: str = "observer"
+    ) -> Optional[OomEvent]:
         """Count the OOM, and under the cap gather, diagnose and write its event (durably)."""
         now = self.clock()
         self._seq += 1
@@ -104,7 +130,7 @@ class OomRecorder:
             return None
         dev = self.sampler.device(device)
         trend = list(dev.trend) if dev is not None else []
-        event = self._event(now, device, requested, total, free)
+        event = self._event(now, device, requested, total, free, captured_by)
         # diagnosed from the event itself, as a later oomsight re-diagnoses a recorded one
         facts = facts_from_event(event)
         facts["trend"] = trend
@@ -115,7 +141,7 @@ class OomRecorder:
         self._write(event)  # durable before the error is raised, and before any artifact
         return event
 
-    def _event(self, now: float, device: int, requested: int, total: int, free: int) -> OomEvent:
+    def _event(self, now: float, device: int, requested: int, total: int, free: int, captured_by: str) -> OomEvent:
         """What the allocator, the sampler and the rest of the hook know at the OOM (not diagnosed yet)."""
         r = self.cuda.read(device)
         # Under set_per_process_memory_fraction the total is the cap and free is physical:
@@ -132,6 +158,8 @@ class OomRecorder:
         job = self._job_at_oom(ctx.job(), phase)
         stack = _user_stack()
         model_states = self._guarded("model_states", lambda: ctx.model_states(device))
+        pools = self._guarded("private_pools", lambda: self.cuda.private_pools(device))
+        module = self._guarded("module_training", _outer_module)
         return OomEvent(
             schema_version=SCHEMA_VERSION,
             kind=KIND_OOM_EVENT,
@@ -161,7 +189,11 @@ class OomRecorder:
             grad_enabled=self._guarded("grad_enabled", self.cuda.grad_enabled),
             sampled_allocated=[list(x) for x in list(dev.recent)] if dev is not None else [],
             last_step_time=self.steps.last_step_wall if self.steps is not None else None,
-            module_training=self._guarded("module_training", _module_training),
+            module_training=module.training if module is not None else None,
+            module_frozen=module.frozen if module is not None else None,
+            private_pool_bytes=pools[0] if pools else None,
+            private_pool_free_bytes=pools[1] if pools else None,
+            captured_by=captured_by,
             steps_memory=steps_memory,
             phase=phase,
             largest_free_block_bytes=block,
@@ -197,8 +229,11 @@ class OomRecorder:
         job = dict(job)
         if job.get("compiled") is None:  # before the job probe's first window: dynamo's own counter
             job["compiled"] = self._guarded("compiled", self.cuda.compiled)
-        if phase == "forward" and self._guarded("checkpointing", self.cuda.saved_tensor_hooks_active):
+        hooks = self._guarded("saved_tensor_hooks", self.cuda.saved_tensor_hooks)
+        if phase == "forward" and hooks == "checkpoint":
             job["checkpointing"] = True
+        elif hooks == "offload":
+            job["activation_offload"] = True
         for key, seen in (self._guarded("open_contexts", self.cuda.open_contexts) or {}).items():
             if seen:
                 job[key] = True
@@ -227,15 +262,12 @@ class OomRecorder:
     def _categories(self, device: int, allocated: int) -> Optional[Categories]:
         if self.steps is None or device not in self.steps.categories:
             return None
-        params, grads, state, measured_at = self.steps.categories[device]
-        return Categories(
-            parameters_bytes=params,
-            gradients_bytes=grads,
-            optimizer_state_bytes=state,
-            activations_bytes=max(allocated - params - grads - state, 0),
-            basis="at_oom",
-            measured_at=measured_at,
+        found = categories_with_activations(
+            self.steps.categories[device], None, allocated, self.steps.layout_states.get(device)
         )
+        if found is not None:
+            found["basis"] = "at_oom"
+        return found
 
     def _summary(self, device: int) -> str:
         try:
@@ -305,6 +337,38 @@ class OomRecorder:
             self.errors.record("termination_message", exc)
 
 
+REQUESTED_MARKS = ("Tried to allocate", "Requested")
+FREE_MARKS = ("Free (according to CUDA):", "of which")
+_SIZE = re.compile(r"[:\s]*([0-9]+(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB)")
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error of CUDA: ``torch.OutOfMemoryError``, or its text in another error (NCCL
+    and cuBLAS report theirs as ``RuntimeError``)."""
+    if any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__):
+        return True
+    text = str(exc)
+    return "CUDA out of memory" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text
+
+
+def _bytes_after(text: str, marks: tuple[str, ...]) -> Optional[int]:
+    """The size written after the first of ``marks`` in an OOM message ("2.00 GiB"), in bytes."""
+    for mark in marks:
+        at = text.find(mark)
+        if at < 0:
+            continue
+        found = _SIZE.match(text, at + len(mark))
+        if found is not None:
+            return int(float(found.group(1)) * _UNITS[found.group(2)])
+    return None
+
+
+def _device_of(text: str, cuda: CudaApi) -> int:
+    found = re.search(r"(?:GPU|on device) (\d+)", text)
+    return int(found.group(1)) if found else cuda.current_device()
+
+
 class OomContext:
     """What the rest of the hook knows at an OOM: the step rows, the job's setup, the model states.
     The runtime passes one built from its parts; the default knows nothing."""
@@ -327,20 +391,31 @@ def _remove(path: str) -> None:
 _MODULE_CALLS = frozenset(("_call_impl", "_wrapped_call_impl"))
 
 
-def _module_training() -> Optional[bool]:
-    """Whether the outermost ``nn.Module`` being called on this thread's stack is in training mode
-    (``model.eval()`` makes it False: an evaluation forward); None when no module is being called.
-    Read from the frames of ``Module.__call__``, at the OOM only."""
+class OuterModule(NamedTuple):
+    training: Optional[bool]
+    """The module is in training mode (``model.eval()`` makes it False); None: no such flag."""
+    frozen: bool
+    """None of its parameters trains: a frozen teacher, reference or reward model."""
+
+
+def _outer_module() -> Optional[OuterModule]:
+    """The outermost ``nn.Module`` being called on this thread's stack (the model whose forward
+    failed): its training flag and whether it is frozen; None when no module is being called. Read
+    from the frames of ``Module.__call__``, at the OOM only."""
     found = None
     frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name in _MODULE_CALLS and code.co_filename.endswith(_MODULE_FILE):
             module = frame.f_locals.get("self")
-            if module is not None and isinstance(getattr(module, "training", None), bool):
-                found = module.training
+            if module is not None:
+                found = module
         frame = frame.f_back
-    return found
+    if found is None:
+        return None
+    training = getattr(found, "training", None)
+    flags = [bool(p.requires_grad) for p in found.parameters()]
+    return OuterModule(training if isinstance(training, bool) else None, bool(flags) and not any(flags))
 
 
 _MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")

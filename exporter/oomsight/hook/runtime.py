@@ -29,7 +29,7 @@ from oomsight.hook.identity import describe_process
 from oomsight.hook.jobsetup import JobProbe, dominant_dtype
 from oomsight.hook.leakscan import scan
 from oomsight.hook.nvml import Nvml
-from oomsight.hook.oom import OomContext, OomRecorder
+from oomsight.hook.oom import OomContext, OomRecorder, is_oom
 from oomsight.hook.prediction import EXPECTED, from_setting, from_value
 from oomsight.hook.profiler import Profiler
 from oomsight.hook.sampler import Sampler
@@ -170,6 +170,9 @@ class Hook:
             self.step_memory.on_step(steps.count)
             if self.torch is not None and self.job.due(steps.count):
                 self.job.on_step(self.torch, steps.count, steps.optimizers, dominant_dtype(steps.param_dtypes))
+                if self.job.roots:
+                    steps.set_roots(self.job.roots)
+                    self.job.roots = []
         if self._leak_due is not None:
             self._scan_leak()
         p = self.profiler
@@ -216,7 +219,7 @@ class Hook:
         extra: dict[str, Any] = {
             "sources": dict(self.sources),
             "oom_events_unwritten": self.oom.unwritten_total,
-            "job": self.job.snapshot() if self.steps is not None else None,
+            "job": self.job_setup(),
             **self._judged_steps(),
             "profiling": self.profiler.active_id if self.profiler else None,
             "leak": self.leak,
@@ -224,8 +227,24 @@ class Hook:
             "predictions": self._predictions(),
         }
         if self.steps is not None:
-            extra.update(steps=self.steps.info(), categories=self.steps.categories, step_peaks=self.steps.step_peaks)
+            extra.update(
+                steps=self.steps.info(),
+                categories=self.steps.categories,
+                layout_states=self.steps.layout_states,
+                step_peaks=self.steps.step_peaks,
+            )
         return extra
+
+    def job_setup(self) -> Optional[dict[str, Any]]:
+        """The job's setup: what the job probe saw, and the layout of the last walk (the parallelism
+        in use, adapters); None for a process without the step hook."""
+        if self.steps is None:
+            return None
+        setup = self.job.snapshot()
+        found = self.steps.layout
+        if found is not None:
+            setup.update(parallelism=found.parallelism, adapters=found.adapters)
+        return setup
 
     def _judged_steps(self) -> dict[str, dict[int, Any]]:
         """Each device's verdict on its step rows and its last row (the snapshot's ``step_trend``
@@ -256,10 +275,18 @@ class Hook:
             self.sampler.refresh()
             self.sampler.publish()
 
+    def on_uncaught(self, exc: BaseException) -> None:
+        """An exception ends the process: an OOM the allocator's observer could not see (another
+        allocator back-end) is recorded from the exception itself, while its frames still hold the
+        step's tensors."""
+        self.uncaught = exc
+        if not self.sources.get("oom_observer") and is_oom(exc):
+            self.oom.observe_exception(exc)
+
     def at_exit(self) -> None:
         if self.uncaught is None:
             self.stop("normal")
-        elif _is_oom(self.uncaught):
+        elif is_oom(self.uncaught):
             self.stop("oom")
         else:
             self.stop("exception")
@@ -275,17 +302,13 @@ class _Context(OomContext):
         return self.hook.step_memory.series(device)
 
     def job(self) -> Optional[dict[str, Any]]:
-        return self.hook.job.snapshot() if self.hook.steps is not None else None
+        return self.hook.job_setup()
 
     def model_states(self, device: int) -> Optional[dict[str, Any]]:
         steps, torch = self.hook.steps, self.hook.torch
         if steps is None or torch is None:
             return None
-        return model_states(steps.optimizers, torch, device, gc)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    return any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__) or ("CUDA out of memory" in str(exc))
+        return model_states(steps.optimizers, steps.roots, torch, device, gc)
 
 
 def _safe(fn: Any, default: Any) -> Any:
@@ -354,7 +377,7 @@ def _chain_excepthook(hook: Hook) -> None:
     previous = sys.excepthook
 
     def excepthook(tp: type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
-        hook.uncaught = value
+        hook.on_uncaught(value)
         previous(tp, value, tb)
 
     sys.excepthook = excepthook

@@ -13,12 +13,14 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Optional, cast
 
 from oomsight.config import SamplingSettings
 from oomsight.hook.cuda import CudaApi, Reading
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.nvml import Nvml
+from oomsight.wire.fields import STATES_LAYOUT
 from oomsight.wire.schema import (
     KIND_SNAPSHOT,
     SCHEMA_VERSION,
@@ -336,6 +338,7 @@ class Sampler:
                 extra.get("categories", {}).get(dev.index),
                 step_peak["allocated_bytes"] if step_peak else None,
                 max(peak_a, r.allocated_bytes),
+                extra.get("layout_states", {}).get(dev.index),
             ),
             step_peak=step_peak,
             trend=[] if dev.index in extra.get("step_trend", {}) else list(dev.trend),  # judged by the step rows
@@ -346,14 +349,18 @@ class Sampler:
 
 
 def categories_with_activations(
-    static: Optional[tuple[int, int, int, float]], step_peak: Optional[int], window_peak: int
+    static: Optional[tuple[int, int, int, float]],
+    step_peak: Optional[int],
+    window_peak: int,
+    layout: Optional[Mapping[str, Any]] = None,
 ) -> Optional[Categories]:
-    """Parameters, gradients, optimizer state (measured) and activations (peak minus those)."""
+    """Parameters (trainable and frozen), gradients, optimizer state (measured) and activations (the
+    peak minus those); ``layout`` adds what the walk found of the parameters' layout."""
     if static is None:
         return None
     params, grads, state, measured_at = static
     peak, basis = (step_peak, "step_peak") if step_peak is not None else (window_peak, "window_peak")
-    return Categories(
+    found = Categories(
         parameters_bytes=params,
         gradients_bytes=grads,
         optimizer_state_bytes=state,
@@ -361,3 +368,11 @@ def categories_with_activations(
         basis=basis,
         measured_at=measured_at,
     )
+    for key, value in (layout or {}).items():
+        if key in LAYOUT_KEYS:
+            found[key] = value  # type: ignore[literal-required]
+    return found
+
+
+LAYOUT_KEYS = frozenset(f.name for f in STATES_LAYOUT) | {"optimizer_state_expected_bytes"}
+"""The keys of a walk's layout that a snapshot's categories carry (``wire.fields.STATES_LAYOUT``)."""

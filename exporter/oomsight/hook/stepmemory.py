@@ -16,14 +16,24 @@ import time
 from typing import Any, Callable, Optional
 
 from oomsight.analysis import trend
-from oomsight.hook.cuda import CudaApi
+from oomsight.hook.cuda import CudaApi, Reading
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
+from oomsight.wire.schema import NvmlSample
 
 MAX_ROWS = 256
 """Rows kept per device; when full, the older half is thinned to every other row."""
 MIN_INTERVAL_SECONDS = 0.04
 """At most 25 reads a second: 0.05 % of a training thread's time at 20 µs a read."""
+
+
+def outside_bytes(nvml: Optional[NvmlSample], r: Reading) -> int:
+    """This process's memory outside its caching allocator (CUDA context, NCCL, an extension's own
+    cudaMalloc) at the sampler's last NVML reading: its own NVML entry minus what the allocator
+    reserves; -1 where NVML cannot see this process (another PID namespace)."""
+    if nvml is None or not nvml.get("process_visible") or nvml.get("process_used_bytes") is None:
+        return -1
+    return max(int(nvml["process_used_bytes"] or 0) - r.reserved_bytes, 0)
 
 
 class StepMemory:
@@ -66,8 +76,8 @@ class StepMemory:
             self._lifetime[dev.index] = r.peak_allocated_bytes
             exact = previous is None or r.peak_allocated_bytes > previous
             peak = r.peak_allocated_bytes if exact else max(sampled or 0, r.allocated_bytes)
-            row = [step, stamp, r.allocated_bytes, peak, r.reserved_bytes, int(exact)]  # ints encode fast
-            self._append(dev.index, row)
+            row = [step, stamp, r.allocated_bytes, peak, r.reserved_bytes, int(exact), outside_bytes(dev.nvml, r)]
+            self._append(dev.index, row)  # ints encode fast
 
     def _append(self, index: int, row: list[Any]) -> None:
         rows = self.rows.setdefault(index, [])

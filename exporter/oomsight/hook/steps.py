@@ -1,9 +1,10 @@
 """Training steps, seen through the global optimizer step hook.
 
 Per step (in the training thread) the hook only counts and takes a timestamp.
-Every ``categories_interval_seconds`` it also walks the tensors of the
-optimizers it has seen: parameters, gradients and optimizer state, summed per
-device, each storage counted once. With ``peaks`` (opt-in) it reads and resets
+Every ``categories_interval_seconds`` it also measures the layout of the models
+the job probe saw called (``hook.layout``: every parameter, trainable and frozen,
+by its local storage) and of the optimizers it has seen: parameters, gradients and
+optimizer state, summed per device, each storage counted once. With ``peaks`` (opt-in) it reads and resets
 the allocator peak after each step (its settings group: :class:`~oomsight.config.StepSettings`).
 """
 
@@ -15,12 +16,12 @@ import weakref
 from typing import Any, Callable, Optional
 
 from oomsight.config import StepSettings
+from oomsight.hook import layout
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.jobsetup import dominant_dtype
+from oomsight.hook.layout import roots_of
 from oomsight.wire.schema import StepInfo, StepPeak
-
-PARAMS, GRADS, STATE = 0, 1, 2
 
 
 class StepTracker:
@@ -42,6 +43,14 @@ class StepTracker:
         self.last_duration: Optional[float] = None
         self.last_step_wall: Optional[float] = None
         self.categories: dict[int, tuple[int, int, int, float]] = {}
+        """Per device (parameters, gradients, optimizer state, when measured), from the last walk."""
+        self.layout_states: dict[int, dict[str, Any]] = {}
+        """Per device the rest of the last walk's ``ModelStates`` keys (frozen, buckets, ...)."""
+        self.layout: Optional[layout.Layout] = None
+        self.device_type = "cuda"
+        """The device type whose tensors are counted (tests count the CPU's)."""
+        self.torch: Any = None
+        self._roots: list[weakref.ref[Any]] = []
         self.step_peaks: dict[int, StepPeak] = {}
         self.peak_devices: Callable[[], list[int]] = list
         """Set by the hook: the devices whose peaks to read when ``step_peaks`` is on."""
@@ -60,6 +69,7 @@ class StepTracker:
 
     def register(self, torch: Any) -> bool:
         # torch.optim.optimizer is not always an attribute of torch.optim (2.13): import it
+        self.torch = torch
         module = importlib.import_module(f"{torch.__name__}.optim.optimizer")
         register = getattr(module, "register_optimizer_step_post_hook", None)
         if register is None:
@@ -92,6 +102,18 @@ class StepTracker:
     @property
     def optimizers(self) -> list[Any]:
         return list(self._optimizers)
+
+    @property
+    def roots(self) -> list[Any]:
+        """The outermost modules the job probe saw called (models: trained, frozen, teachers), alive."""
+        return [m for m in (r() for r in self._roots) if m is not None]
+
+    def set_roots(self, roots: list[Any]) -> None:
+        """Learn the models (from the job probe's window); the next step measures them."""
+        known = {id(m) for m in self.roots}
+        if {id(m) for m in roots} - known:
+            self._roots = [weakref.ref(m) for m in {id(m): m for m in [*self.roots, *roots]}.values()]
+            self._next_walk = 0.0
 
     def post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The global post-step hook. Must never raise into the optimizer."""
@@ -127,11 +149,15 @@ class StepTracker:
             self.cuda.reset_peak(index)
 
     def walk(self) -> None:
-        """Sum parameter, gradient and optimizer-state bytes per CUDA device."""
-        totals, dtypes, _expected = walk_optimizers(list(self._optimizers))
-        self.param_dtypes = dtypes
+        """Measure parameters (trainable and frozen), gradients and optimizer state per device."""
+        if self.torch is None:
+            return
+        found = layout.measure(self.torch, self.roots, list(self._optimizers), self.device_type)
+        self.layout = found
+        self.param_dtypes = found.dtypes
         stamp = self.wall()
-        self.categories = {dev: (t[0], t[1], t[2], stamp) for dev, t in totals.items()}
+        self.categories = {dev: (t.parameters, t.gradients, t.state, stamp) for dev, t in found.devices.items()}
+        self.layout_states = {dev: found.states(dev) for dev in found.devices}
 
     def info(self) -> StepInfo:
         return StepInfo(
@@ -142,109 +168,35 @@ class StepTracker:
         )
 
 
-def _add(t: Any, slot: int, totals: dict[int, list[int]], seen: set[tuple[int, int]]) -> int:
-    """Add ``t``'s storage bytes to its device's ``slot``; the bytes added (0: seen or not CUDA)."""
-    if not getattr(t, "is_cuda", False):
-        return 0
-    index = t.device.index
-    try:
-        storage = t.untyped_storage()
-        key, size = (index, storage.data_ptr()), storage.nbytes()
-    except Exception:  # tensor subclasses without a plain storage (e.g. DTensor)
-        key, size = (index, id(t)), t.numel() * t.element_size()
-    if key in seen:
-        return 0
-    seen.add(key)
-    totals.setdefault(index, [0, 0, 0])[slot] += size
-    return int(size)
-
-
-STATE_FACTORS = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2, "Rprop": 2, "Adagrad": 1}
-"""Optimizer state per parameter byte, by class: Adam keeps exp_avg and exp_avg_sq, ..."""
-
-
-def state_factor(opt: Any) -> Optional[float]:
-    """Expected optimizer-state bytes per trainable parameter byte; None for an unknown kind."""
-    groups = getattr(opt, "param_groups", [{}])
-    for cls in type(opt).__mro__:
-        name = cls.__name__
-        if name in STATE_FACTORS:
-            return STATE_FACTORS[name] + (1 if any(g.get("amsgrad") for g in groups) else 0)
-        if name == "SGD":
-            return 1.0 if any(g.get("momentum") for g in groups) else 0.0
-        if name == "RMSprop":
-            return 1.0 + any(g.get("momentum") for g in groups) + any(g.get("centered") for g in groups)
-    return None
-
-
-def walk_optimizers(optimizers: list[Any]) -> tuple[dict[int, list[int]], dict[str, int], dict[int, Optional[int]]]:
-    """(per device [params, grads, state] bytes, parameter bytes by dtype, per device expected state)."""
-    totals: dict[int, list[int]] = {}
-    dtypes: dict[str, int] = {}
-    expected: dict[int, Optional[int]] = {}
-    seen: set[tuple[int, int]] = set()
-    for opt in optimizers:
-        factor = state_factor(opt)
-        for group in opt.param_groups:
-            for p in group["params"]:
-                size = _add(p, PARAMS, totals, seen)
-                if size:
-                    key = str(getattr(p, "dtype", "unknown")).replace("torch.", "")
-                    dtypes[key] = dtypes.get(key, 0) + size
-                    index = p.device.index
-                    if factor is None or expected.get(index, 0) is None:
-                        expected[index] = None
-                    elif getattr(p, "requires_grad", True):
-                        expected[index] = (expected.get(index) or 0) + int(factor * size)
-                if p.grad is not None:
-                    _add(p.grad, GRADS, totals, seen)
-        for state in opt.state.values():
-            for value in state.values():
-                if hasattr(value, "untyped_storage"):
-                    _add(value, STATE, totals, seen)
-    return totals, dtypes, expected
-
-
-def find_live(gc_module: Any, optimizer_type: Any, parameter_type: Any) -> tuple[list[Any], list[Any]]:
-    """(every live optimizer, every live parameter) in one pass over the garbage collector's
-    objects: at an OOM of a process that has stepped no optimizer (before the first step, or
-    inference, which has none)."""
+def find_live(gc_module: Any, optimizer_type: Any, module_type: Any) -> tuple[list[Any], list[Any]]:
+    """(every live optimizer, every live module) in one pass over the garbage collector's objects: at
+    an OOM of a process whose models the hook has not seen called yet (before the job probe's first
+    window, or inference, which steps no optimizer)."""
     optimizers: list[Any] = []
-    parameters: list[Any] = []
+    modules: list[Any] = []
     for o in gc_module.get_objects():
         t = type(o)  # type(), not isinstance(): no lazy object's __class__ property runs
-        if issubclass(t, parameter_type):
-            parameters.append(o)
+        if issubclass(t, module_type):
+            modules.append(o)
         elif issubclass(t, optimizer_type):
             optimizers.append(o)
-    return optimizers, parameters
+    return optimizers, modules
 
 
-def model_states(optimizers: list[Any], torch: Any, device: int, gc_module: Any) -> Optional[dict[str, Any]]:
-    """At an OOM: parameters, gradients and optimizer state on ``device`` (``ModelStates``), from the
-    optimizers seen stepping, else from the live ones, else from the live parameters (no optimizer:
-    inference); None when there is no parameter at all."""
-    parameters: list[Any] = []
-    if not optimizers:
-        optimizers, parameters = find_live(gc_module, torch.optim.Optimizer, torch.nn.Parameter)
-    walked = optimizers or ([Unstepped(parameters)] if parameters else [])
-    if not walked:
+def model_states(
+    optimizers: list[Any], roots: list[Any], torch: Any, device: int, gc_module: Any
+) -> Optional[dict[str, Any]]:
+    """At an OOM: parameters (trainable and frozen), gradients and optimizer state on ``device``
+    (``ModelStates``), from the models and optimizers seen, else from the live ones found through the
+    garbage collector; None when there is no parameter at all."""
+    if not roots or not optimizers:
+        live_optimizers, modules = find_live(gc_module, torch.optim.Optimizer, torch.nn.Module)
+        optimizers = optimizers or live_optimizers
+        roots = roots or roots_of(modules)
+    found = layout.measure(torch, roots, optimizers)
+    if not found.devices:
         return None
-    totals, dtypes, expected = walk_optimizers(walked)
-    params, grads, state = totals.get(device, [0, 0, 0])
-    return {
-        "parameters_bytes": params,
-        "gradients_bytes": grads,
-        "optimizer_state_bytes": state,
-        "optimizer_state_expected_bytes": expected.get(device) if optimizers else 0,
-        "optimizers": len(optimizers),
-        "param_dtype": dominant_dtype(dtypes),
-    }
-
-
-class Unstepped:
-    """Parameters that no optimizer holds, walked like an optimizer's (``walk_optimizers``)."""
-
-    def __init__(self, parameters: list[Any]) -> None:
-        self.param_groups = [{"params": parameters}]
-        self.state: dict[Any, Any] = {}
+    states = found.states(device)
+    if not optimizers:
+        states["optimizer_state_expected_bytes"] = 0
+    return {**states, "optimizers": len(optimizers), "param_dtype": dominant_dtype(found.dtypes)}
