@@ -302,3 +302,75 @@ def test_the_hook_never_initialises_cuda_itself(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "initialised: False" in result.stdout
     assert not (spool / "snapshots").exists() or not os.listdir(spool / "snapshots")
+
+
+def test_an_oom_under_cuda_malloc_async_is_recorded_from_the_exception(tmp_path):
+    """Issue 24: no OOM observer exists under backend:cudaMallocAsync; the event comes from the
+    OutOfMemoryError on its way out, with the requested size its message gives."""
+    request = 200 * GIB
+    body = TRAIN.replace("STEPS", "5") + f"\ntorch.empty({request}, dtype=torch.uint8, device='cuda')\n"
+    spool = str(tmp_path / "spool")
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+    result = run_under_oomsight(tmp_path, body, spool, env=env)
+    assert result.returncode == 1 and "OutOfMemoryError" in result.stderr, result.stderr
+    state = SpoolReader(spool).read()
+    (event,) = state.events
+    assert event["captured_by"] == "exception" and event["outcome"] == "fatal"
+    assert event["process"]["allocator_backend"] == "cudaMallocAsync"
+    assert abs(event["requested_bytes"] - request) <= GIB // 100  # the message rounds to 2 decimals
+    assert state.snapshots[0]["sources"]["oom_observer"] is False
+
+
+def test_frozen_weights_and_a_frozen_teachers_forward_are_told_apart(tmp_path):
+    """Issue 24: a frozen teacher's weights are parameters (not activations), and its forward
+    running out inside a training step is the teacher's, not an evaluation forward."""
+    body = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+student = nn.Sequential(nn.Linear(2048, 2048), nn.GELU(), nn.Linear(2048, 2048)).cuda()
+teacher = nn.Sequential(*[nn.Linear(8192, 8192) for _ in range(16)]).cuda().eval().requires_grad_(False)
+opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
+torch.cuda.set_per_process_memory_fraction(12 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+for step in range(8):
+    rows = 1024 if step < 6 else 131072  # the last steps' teacher batch does not fit (4 GiB a layer)
+    x = torch.randn(rows, 2048, device="cuda")
+    target = teacher(torch.randn(rows, 8192, device="cuda"))[:, :2048]
+    (student(x) - target).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+    spool = str(tmp_path / "spool")
+    result = run_under_oomsight(tmp_path, body, spool)
+    assert result.returncode == 1 and "OutOfMemoryError" in result.stderr, result.stderr
+    state = SpoolReader(spool).read()
+    (event,) = state.events
+    teacher_bytes = 16 * (8192 * 8192 + 8192) * 4
+    ms = event["model_states"]
+    assert ms["frozen_parameters_bytes"] == teacher_bytes
+    assert ms["parameters_bytes"] == teacher_bytes + 2 * (2048 * 2048 + 2048) * 4
+    assert ms["frozen_modules"] == ["Sequential"]
+    assert event["module_frozen"] is True and event["phase"] == "forward"
+    assert event["diagnosis"]["facts"]["remedies"][0] != "eval_batch", event["diagnosis"]["summary"]
+    cats = state.snapshots[0]["devices"][0]["categories"]
+    assert cats["frozen_parameters_bytes"] == teacher_bytes  # the snapshot counts them as weights too
+
+
+def test_cuda_graph_pools_are_measured_at_an_oom(tmp_path):
+    """Issue 24: torch.compile(mode="reduce-overhead") keeps CUDA graphs' private pools, which no other
+    tensor can use; the event says how much they hold."""
+    body = """
+import torch
+from torch import nn
+model = nn.Sequential(nn.Linear(4096, 4096), nn.GELU(), nn.Linear(4096, 4096)).cuda()
+fast = torch.compile(model, mode="reduce-overhead")
+with torch.no_grad():
+    for _ in range(4):
+        fast(torch.randn(8192, 4096, device="cuda"))
+torch.empty(200 * 2**30, dtype=torch.uint8, device="cuda")
+"""
+    spool = str(tmp_path / "spool")
+    result = run_under_oomsight(tmp_path, body, spool)
+    assert result.returncode == 1 and "OutOfMemoryError" in result.stderr, result.stderr
+    (event,) = SpoolReader(spool).read().events
+    assert event["private_pool_bytes"] > 0 and event["private_pool_free_bytes"] >= 0
