@@ -1,62 +1,47 @@
-"""Scrape cost of the spool reader and collector with N ranks publishing (CPU only).
+"""Scrape cost of the spool reader and collector at a pod's scale, this tree against an older one in the
+same run (issue 25's budget; CPU only).
 
-    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_reader_scale.py --out benchmarks/results
+    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_reader_scale.py --before 918675c --out benchmarks/results
 
-Each rank's snapshot is a real one from the shipped H200 tape (one device with categories
-and 246 step rows, 20 KB), marked running. Every publish moves what a real one moves (the
-tape's consecutive snapshots of a rank differ in 6 to 11 of their 48 samples): the step
-count and times, allocated, active and requested bytes, NVML used and free bytes and
-utilization. A scrape is what the sidecar's ``/metrics`` does without the HTTP:
-``SpoolCollector.exposition`` (read, inventory, the cached exposition) in the Prometheus
-text format; uncached is ``generate_latest`` over a registry holding the collector, what
-``/metrics`` did before the cache (and what ``collect()`` users still get). Every case also
-counts the full garbage collections that ran inside its timed scrapes, and the longest
-(``full_gc_in_scrapes``): they, not the reader, make most of the 1,000-rank p99. Cases per N:
+Each rank's snapshot is a real one from the shipped H200 tape (one device with categories, its step
+rows as this hook writes them: the verdict and the last row), marked running. Before every scrape every
+rank publishes again (the worst case, and the usual one: the hook publishes every second, Prometheus
+scrapes every 15 or 30 s) and each publish moves what a real one moves (``move``). A scrape is what the
+sidecar's ``/metrics`` does without the HTTP: read, inventory and the text (``SpoolCollector.exposition``
+in the Prometheus text format), timed whole, with the sidecar's garbage collection thresholds. The older
+tree (``--before``: a commit, checked out as a git worktree) runs the same measurement in its own
+process; so does this tree. Then a real ``oomsight sidecar`` of each tree serves 16 ranks that publish
+between scrapes, over HTTP, and its resident memory (VmRSS, VmHWM) is read.
 
-- ``changed``: every rank rewrote its snapshot since the last scrape (the worst case, and the
-  usual one: the hook publishes every second, Prometheus scrapes every 15 or 30 s), so the
-  scrape parses and validates all N. A scrape is one call, as ``/metrics`` makes it, timed
-  whole; its parts: ``read`` (parse and validate, the reader alone, timed inside it) and
-  ``render`` (the rest: inventory, building the changed processes' parts, writing their lines,
-  the assembly). Until December 2026 a scrape was timed as a read and then a second call
-  whose own read found nothing changed, which counted one unchanged read too many;
-  ``changed_uncached``: the same with ``render`` done as before the cache;
-- ``unchanged``: no file changed since the last scrape (an ``lstat`` per file, the ages);
-- ``live``: a separate writer process rewrites every snapshot at ``--hz`` while this process
-  scrapes at its own rate; the scrape parses whatever changed in between
-  (``parsed_per_scrape``).
-
-Every publish also slides the device's step rows (one row in, the oldest out), as the hook's
-ring does between two real publishes, so a changed file's trend is judged again. The process
-runs with the sidecar's garbage collection thresholds (``oomsight_sidecar.main.tune_gc``);
-``--gc default`` keeps CPython's. ``--before FILE`` keeps an earlier run's results in the new
-file, under ``before``.
+Budget (issue 25): 8 ranks p99 <= 30 ms, 16 ranks <= 50 ms, 64 ranks <= 250 ms; sidecar RSS <= 40 MiB
+at 16 ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
-from typing import Any, Callable
+import urllib.request
+from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.openmetrics import exposition as openmetrics
-
-from oomsight.analysis import trend
-from oomsight.metrics.collector import SpoolCollector
-from oomsight.tools import tape
-from oomsight.tools.demo import TAPE
-from oomsight.wire.spool import write_atomic
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RANKS = {1: 200, 8: 200, 16: 150, 64: 60}
+"""Ranks -> scrapes timed."""
+BUDGET_P99_MS = {8: 30, 16: 50, 64: 250}
+BUDGET_RSS_MIB = 40
+RSS_RANKS = 16
+SIDECAR = (
+    "import argparse, sys; from oomsight_sidecar.command import register; "
+    "p = argparse.ArgumentParser(); register(p.add_subparsers()); a = p.parse_args(); sys.exit(a.handler(a))"
+)
 
 
 def move(doc: dict[str, Any], seq: int, i: int) -> None:
@@ -80,38 +65,14 @@ def move(doc: dict[str, Any], seq: int, i: int) -> None:
         judged["floor_slope_bytes"] = float((seq % 11) * 1024)
 
 
-WRITER = """
-import json, os, sys, time
-from typing import Any
-root, n, hz, doc = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.stdin.read())
-seq = 0
-while True:
-    t0 = time.time()
-    seq += 1
-    for i in range(n):
-        doc["process"].update(id=f"{i}-aa", rank=i, local_rank=i % 8)
-        doc.update(time=time.time(), seq=seq)
-        move(doc, seq, i)
-        path = os.path.join(root, "snapshots", f"{i}-aa.json")
-        tmp = os.path.join(root, "snapshots", f".{i}-aa.json.tmp-{os.getpid()}")
-        with open(tmp, "w") as fh:
-            fh.write(json.dumps(doc))
-        os.replace(tmp, path)
-    time.sleep(max(0.0, 1 / hz - (time.time() - t0)))
-"""
-TEXT = (generate_latest, CONTENT_TYPE_PLAIN_0_0_4)
-OPENMETRICS = (openmetrics.generate_latest, openmetrics.CONTENT_TYPE_LATEST)
-
-
-def _writer_source() -> str:
-    head, loop = WRITER.split("seq = 0\n", 1)
-    return textwrap.dedent(head) + inspect.getsource(move) + "seq = 0\n" + loop
-
-
 def reference_snapshot(older: bool = False) -> dict[str, Any]:
     """The tape's last snapshot, running: as this hook writes it (wire 1.5: the verdict on its
     step rows and the last row alone, no sampled trend), or, ``older``, as the tape holds it
     (every step row, 20 KB)."""
+    from oomsight.analysis import trend
+    from oomsight.tools import tape
+    from oomsight.tools.demo import TAPE
+
     _, records = tape.read(TAPE)
     doc = next(r["doc"] for r in reversed(records) if r["doc"]["kind"] == "snapshot")
     doc.update(state="running", exit_reason=None)
@@ -124,46 +85,13 @@ def reference_snapshot(older: bool = False) -> dict[str, Any]:
 
 
 def publish_all(root: str, doc: dict[str, Any], n: int, seq: int) -> None:
+    from oomsight.wire.spool import write_atomic
+
     for i in range(n):
         doc["process"].update(id=f"{i}-aa", rank=i, local_rank=i % 8)
         doc.update(time=time.time(), seq=seq)
         move(doc, seq, i)
         write_atomic(os.path.join(root, "snapshots", f"{i}-aa.json"), json.dumps(doc).encode(), durable=False)
-
-
-class FullCollections:
-    """Times CPython's full (generation 2) garbage collections while ``on``: with 1,000 parsed
-    20 KB documents alive, one traverses millions of objects."""
-
-    def __init__(self) -> None:
-        self.on, self.ms, self._t0 = False, [], 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        elif self.on:
-            self.ms.append((time.perf_counter() - self._t0) * 1000)
-
-    def summary(self) -> dict[str, Any]:
-        gc.callbacks.remove(self._callback)
-        return {"count": len(self.ms), "max_ms": round(max(self.ms, default=0.0), 1)}
-
-
-FULL_GC: FullCollections | None = None
-
-
-def timed_ms(work: Callable[[], Any]) -> float:
-    if FULL_GC is not None:
-        FULL_GC.on = True
-    t0 = time.perf_counter()
-    work()
-    took = (time.perf_counter() - t0) * 1000
-    if FULL_GC is not None:
-        FULL_GC.on = False
-    return took
 
 
 def stats(ms: list[float]) -> dict[str, float]:
@@ -172,162 +100,144 @@ def stats(ms: list[float]) -> dict[str, float]:
     return {"n": len(vs), "p50_ms": round(pick(50), 2), "p99_ms": round(pick(99), 2), "max_ms": round(vs[-1], 2)}
 
 
-def collector_for(root: str) -> SpoolCollector:
-    return SpoolCollector(root, stale_after_seconds=3600)
+def measure_changed(n: int, scrapes: int) -> dict[str, Any]:
+    """Every rank changed since the last scrape; a scrape timed whole."""
+    from prometheus_client import generate_latest
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+    from oomsight.metrics.collector import SpoolCollector
 
-def measured(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``work()``'s figures, with the full collections that ran inside its timed scrapes."""
-    global FULL_GC
-    FULL_GC = FullCollections()
-    try:
-        found = work()
-    finally:
-        full, FULL_GC = FULL_GC.summary(), None
-    return {**found, "full_gc_in_scrapes": full}
-
-
-def measure_changed(
-    n: int, scrapes: int, fmt: tuple[Any, str] = TEXT, cached: bool = True, older: bool = False
-) -> dict[str, Any]:
-    """Every rank changed since the last scrape. A scrape is one call of what ``/metrics`` calls
-    (the collector's exposition; ``cached=False``: ``generate_latest`` over a registry holding the
-    collector, as before the cache), timed whole; its parts: ``read`` (the reader parsing and
-    validating the changed files, timed inside the scrape) and ``render`` (the rest: inventory,
-    building the changed processes' parts, writing their lines, the assembly). ``older``: every
-    rank an older writer's 20 KB snapshot, whose step rows the reader judges."""
-    doc = reference_snapshot(older)
+    doc = reference_snapshot()
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, "snapshots"))
-        collector, registry = collector_for(root), CollectorRegistry()
-        registry.register(collector)
-        render = (lambda: collector.exposition(*fmt)) if cached else (lambda: fmt[0](registry))
-        reads: list[float] = []
-        read = collector.reader.read
-
-        def timed_read() -> Any:
-            t0 = time.perf_counter()
-            try:
-                return read()
-            finally:
-                reads.append((time.perf_counter() - t0) * 1000)
-
-        collector.reader.read = timed_read
-        parts: dict[str, list[float]] = {"scrape": [], "read": [], "render": []}
+        collector = SpoolCollector(root, stale_after_seconds=3600)
+        ms = []
         for seq in range(scrapes + 2):
             publish_all(root, doc, n, seq)
-            reads.clear()
-            took = timed_ms(render)
-            if seq >= 2:  # the first two fill the caches
-                parts["scrape"].append(took)
-                parts["read"].append(sum(reads))
-                parts["render"].append(took - sum(reads))
-        text = collector.exposition(*fmt).decode()
-        samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-        return {
-            **stats(parts["scrape"]),
-            "samples": samples,
-            "bytes": len(text),
-            "per_changed_file_ms": round(stats(parts["scrape"])["p50_ms"] / n, 3),
-            "parts": {k: stats(v) for k, v in parts.items()},
-        }
+            t0 = time.perf_counter()
+            text = collector.exposition(generate_latest, CONTENT_TYPE_PLAIN_0_0_4)
+            if seq >= 2:  # the first two fill the reader's caches
+                ms.append((time.perf_counter() - t0) * 1000)
+        samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+        return {**stats(ms), "samples": samples, "bytes": len(text)}
 
 
-def measure_unchanged(n: int, scrapes: int) -> dict[str, Any]:
-    """Nothing changed since the last scrape."""
+def worker() -> int:
+    """This process's tree (on PYTHONPATH) measured at every rank count: JSON on stdout."""
+    gc.set_threshold(50_000, 20, 10)  # the sidecar's (oomsight_sidecar.main.GC_THRESHOLD)
+    print(json.dumps({str(n): measure_changed(n, scrapes) for n, scrapes in RANKS.items()}))
+    return 0
+
+
+def sidecar_memory(tree: str, n: int = RSS_RANKS, scrapes: int = 100) -> dict[str, Any]:
+    """A real sidecar of ``tree`` serving ``n`` ranks that all publish between scrapes."""
     doc = reference_snapshot()
-    with tempfile.TemporaryDirectory() as root:
-        os.makedirs(os.path.join(root, "snapshots"))
-        publish_all(root, doc, n, 0)
-        collector = collector_for(root)
-        collector.exposition(*TEXT)
-        parsed = collector.reader.parsed
-        ms = [timed_ms(lambda: collector.exposition(*TEXT)) for _ in range(scrapes)]
-        assert collector.reader.parsed == parsed, "an unchanged file was parsed again"
-        return stats(ms)
-
-
-def measure_live(n: int, hz: float, seconds: float, scrape_hz: float = 0.0) -> dict[str, Any]:
-    """A writer process publishes every rank at ``hz``; this one scrapes at ``scrape_hz``."""
-    scrape_hz = scrape_hz or hz
-    doc = reference_snapshot()
-    with tempfile.TemporaryDirectory() as root:
-        os.makedirs(os.path.join(root, "snapshots"))
-        publish_all(root, doc, n, 0)
-        writer = subprocess.Popen(
-            [sys.executable, "-c", _writer_source(), root, str(n), str(hz)], stdin=subprocess.PIPE, text=True
-        )
-        assert writer.stdin is not None
-        writer.stdin.write(json.dumps(doc))
-        writer.stdin.close()
+    env = {**os.environ, "PYTHONPATH": _path(tree)}
+    with tempfile.TemporaryDirectory() as spool:
+        os.makedirs(os.path.join(spool, "snapshots"))
+        publish_all(spool, doc, n, 0)
+        port = _free_port()
+        cmd = [sys.executable, "-c", SIDECAR, "sidecar", "--spool", spool, "--host", "127.0.0.1", "--port", str(port)]
+        sidecar = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url, ms, size = f"http://127.0.0.1:{port}/metrics", [], 0
         try:
-            collector = collector_for(root)
-            collector.exposition(*TEXT)
-            parsed = collector.reader.parsed
-            ms, end = [], time.time() + seconds
-            while time.time() < end:
-                t0 = time.time()
-                ms.append(timed_ms(lambda: collector.exposition(*TEXT)))
-                time.sleep(max(0.0, 1 / scrape_hz - (time.time() - t0)))
+            _wait_for(url)
+            for seq in range(1, scrapes + 1):
+                publish_all(spool, doc, n, seq)
+                t0 = time.perf_counter()
+                size = len(urllib.request.urlopen(url, timeout=10).read())
+                ms.append((time.perf_counter() - t0) * 1000)
+            memory = _rss_kib(sidecar.pid)
         finally:
-            writer.kill()
-            writer.wait()
-        per_scrape = (collector.reader.parsed - parsed) / len(ms)
-        return {**stats(ms), "writer_hz": hz, "scrape_hz": scrape_hz, "parsed_per_scrape": round(per_scrape, 1)}
+            sidecar.terminate()
+            sidecar.wait(10)
+    return {
+        "ranks": n,
+        "http_scrape": stats(ms),
+        "bytes": size,
+        "rss_mib": round(memory["VmRSS"] / 1024, 1),
+        "peak_rss_mib": round(memory["VmHWM"] / 1024, 1),
+    }
+
+
+def _path(tree: str) -> str:
+    return os.pathsep.join(os.path.join(tree, d) for d in ("exporter", "sidecar"))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(url: str) -> None:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"no answer from {url}")
+
+
+def _rss_kib(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/status") as fh:
+        return {ln.split(":")[0]: int(ln.split()[1]) for ln in fh if ln.startswith(("VmRSS:", "VmHWM:"))}
+
+
+def measure_tree(tree: str) -> dict[str, Any]:
+    found = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--worker"],
+        env={**os.environ, "PYTHONPATH": _path(tree)},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tree,
+    )
+    return {"changed": json.loads(found.stdout), "sidecar": sidecar_memory(tree)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--gc", choices=("sidecar", "default"), default="sidecar", help="thresholds (default: sidecar)")
-    parser.add_argument("--before", help="an earlier run's results file, kept under 'before' (default: none)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--before", default="918675c", help="the commit to measure against (default: 918675c)")
+    parser.add_argument("--git", default=ROOT, help="the repository holding --before (default: this one)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.gc == "sidecar":
-        from oomsight_sidecar.main import tune_gc
-
-        tune_gc()
-    results = {
-        "64_ranks": {
-            "changed": measured(lambda: measure_changed(64, 200)),
-            "changed_uncached": measured(lambda: measure_changed(64, 200, cached=False)),
-            "changed_older_writer": measured(lambda: measure_changed(64, 100, older=True)),
-            "changed_openmetrics": measured(lambda: measure_changed(64, 50, OPENMETRICS)),
-            "unchanged": measured(lambda: measure_unchanged(64, 200)),
-            "live_publish_10hz_scrape_10hz": measured(lambda: measure_live(64, 10.0, args.seconds)),
-            "live_publish_1hz_scrape_10hz": measured(lambda: measure_live(64, 1.0, args.seconds, scrape_hz=10.0)),
-        },
-        "1000_ranks": {
-            "changed": measured(lambda: measure_changed(1000, 20)),
-            "changed_uncached": measured(lambda: measure_changed(1000, 20, cached=False)),
-            "changed_older_writer": measured(lambda: measure_changed(1000, 10, older=True)),
-            "unchanged": measured(lambda: measure_unchanged(1000, 50)),
-            "live_publish_1hz_scrape_1hz": measured(lambda: measure_live(1000, 1.0, 3 * args.seconds)),
-            "live_publish_0.1hz_scrape_1hz": measured(
-                lambda: measure_live(1000, 0.1, 3 * args.seconds, scrape_hz=1.0)
-            ),
-        },
-    }
+    if args.worker:
+        return worker()
+    old = tempfile.mkdtemp(prefix="oomsight-before-")
+    subprocess.run(
+        ["git", "-C", args.git, "worktree", "add", "--detach", old, args.before], check=True, capture_output=True
+    )
+    try:
+        results = {"this_tree": measure_tree(ROOT), "before": measure_tree(old)}
+    finally:
+        subprocess.run(["git", "-C", args.git, "worktree", "remove", "--force", old], check=False)
+    now = results["this_tree"]
     doc = {
         "benchmark": "bench_reader_scale",
-        "goal": {"64_ranks_p99_ms": 15, "1000_ranks_p99_ms": 200},
+        "budget": {"p99_ms": BUDGET_P99_MS, "sidecar_rss_mib_at_16_ranks": BUDGET_RSS_MIB},
+        "met": {
+            **{f"{n}_ranks": now["changed"][str(n)]["p99_ms"] <= ms for n, ms in BUDGET_P99_MS.items()},
+            "sidecar_rss": now["sidecar"]["rss_mib"] <= BUDGET_RSS_MIB,
+        },
+        "before_commit": args.before,
         "machine": {
             "cpus": os.cpu_count(),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "python": platform.python_version(),
             "platform": platform.platform(),
-            "gc_threshold": list(gc.get_threshold()),
         },
         "results": results,
     }
-    if args.before:
-        with open(args.before) as fh:
-            doc["before"] = json.load(fh)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "reader_scale.json")
-    with open(path, "w") as fh:
+    with open(os.path.join(args.out, "reader_scale.json"), "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
-    print(json.dumps(results, indent=1))
+    print(json.dumps({k: doc[k] for k in ("met", "results")}, indent=1))
     return 0
 
 
