@@ -213,7 +213,9 @@ def _model_states_order(ev: Evidence) -> list[str]:
     if remedies.sharded(ev.job):
         return ["cpu_offload", "light_optimizer", "bf16_params", "more_ranks"]
     p = _parameters(ev.f)
-    fits = th.value("model_states_share") * ev.total
+    # a change fits when its states plus what this step needed besides the states stay within capacity
+    # (at an OOM in optimizer.step() that is the optimizer's temporaries; in forward, the activations)
+    fits = ev.total - max(ev.need - (ev.states or 0), 0)
     trainable = max(p - ev.frozen, 0)
     light = p + trainable * (1 + th.value("light_optimizer_state_ratio")) if p else None
     half = (ev.states or 0) / 2

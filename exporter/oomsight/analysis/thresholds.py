@@ -23,7 +23,7 @@ class Threshold:
     unit: str
     reason: str
     used_by: str
-    """The module whose rules read it."""
+    """The modules whose rules read it (``analysis.<module>``, comma-separated)."""
     integer: bool = False
     """A count (rows, steps, readings): moved by at least one."""
     sensitive: str = ""
@@ -36,11 +36,14 @@ TABLE: dict[str, Threshold] = {
     "warmup_steps": Threshold(
         2, "optimizer steps", "the first optimizer.step() allocates the optimizer state and the second may "
         "still allocate lazily (DDP rebuilds its buckets after iteration 1): rows of these steps are skipped",
-        "trend", integer=True,
+        "trend, evidence", integer=True,
     ),
     "min_rows": Threshold(
         6, "rows", "the fewest rows after warm-up whose line fit keeps 4 degrees of freedom; with fewer, only "
         "the short-series rule judges, and only at an OOM", "trend", integer=True,
+        sensitive="at 4 rows (-25 %) the held-out gpt2_debug_keeps_attentions_fast, a leak, is flagged from its "
+        "step rows before it runs out (a right flag, earlier; no false one). Fewer rows make the line fit's bar "
+        "(4 + 48/2 = 28 standard errors at 4 rows) the only guard against noise: 6 stays",
     ),
     "recent_rows": Threshold(
         12, "rows", "the recent window judged for a leak that starts late and for growing peaks; the larger "
@@ -104,14 +107,14 @@ TABLE: dict[str, Threshold] = {
     ),
     "pile_min_seconds": Threshold(
         3.0, "seconds", "in a process that never stepped, nothing tells one long forward from many; three "
-        "seconds of rising lows is many forwards of any model that fits", "trend",
+        "seconds of rising lows is many forwards of any model that fits", "trend, evidence",
     ),
     "pile_step_times": Threshold(
         3.0, "step times", "after optimizer steps memory must keep rising for this many step times: a "
-        "forward takes less than one step", "trend",
+        "forward takes less than one step", "evidence",
     ),
     "pile_after_steps_seconds": Threshold(
-        1.0, "seconds", "... and for at least this long (ten sampler readings)", "trend",
+        1.0, "seconds", "... and for at least this long (ten sampler readings)", "evidence",
     ),
     "forwards_churn": Threshold(
         2.0, "x the lifetime peak", "forwards ran before the failing one when the bytes allocated in the "
@@ -132,27 +135,27 @@ TABLE: dict[str, Threshold] = {
     # --- the OOM rules (analysis.evidence, analysis.diagnosis) ----------------------------------
     "outside_share": Threshold(
         0.25, "share of capacity", "memory outside this process's allocator (or of other processes) this "
-        "large is the cause whatever the job's own need: several NCCL communicators and contexts", "evidence",
+        "large is the cause whatever the job's own need: several NCCL communicators and contexts", "diagnosis",
     ),
     "decisive_share": Threshold(
         0.05, "share of capacity", "other processes holding less are still the cause when the job's own "
-        "known need fits the GPU without them", "evidence",
+        "known need fits the GPU without them", "diagnosis",
     ),
     "oversized_share": Threshold(
         0.5, "share of usable bytes", "a request more than half of what the process could use cannot be "
-        "served by any arrangement of the rest", "evidence",
+        "served by any arrangement of the rest", "diagnosis",
     ),
     "fragmentation_share": Threshold(
         0.05, "share of capacity", "cached-free bytes below this are the allocator's normal rounding and "
-        "small-pool slack, not the cause", "evidence",
+        "small-pool slack, not the cause", "diagnosis",
     ),
     "private_pool_share": Threshold(
         0.05, "share of capacity", "bytes reserved in private pools (CUDA graphs, MemPool) below this are "
-        "a graph's own working set, not what starved the default pool", "evidence",
+        "a graph's own working set, not what starved the default pool", "diagnosis",
     ),
     "model_states_share": Threshold(
         0.7, "share of capacity", "parameters, gradients and optimizer state above this leave activations "
-        "too little room for any activation remedy to help", "evidence",
+        "too little room for any activation remedy to help", "diagnosis",
     ),
     "frozen_dominant_share": Threshold(
         0.5, "share of the model states", "frozen weights that are most of the model states are what a "
@@ -168,11 +171,11 @@ TABLE: dict[str, Threshold] = {
     ),
     "demand_slack_share": Threshold(
         0.01, "share of capacity", "... plus this much (steps that need almost nothing of their own)",
-        "evidence",
+        "evidence, diagnosis",
     ),
     "forwards_margin": Threshold(
         0.25, "share of the earlier forwards' peak", "a 10 Hz reading misses a forward's short-lived peak "
-        "by up to this much", "evidence",
+        "by up to this much", "diagnosis",
     ),
     "demand_spread_share": Threshold(
         0.1, "share of the largest earlier step's own memory", "earlier steps whose own memory varied by "
@@ -221,6 +224,6 @@ def markdown() -> str:
     lines = ["| name | value | unit | used by | why this value |", "| --- | --- | --- | --- | --- |"]
     for name, t in TABLE.items():
         shown = f"{int(t.value):,}" if t.integer or t.value >= MIB else f"{t.value:g}"
-        why = t.reason + (f" **Moves a verdict at ±25 %:** {t.sensitive}" if t.sensitive else "")
+        why = t.reason + (f". **Moves a verdict at ±25 %:** {t.sensitive}" if t.sensitive else "")
         lines.append(f"| `{name}` | {shown} | {t.unit} | `{t.used_by}` | {why} |")
     return "\n".join(lines) + "\n"
