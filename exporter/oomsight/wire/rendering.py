@@ -21,7 +21,6 @@ from oomsight.wire.fieldtypes import Field, Table, default_of
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 WIRE = os.path.dirname(os.path.abspath(__file__))
 DOCUMENTS_PY = os.path.join(WIRE, "documents.py")
-_FAMILY_FILE = re.compile(r"documents_\w+\.py")
 SCHEMA_JSON = os.path.join(ROOT, "docs", "spool-schema.json")
 FORMAT_MD = os.path.join(ROOT, "docs", "spool-format.md")
 INT_RANGE = {"minimum": -(2**63), "maximum": 2**63 - 1}
@@ -47,25 +46,6 @@ def annotation(f: Field) -> str:
     return text if f.required else f"NotRequired[{text}]"
 
 
-def families() -> dict[str, list[Table]]:
-    """The tables by the ``kind`` of the first top-level document that nests them (``tables()``'s
-    order): each kind's ``TypedDict`` s are generated into one module, ``documents_<kind>.py``."""
-    reach = {kind: _reached(top) for kind, top in DOCUMENTS.items()}
-    out: dict[str, list[Table]] = {kind: [] for kind in DOCUMENTS}
-    for t in tables():
-        out[next(kind for kind in DOCUMENTS if t.name in reach[kind])].append(t)
-    return {kind: found for kind, found in out.items() if found}
-
-
-def _reached(t: Table) -> set[str]:
-    """The names of ``t`` and of every table nested in it."""
-    return {t.name}.union(*(_reached(f.table) for f in t.fields if f.table is not None))
-
-
-def module_of(kind: str) -> str:
-    return f"documents_{kind}"
-
-
 def _imports(module: str, names: Iterable[str]) -> list[str]:
     """``from module import names`` as ruff's isort writes it (one line if it fits in 120 columns)."""
     ordered = sorted(set(names), key=lambda n: (not n.isupper(), not n[:1].isupper(), n))  # constants, classes
@@ -75,38 +55,33 @@ def _imports(module: str, names: Iterable[str]) -> list[str]:
     return [f"from {module} import (", *(f"    {name}," for name in ordered), ")"]
 
 
-def _family_header(kind: str, family: list[Table], home: dict[str, str]) -> list[str]:
-    """The docstring and imports of ``kind``'s module: only the typing names its annotations use,
-    and the tables of earlier families it nests."""
-    text = " ".join(annotation(f) for t in family for f in t.fields)
+def _header(found: list[Table]) -> list[str]:
+    """The docstring and imports of ``documents.py``: only the typing names its annotations use."""
+    text = " ".join(annotation(f) for t in found for f in t.fields)
     typing = ["TypedDict", *(n for n in ("Any", "Optional") if re.search(rf"\b{n}\b", text))]
     if "NotRequired[" in text:
         typing.append("TYPE_CHECKING")
-    here = {t.name for t in family}
-    nested = [f.table.name for t in family for f in t.fields if f.table is not None and f.table.name not in here]
-    by_module: dict[str, list[str]] = {}
-    for name in nested:
-        by_module.setdefault(f"oomsight.wire.{home[name]}", []).append(name)
     out = [
-        f'"""The ``TypedDict`` s of the ``{kind}`` document and of the objects first nested in it.',
-        "GENERATED from ``oomsight.wire.fields`` by ``python -m oomsight.wire.rendering``: edit the",
-        'table, not this file. Import them from ``oomsight.wire.documents``."""',
+        '"""The spool documents as ``TypedDict`` s, each top-level document after the objects it is the first',
+        "to nest. GENERATED from ``oomsight.wire.fields`` by ``python -m oomsight.wire.rendering``:",
+        "edit the table, not this file. Optional keys are ``NotRequired``: a reader sees the table's",
+        "default in their place (``oomsight.wire.schema.validate(doc, fill_defaults=True)``).",
+        '"""',
         "",
         "from __future__ import annotations",
         "",
         *_imports("typing", typing),
     ]
-    for module in sorted(by_module):
-        out += ["", *_imports(module, by_module[module])]
     if "NotRequired[" in text:
         out += ["", "if TYPE_CHECKING:", "    from typing_extensions import NotRequired"]
-    return [*out, "", "__all__ = [", *(f'    "{name}",' for name in sorted(here)), "]"]
+    return [*out, "", "__all__ = [", *(f'    "{name}",' for name in sorted(t.name for t in found)), "]"]
 
 
-def family_module(kind: str, family: list[Table], home: dict[str, str]) -> str:
-    """The module of ``kind``'s ``TypedDict`` s; ``home`` maps every table to its module."""
-    out = _family_header(kind, family, home)
-    for t in family:
+def python_module() -> str:
+    """``documents.py``: the ``TypedDict`` of every table, in the table's order (``tables()``)."""
+    found = tables()
+    out = _header(found)
+    for t in found:
         out += ["", "", f"class {t.name}(TypedDict):", f'    """{t.doc}"""', ""]
         for f in t.fields:
             since = t.field_since(f)
@@ -114,40 +89,6 @@ def family_module(kind: str, family: list[Table], home: dict[str, str]) -> str:
             out += textwrap.wrap(note, 112, initial_indent="    #: ", subsequent_indent="    #: ")
             out.append(f"    {f.name}: {annotation(f)}")
     return "\n".join(out) + "\n"
-
-
-def python_module(kinds: Iterable[str]) -> str:
-    """``documents.py``: every ``TypedDict`` of the ``documents_<kind>`` modules of ``kinds``."""
-    by_module = {module_of(kind): [t.name for t in family] for kind, family in families().items() if kind in kinds}
-    out = [
-        '"""The spool documents as ``TypedDict`` s. GENERATED from ``oomsight.wire.fields`` by',
-        "``python -m oomsight.wire.rendering``: edit the table, not this file.",
-        "",
-        "The ``TypedDict`` s of each top-level document, and of the objects first nested in it, are",
-        "generated into ``documents_<kind>.py``; this module gathers them all. Optional keys are",
-        "``NotRequired``: a reader sees the table's default in their place",
-        "(``oomsight.wire.schema.validate(doc, fill_defaults=True)``).",
-        '"""',
-        "",
-    ]
-    for module in sorted(by_module):
-        out += _imports(f"oomsight.wire.{module}", by_module[module])
-    names = sorted(name for found in by_module.values() for name in found)
-    return "\n".join([*out, "", "__all__ = [", *(f'    "{name}",' for name in names), "]"]) + "\n"
-
-
-def python_modules() -> dict[str, str]:
-    """Every generated Python module by path: ``documents.py`` and one module per document kind."""
-    found = families()
-    home = {t.name: module_of(kind) for kind, family in found.items() for t in family}
-    modules = {os.path.join(WIRE, f"{module_of(kind)}.py"): family_module(kind, f, home) for kind, f in found.items()}
-    return {DOCUMENTS_PY: python_module(found), **modules}
-
-
-def _orphans(generated: Iterable[str]) -> list[str]:
-    """Generated ``documents_*.py`` modules of document kinds the table no longer has."""
-    paths = {os.path.join(WIRE, name) for name in os.listdir(WIRE) if _FAMILY_FILE.fullmatch(name)}
-    return sorted(paths - set(generated))
 
 
 def _json_type(f: Field, kind: Optional[str] = None, table: Optional[Table] = None) -> dict[str, Any]:
@@ -231,18 +172,16 @@ def outputs() -> dict[str, str]:
     with open(FORMAT_MD, encoding="utf-8") as fh:
         md = fh.read()
     return {
-        **python_modules(),
+        DOCUMENTS_PY: python_module(),
         SCHEMA_JSON: json.dumps(json_schema(), indent=2) + "\n",
         FORMAT_MD: markdown(md),
     }
 
 
 def drifted() -> list[str]:
-    """The generated files whose content differs from what the table gives, and the generated
-    modules of document kinds the table no longer has."""
-    files = outputs()
+    """The generated files whose content differs from what the table gives."""
     stale = []
-    for path, text in files.items():
+    for path, text in outputs().items():
         try:
             with open(path, encoding="utf-8") as fh:
                 current = fh.read()
@@ -250,7 +189,7 @@ def drifted() -> list[str]:
             current = None
         if current != text:
             stale.append(path)
-    return stale + _orphans(files)
+    return stale
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -260,12 +199,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for path in stale:
             print(f"{os.path.relpath(path, ROOT)} differs from the field table: run python -m oomsight.wire.rendering")
         return 1 if stale else 0
-    files = outputs()
-    for path, text in files.items():
+    for path, text in outputs().items():
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
-    for path in _orphans(files):
-        os.remove(path)
     return 0
 
 
