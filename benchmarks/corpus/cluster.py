@@ -70,9 +70,11 @@ class _Smoke:
 SMOKE = _Smoke()
 
 
-def scenario(label: str, remedy: str) -> Callable[[Callable[[bool], Facts]], Callable[[bool], Facts]]:
-    def add(fn: Callable[[bool], Facts]) -> Callable[[bool], Facts]:
-        SCENARIOS[fn.__name__] = (label, remedy, fn)
+def scenario(label: str, remedy: str, into: Optional[dict[str, Any]] = None) -> Callable[[Any], Any]:
+    """Register a scenario function under its name with its label (in ``into``, else SCENARIOS)."""
+
+    def add(fn: Any) -> Any:
+        (SCENARIOS if into is None else into)[fn.__name__] = (label, remedy, fn)
         return fn
 
     return add
