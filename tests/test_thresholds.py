@@ -113,7 +113,9 @@ def test_a_threshold_that_moves_a_verdict_says_so_in_the_table_and_the_docs():
 
 def test_the_docs_print_the_table_as_it_stands():
     with open(os.path.join(ROOT, "docs", "diagnosis.md")) as fh:
-        assert th.markdown() in fh.read()
+        text = fh.read()
+    assert th.markdown() in text
+    assert f"the {2 * len(th.TABLE)} moves ({len(th.TABLE)} numbers, twice)" in " ".join(text.split())
 
 
 def test_every_threshold_is_read_by_a_rule_and_no_rule_keeps_a_number_of_its_own():

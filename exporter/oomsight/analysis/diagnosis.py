@@ -155,7 +155,7 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
     bar = th.value("model_states_share") * ev.total
     if states is None or (states < bar and not in_step):
         return None
-    if states >= bar and ev.frozen >= th.value("frozen_dominant_share") * states:
+    if ev.training and states >= bar and ev.frozen >= th.value("frozen_dominant_share") * states:
         return _frozen_weights(ev, states)
     if not ev.training:
         return ev.result(
@@ -322,29 +322,15 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         return None
     own = fb(ev.step_need) if ev.step_need is not None else "unknown"
     prior = fb(ev.prior_transient) if ev.prior_transient is not None else "unknown"
-    varied = _data_dependent(ev)
     return ev.result(
         Cause.GROWING_DEMAND,
-        ["bound_input", *(["expert_capacity"] if varied else []), "checkpointing", "batch"],
+        ["bound_input", "checkpointing", "batch", "expert_capacity"],
         f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
         f"{fb(ev.requested)} requested), {own} of it on top of what survives between steps, more than "
         f"any earlier step needed on top of it ({prior}; earlier peaks up to "
         f"{fb(ev.prior_peak) if ev.prior_peak is not None else 'unknown'}): the input grew (batch or "
-        "sequence). Defragmenting cannot help; bound the input." + varied,
-    )
-
-
-def _data_dependent(ev: Evidence) -> str:
-    """Where earlier steps' own memory already varied without a trend: demand that depends on the
-    data. A longer input and a mixture-of-experts router sending more tokens to one expert look
-    alike in these facts (the input's size is not recorded): the text names both."""
-    spread = max(ev.transients, default=0) - min(ev.transients, default=0)
-    if ev.trend.growing or len(ev.transients) < 2 or spread < th.value("demand_spread_share") * max(ev.transients):
-        return ""
-    return (
-        f" Earlier steps' own memory already varied by {fb(spread)} with no trend: the demand depends on the "
-        "data (a longer input, or, in a mixture-of-experts model, more tokens routed to one expert; these facts "
-        "cannot tell the two apart)."
+        "sequence; in a mixture-of-experts model, also more tokens routed to one expert: these facts cannot "
+        "tell the two apart). Defragmenting cannot help; bound the input.",
     )
 
 
@@ -413,11 +399,12 @@ def _fallback(ev: Evidence) -> Diagnosis:
         )
     states = ev.states or 0
     gathered = f", all-gathered parameters {fb(ev.unsharded)}" if ev.unsharded else ""
+    parts = f"{_frozen_part(ev)}{gathered}"
     return ev.result(
         Cause.ACTIVATIONS,
         [*_layout_first(ev), "checkpointing", "autocast", "batch", "compile"],
         f"A steady step does not fit: {fb(ev.need)} needed of {fb(ev.total)}, of which parameters, "
-        f"gradients and optimizer state are {fb(states)}{_frozen_part(ev)}{gathered}, and activations and "
+        f"gradients and optimizer state are {fb(states)}{parts}{', and' if parts else ' and'} activations and "
         "temporaries the rest.",
     )
 

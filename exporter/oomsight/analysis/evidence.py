@@ -70,9 +70,6 @@ class Evidence:
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
         self.outside_leak = trend.outside_leak(rows, self.total)
         """Memory outside the allocator that rose along the step rows as a leak does (wire 1.6)."""
-        warm = th.count("warmup_steps")
-        self.transients = [int(r[trend.PEAK] - r[trend.FLOOR]) for r in full if r[trend.STEP] > warm]
-        """Each earlier step's own memory (peak - floor), after warm-up."""
         self.piled = piled(f, self.trend.seconds_per_step, self.total)
         """Memory that piled up over many forwards since the last optimizer step (or with none)."""
         self.states = states(f)

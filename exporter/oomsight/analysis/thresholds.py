@@ -36,7 +36,7 @@ TABLE: dict[str, Threshold] = {
     "warmup_steps": Threshold(
         2, "optimizer steps", "the first optimizer.step() allocates the optimizer state and the second may "
         "still allocate lazily (DDP rebuilds its buckets after iteration 1): rows of these steps are skipped",
-        "trend, evidence", integer=True,
+        "trend", integer=True,
     ),
     "min_rows": Threshold(
         6, "rows", "the fewest rows after warm-up whose line fit keeps 4 degrees of freedom; with fewer, only "
@@ -176,11 +176,6 @@ TABLE: dict[str, Threshold] = {
     "forwards_margin": Threshold(
         0.25, "share of the earlier forwards' peak", "a 10 Hz reading misses a forward's short-lived peak "
         "by up to this much", "diagnosis",
-    ),
-    "demand_spread_share": Threshold(
-        0.1, "share of the largest earlier step's own memory", "earlier steps whose own memory varied by "
-        "more than this with no trend: demand that depends on the data (input length, or expert routing)",
-        "diagnosis",
     ),
 }
 
