@@ -164,7 +164,7 @@ def _categories_from_states(event: OomEvent) -> Optional[Categories]:
     )
     for key in ("frozen_parameters_bytes", "unsharded_parameters_bytes"):
         if isinstance(ms.get(key), int):
-            cat[key] = ms[key]  # type: ignore[literal-required]
+            cat[key] = ms[key]
     return cat
 
 

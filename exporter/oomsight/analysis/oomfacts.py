@@ -104,8 +104,9 @@ def layout(f: OomFacts, key: str) -> int:
     """A layout byte count (wire 1.6: frozen, quantized, adapter, unsharded parameters, DDP buckets)
     from the model states, else the categories; 0 where older events do not say."""
     for source in (f.get("model_states"), f.get("categories")):
-        if source and isinstance(source.get(key), int):
-            return int(source.get(key) or 0)
+        found = source.get(key) if source else None
+        if isinstance(found, int):
+            return found
     return 0
 
 

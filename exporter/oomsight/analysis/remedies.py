@@ -9,7 +9,7 @@ the hook detected them (``JobSetup``), so advice never tells a job to do what it
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 REMEDY = {
@@ -92,29 +92,6 @@ REMEDY = {
     "takes (a capacity factor; drop or re-route the overflow): its memory then no longer depends on the routing.",
 }
 
-IN_USE = {
-    "autocast": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
-    "bf16_params": lambda job: job.get("param_dtype") in ("bfloat16", "float16"),
-    "half_precision": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
-    "checkpointing": lambda job: bool(job.get("checkpointing")),
-    "compile": lambda job: bool(job.get("compiled")),
-    "expandable": lambda job: bool(job.get("expandable_segments")),
-    "split": lambda job: not job.get("expandable_segments"),
-    "set_to_none": lambda job: job.get("set_to_none") is True,
-    "shard": lambda job: sharded(job),
-    "reshard_after_forward": lambda job: _par(job).get("reshard_after_forward") is True
-    or _par(job).get("sharding") in FULL_SHARDING,
-    "full_shard": lambda job: _par(job).get("sharding") in FULL_SHARDING,
-    "next_zero_stage": lambda job: _par(job).get("zero_stage") == 3,
-    "cpu_offload": lambda job: _par(job).get("offload") is True,
-    "offload_frozen": lambda job: _par(job).get("offload") is True,
-    "bucket_view": lambda job: _par(job).get("gradient_as_bucket_view") is True,
-    "quantize_frozen": lambda job: bool(job.get("quantized_base")),
-    "frozen_half": lambda job: bool(job.get("quantized_base")) or job.get("param_dtype") in ("bfloat16", "float16"),
-}
-"""Remedy key -> whether the job already does it (the ``split`` advice needs expandable segments on).
-``quantized_base`` is derived by the diagnosis from the model states (quantised parameter bytes)."""
-
 FULL_SHARDING = ("FULL_SHARD", "HYBRID_SHARD")
 """Shardings that free the gathered parameters after forward."""
 SHARDED = ("fsdp", "fsdp2", "dtensor")
@@ -132,6 +109,31 @@ def sharded(job: Mapping[str, Any]) -> bool:
     if p.get("strategy") in SHARDED and p.get("sharding") != "NO_SHARD":
         return True
     return p.get("zero_stage") == 3 or int(p.get("shard_size") or 1) > 1
+
+
+IN_USE: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "autocast": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
+    "bf16_params": lambda job: job.get("param_dtype") in ("bfloat16", "float16"),
+    "half_precision": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
+    "checkpointing": lambda job: bool(job.get("checkpointing")),
+    "compile": lambda job: bool(job.get("compiled")),
+    "expandable": lambda job: bool(job.get("expandable_segments")),
+    "split": lambda job: not job.get("expandable_segments"),
+    "set_to_none": lambda job: job.get("set_to_none") is True,
+    "shard": sharded,
+    "reshard_after_forward": lambda job: _par(job).get("reshard_after_forward") is True
+    or _par(job).get("sharding") in FULL_SHARDING,
+    "full_shard": lambda job: _par(job).get("sharding") in FULL_SHARDING,
+    "next_zero_stage": lambda job: _par(job).get("zero_stage") == 3,
+    "cpu_offload": lambda job: _par(job).get("offload") is True,
+    "offload_frozen": lambda job: _par(job).get("offload") is True,
+    "bucket_view": lambda job: _par(job).get("gradient_as_bucket_view") is True,
+    "quantize_frozen": lambda job: bool(job.get("quantized_base")),
+    "frozen_half": lambda job: bool(job.get("quantized_base")) or job.get("param_dtype") in ("bfloat16", "float16"),
+}
+"""Remedy key -> whether the job already does it (the ``split`` advice needs expandable segments on).
+``quantized_base`` is derived by the diagnosis from the model states (quantised parameter bytes)."""
+
 
 REPLACES = {"expandable": "split"}
 """A remedy in use is replaced by the next one in line (expandable segments on: limit splitting)."""

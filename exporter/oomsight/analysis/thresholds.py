@@ -198,10 +198,10 @@ def moved_value(name: str, factor: float) -> float:
     row = TABLE[name]
     if not row.integer:
         return row.value * factor
-    moved = round(row.value * factor)
+    moved = float(round(row.value * factor))
     if moved == row.value:
         moved = row.value + (1 if factor > 1 else -1)
-    return max(float(moved), 1.0)
+    return max(moved, 1.0)
 
 
 @contextlib.contextmanager
