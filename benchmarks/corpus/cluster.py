@@ -449,6 +449,20 @@ class StashingBlocks(nn.Module):
         return x
 
 
+def ctx_kept_bytes(out: torch.Tensor) -> int:
+    """Bytes of the ``hidden`` activations that StashingMLP nodes of ``out``'s graph hold."""
+    seen, todo, kept = set(), [out.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        hidden = getattr(node, "hidden", None)
+        kept += hidden.numel() * hidden.element_size() if isinstance(hidden, torch.Tensor) else 0
+        todo.extend(fn for fn, _ in node.next_functions)
+    return kept
+
+
 @scenario("activations", "checkpointing")
 def offload_still_too_big(remedy: bool) -> Facts:
     """Activations offloaded with ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` still do not fit:
@@ -461,13 +475,15 @@ def offload_still_too_big(remedy: bool) -> Facts:
     with building():
         m = StashingBlocks(width, pick(16, 2), ckpt=remedy)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    kept = 0
     for _ in range(pick(3, 2)):
         with torch.autograd.graph.save_on_cpu(pin_memory=not SMOKE.on):
             loss = m(torch.randn(batch, width, device=dev())).float().square().mean()
+        kept = ctx_kept_bytes(loss)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return {"offload": "save_on_cpu", "checkpointing": "reentrant" if remedy else None}
+    return {"offload": "save_on_cpu", "checkpointing": "reentrant" if remedy else None, "ctx_kept_bytes": kept}
 
 
 def main(argv: list[str]) -> int:
