@@ -5,6 +5,8 @@ import re
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from oomsight.metrics.collector import SpoolCollector
@@ -183,3 +185,141 @@ def test_a_device_value_the_snapshot_left_null_has_no_sample_and_the_others_thei
     assert reg.get_sample_value("oomsight_gpu_memory_used_bytes", at) == nv["used_bytes"]
     allocated = doc["devices"][0]["allocator"]["allocated_bytes"]
     assert reg.get_sample_value("oomsight_torch_allocated_bytes", at) == allocated
+
+
+# Issue 26: counters that never go backwards, series that leave, memory back to its baseline.
+
+OOM_COUNTERS = ("oomsight_oom_events_total", "oomsight_oom_fatal_events_total", "oomsight_oom_recovered_events_total")
+
+
+def oom_counts(reg):
+    """(rank, GPU) label set -> (events, fatal, recovered) as served."""
+    found = {}
+    for fam in reg.collect():
+        for s in fam.samples:
+            if s.name in OOM_COUNTERS:
+                key = tuple(sorted(s.labels.items()))
+                found.setdefault(key, [0, 0, 0])[OOM_COUNTERS.index(s.name)] = s.value
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def test_an_oom_judged_fatal_while_its_rank_was_silent_stays_fatal_when_the_rank_comes_back(spool):
+    from hostile import NOW, event, event_path, put, snapshot, snapshot_path
+
+    clock = [NOW]
+    ledger = os.path.join(spool, "sidecar", "oom-ledger.json")
+    put(spool, snapshot_path(1), snapshot(pid=1))
+    put(spool, event_path(1, 1), event(pid=1))
+    reg, _ = registry_for(spool, clock=lambda: clock[0], ledger_path=ledger)
+    assert list(oom_counts(reg).values()) == [(1, 0, 0)]  # pending
+    clock[0] = NOW + 40  # silent past stale: fatal
+    assert list(oom_counts(reg).values()) == [(1, 1, 0)]
+    put(spool, snapshot_path(1), snapshot(pid=1, t=NOW + 41))  # back, and it says it recovered
+    put(spool, event_path(1, 1), event(pid=1, outcome="recovered"))
+    clock[0] = NOW + 41
+    assert list(oom_counts(reg).values()) == [(1, 1, 0)]  # never fatal 1, recovered 1 (pending -1)
+    restarted, _ = registry_for(spool, clock=lambda: clock[0], ledger_path=ledger)  # a sidecar restart
+    assert list(oom_counts(restarted).values()) == [(1, 1, 0)]  # not fatal 1 -> 0
+
+
+def test_a_rank_s_oom_series_leave_after_the_retention_once_its_files_are_gone(spool):
+    from hostile import NOW, event, event_path, put, snapshot, snapshot_path
+
+    clock = [NOW]
+    for pid in (1, 2):
+        put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid - 1))
+    put(spool, event_path(1, 1), event(pid=1, rank=0))
+    reg, collector = registry_for(spool, clock=lambda: clock[0], retention_seconds=300)
+    assert len(oom_counts(reg)) == 2
+    os.remove(os.path.join(spool, snapshot_path(2)))  # rank 1's files gone; rank 0's event stays
+    clock[0] = NOW + 200
+    assert len(oom_counts(reg)) == 2  # within retention: kept, at its last counts
+    clock[0] = NOW + 501
+    assert [dict(k)["rank"] for k in oom_counts(reg)] == ["0"]
+    os.remove(os.path.join(spool, event_path(1, 1)))
+    os.remove(os.path.join(spool, snapshot_path(1)))
+    clock[0] = NOW + 900
+    assert oom_counts(reg) == {} and collector.ledger.kept == {} and collector.ledger.decided == {}
+
+
+def test_memory_returns_to_its_baseline_once_the_spool_is_clean(spool):
+    import gc
+    import tracemalloc
+
+    from hostile import NOW, event, event_path, put, snapshot, snapshot_path
+
+    clock = [NOW]
+    put(spool, snapshot_path(1), snapshot(pid=1))
+    reg, _ = registry_for(spool, clock=lambda: clock[0], retention_seconds=60)
+    generate_latest(reg)
+    tracemalloc.start()
+    try:
+        gc.collect()
+        baseline = tracemalloc.get_traced_memory()[0]
+        for pid in range(2, 202):  # 200 ranks with an OOM each come and go
+            put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
+            put(spool, event_path(pid, 1), event(pid=pid, rank=pid, outcome="fatal"))
+        assert len(oom_counts(reg)) == 201
+        for pid in range(2, 202):
+            os.remove(os.path.join(spool, snapshot_path(pid)))
+            os.remove(os.path.join(spool, event_path(pid, 1)))
+        put(spool, snapshot_path(1), snapshot(pid=1, t=NOW + 100))
+        clock[0] = NOW + 100
+        generate_latest(reg)
+        assert len(oom_counts(reg)) == 1
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    assert grown < 256 * 1024, grown  # 200 ranks' documents were several MB
+
+
+def _spool_step(spool, op, state):
+    """One step of the property test below: publish, oom, recover, fatal, stale, tick or restart."""
+    from hostile import event, event_path, put, snapshot, snapshot_path
+
+    kind, rank = op
+    pid = rank + 1
+    if kind == "publish":
+        put(spool, snapshot_path(pid), snapshot(pid=pid, rank=rank, t=state["now"]))
+    elif kind in ("oom", "recover", "fatal"):
+        seqs = state["seqs"].setdefault(rank, [])
+        if kind == "oom" or not seqs:
+            seqs.append(len(seqs) + 1)
+        outcome = {"oom": "pending", "recover": "recovered", "fatal": "fatal"}[kind]
+        put(spool, event_path(pid, seqs[-1]), event(pid=pid, rank=rank, seq=seqs[-1], t=state["now"], outcome=outcome))
+    elif kind == "stale":
+        state["now"] += 40
+    elif kind == "tick":
+        state["now"] += 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["publish", "oom", "recover", "fatal", "stale", "tick", "restart"]), st.integers(0, 1)
+        ),
+        max_size=25,
+    )
+)
+def test_oom_counters_never_go_backwards_through_any_publish_stale_recover_restart_sequence(tmp_path_factory, ops):
+    from hostile import NOW
+
+    spool = str(tmp_path_factory.mktemp("spool"))
+    state = {"now": NOW, "seqs": {}}
+    ledger = os.path.join(spool, "sidecar", "oom-ledger.json")
+    reg, _ = registry_for(spool, clock=lambda: state["now"], ledger_path=ledger)
+    last: dict = {}
+    for op in ops:
+        if op[0] == "restart":
+            reg, _ = registry_for(spool, clock=lambda: state["now"], ledger_path=ledger)
+        else:
+            _spool_step(spool, op, state)
+        now = oom_counts(reg)
+        for key, (events, fatal, recovered) in now.items():
+            assert events >= fatal + recovered, (op, key, now[key])  # pending never negative
+            before = last.get(key, (0, 0, 0))
+            assert all(a >= b for a, b in zip(now[key], before)), (op, key, before, now[key])
+        assert set(last) <= set(now)  # no file is removed here: no series leaves
+        last = now

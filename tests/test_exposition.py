@@ -3,6 +3,7 @@ Every recorded state of the tree before it is served byte for byte as then; a sc
 files that changed, and keeps no text: a family added to the table shows its value at the next scrape."""
 
 import gzip
+import re
 
 import exposition_states
 import pytest
@@ -73,7 +74,20 @@ def test_every_recorded_state_is_served_byte_for_byte_as_before(name):
         expected = texts[want[key]].encode()
         for old, new in INTENDED.items():
             expected = expected.replace(old, new)
+        if key.startswith("retained|"):
+            expected = without_zero_ooms(expected)
         assert text == expected, key
+
+
+_ZERO_OOMS = re.compile(rb"^(?:U__)?oomsight_+oom_+events_+total(\{[^\n]*\}) 0\.0$", re.M)
+_OOM_COUNTS = re.compile(rb"^(?:U__)?oomsight_+oom_+(?:events|fatal_+events|recovered_+events)_+total(\{[^\n]*\}) \S+\n", re.M)
+
+
+def without_zero_ooms(text):
+    """``text`` without the OOM counters of (rank, GPU)s without OOMs, as served once their process's files
+    are past retention (issue 26: their series leave; the tree before kept them for ever)."""
+    zero = set(_ZERO_OOMS.findall(text))
+    return _OOM_COUNTS.sub(lambda m: b"" if m.group(1) in zero else m.group(0), text)
 
 
 def test_a_family_added_to_the_table_shows_its_fresh_value_at_every_scrape(spool):

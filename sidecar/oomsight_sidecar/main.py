@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import threading
 from typing import Any, Callable, Optional
@@ -15,7 +16,7 @@ from oomsight.config import ConfigError
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.wire.spool import TEMP_MAX_AGE_SECONDS, SpoolReader
 from oomsight_sidecar.admin import AdminApp, ensure_token
-from oomsight_sidecar.events import EventPoster
+from oomsight_sidecar.events import STATE_DIR, EventPoster
 from oomsight_sidecar.kube import KubeApi, KubeClient
 from oomsight_sidecar.kubemetrics import KubernetesCollector
 from oomsight_sidecar.listener import ServerErrors
@@ -26,6 +27,9 @@ from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, Sidecar
 
 logger = logging.getLogger(__name__)
 
+LEDGER_FILE = "oom-ledger.json"
+"""The OOM counters' ledger (``oomsight.metrics.ledger``), in the spool's ``sidecar/`` folder: a restarted
+sidecar's counters go on from where they were."""
 GC_THRESHOLD = (50_000, 20, 10)
 """CPython's collection thresholds in the sidecar process (CPython's default: 700, 10, 10).
 A scrape keeps every snapshot it parses, some 300 container objects each (the step rows are
@@ -44,6 +48,7 @@ def build_app(
         retention_seconds=settings.retention_seconds,
         stale_after_seconds=settings.stale_after_seconds,
         reader=SpoolReader(settings.spool_dir, sweep_temp_after_seconds=TEMP_MAX_AGE_SECONDS),
+        ledger_path=os.path.join(settings.spool_dir, STATE_DIR, LEDGER_FILE),
     )
     others = CollectorRegistry()
     if kube is not None:

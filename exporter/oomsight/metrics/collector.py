@@ -6,8 +6,8 @@ Used by the sidecar and by ``oomsight run``; never imported by the in-process ho
 parsed (keyed by each file's identity) and the text is left to prometheus_client's encoders:
 nothing rendered is kept between scrapes, so a family's value is always the one read now.
 Series of a process vanish by themselves once it is past retention; OOM counters are rebuilt
-from the event files, so they survive a sidecar restart and never go backwards while the
-spool lives.
+from the event files and never go backwards (``oomsight.metrics.ledger``), and leave with
+their files, after the retention.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from oomsight.analysis.inventory import (
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_STALE_AFTER_SECONDS,
     Inventory,
-    Ledger,
     take_inventory,
 )
 from oomsight.metrics.family import (
@@ -37,6 +36,7 @@ from oomsight.metrics.family import (
     Family,
     follow_trends,
 )
+from oomsight.metrics.ledger import Ledger
 from oomsight.wire.schema import Profile
 from oomsight.wire.spool import SpoolReader
 
@@ -58,6 +58,7 @@ class SpoolCollector(Collector):
         clock: Callable[[], float] = time.time,
         reader: Optional[SpoolReader] = None,
         table: Sequence[Family] = FAMILIES,
+        ledger_path: Optional[str] = None,
     ) -> None:
         self.reader = reader or SpoolReader(spool_dir)
         self.retention_seconds = retention_seconds
@@ -66,15 +67,17 @@ class SpoolCollector(Collector):
         self.table = table
         """The families this collector gives (``oomsight.metrics.family.FAMILIES``)."""
         self.last_inventory: Optional[Inventory] = None
-        self.ledger = Ledger()
-        """OOM counters never go backwards while this collector lives (``Ledger``)."""
+        self.ledger = Ledger(retention_seconds, ledger_path)
+        """OOM counters never go backwards, kept in ``ledger_path`` through restarts (``oomsight.metrics.ledger``)."""
 
     def describe(self) -> list[Metric]:
         return []  # collect() reads files: do not run it at registration
 
     def inventory(self) -> Inventory:
         state = self.reader.read()
-        inv = take_inventory(state, self.clock(), self.retention_seconds, self.stale_after_seconds, self.ledger)
+        now = self.clock()
+        inv = take_inventory(state, now, self.retention_seconds, self.stale_after_seconds)
+        self.ledger.apply(inv, now)
         follow_trends(self.last_inventory, inv)
         self.last_inventory = inv
         return inv
