@@ -118,3 +118,25 @@ def test_readings_no_sampler_could_write_pile_up_nothing():
     assert trend.piled_up([[1, "x"]] * 40, None, GIB) is None
     assert trend.piled_up([[1e308 * 10, 1]] * 40, None, GIB) is None
     assert trend.piled_up([[i / 10, i * GIB] for i in range(5)], None, 80 * GIB) is None  # too few, too short
+
+
+def test_one_leak_detector_judges_the_floor_the_legacy_troughs_and_the_outside_memory_alike():
+    # the same rising series (a noisy 300 MiB a step) as allocator floors, as legacy window troughs and
+    # as memory outside the allocator (the rows' 7th column): the same growth from trend.leak_in
+    floors = [20 * GIB + s * 300 * MIB + (s % 3) * 40 * MIB for s in range(3, 23)]
+    rows = [[s, float(s), f, f + 4 * GIB, f + 5 * GIB, 1] for s, f in zip(range(3, 23), floors)]
+    outside_rows = [[s, float(s), 20 * GIB, 24 * GIB, 25 * GIB, 1, f - 20 * GIB] for s, f in zip(range(3, 23), floors)]
+    troughs = [[float(s), f, s] for s, f in zip(range(3, 23), floors)]
+    found = trend.analyse(rows, 80 * GIB)
+    assert found.leak
+    assert trend.legacy_leak(troughs, 80 * GIB) == found.floor_growth_bytes
+    assert trend.outside_leak(outside_rows, 80 * GIB) == found.floor_growth_bytes
+    assert not trend.analyse(outside_rows, 80 * GIB).leak  # the allocator's own floor is flat
+
+
+def test_outside_memory_under_the_growth_bar_or_unknown_is_no_leak():
+    small = [[s, float(s), GIB, 2 * GIB, 3 * GIB, 1, s * 10 * MIB] for s in range(3, 23)]  # 190 MiB in all
+    unknown = [[s, float(s), GIB, 2 * GIB, 3 * GIB, 1, -1] for s in range(3, 23)]
+    assert trend.outside_leak(small, 80 * GIB) is None
+    assert trend.outside_leak(unknown, 80 * GIB) is None
+    assert trend.outside_leak([[3, 0.0, 1, 2, 3, 1, "x"]], 80 * GIB) is None  # no hook writes that: no verdict
