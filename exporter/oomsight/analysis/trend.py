@@ -111,7 +111,8 @@ def analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
 
 
 def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
-    usable = [r for r in rows if len(r) >= 5 and r[STEP] > th.count("warmup_steps")]
+    warm = th.count("warmup_steps")
+    usable = [r for r in rows if len(r) >= 5 and r[STEP] > warm]
     if not usable:
         return EMPTY
     max_peak = int(max(r[PEAK] for r in usable))
@@ -327,8 +328,8 @@ def forwards_peak(samples: Sequence[Sequence[float]], now: float) -> Optional[fl
     value, a lower bound, when they fell back at least three times. None when no loop of forwards
     shows."""
     try:
-        span = th.value("pile_min_seconds")
-        points = [[float(x) for x in r] for r in samples if float(r[0]) <= now - th.value("forwards_quiet_seconds")]
+        span, until = th.value("pile_min_seconds"), now - th.value("forwards_quiet_seconds")
+        points = [[float(x) for x in r] for r in samples if float(r[0]) <= until]
         if len(points) < th.count("pile_min_readings") or points[-1][0] - points[0][0] < span:
             return None
         last = points[-1]
