@@ -9,6 +9,7 @@ and that no remedy the job already uses is offered.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from oomsight.analysis import remedies
 from oomsight.analysis.advice import Assumptions, at_oom, autocast, choose, estimate_all, footprint
 from oomsight.analysis.diagnosis import diagnose, facts_from_event
 from oomsight.analysis.evidence import Evidence
+from oomsight.wire.schema import validate
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -54,8 +56,24 @@ def event(
 ) -> dict[str, Any]:
     """An OOM event as the hook writes it: a 75 GiB step asking 2 GiB more of an 80 GiB GPU."""
     ev: dict[str, Any] = {
+        "schema_version": 1,
         "kind": "oom_event",
-        "process": {"world_size": 1, "expandable_segments": False, "allocator_backend": "native", **(process or {})},
+        "process": {
+            "id": "4242-0123abcd",
+            "pid": 4242,
+            "rank": 0,
+            "local_rank": 0,
+            "started_at": 1000.0,
+            "world_size": 1,
+            "expandable_segments": False,
+            "allocator_backend": "native",
+            **(process or {}),
+        },
+        "seq": 1,
+        "device": 0,
+        "gpu_uuid": "GPU-00000000-0000-0000-0000-000000000000",
+        "diagnosis": {"cause": "exhaustion", "summary": "as the hook judged it", "remedies": []},
+        "outcome": "fatal",
         "time": 2000.0,
         "requested_bytes": 2 * GIB,
         "device_free_bytes": GIB // 2,
@@ -79,7 +97,9 @@ def event(
 
 
 def judged(ev: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """(the diagnosis, its remedy keys); asserts that none of them is already in use."""
+    """(the diagnosis, its remedy keys); asserts that the event is one the wire format accepts and that
+    none of the remedies is already in use."""
+    validate(copy.deepcopy(ev))
     facts = facts_from_event(ev)
     d = diagnose(facts)
     keys = d["facts"]["remedies"]
