@@ -12,12 +12,15 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 # The demo needs only the base package and torch (CPU build 2.13.0 unless the system Python has
 # one, as scripts/setup-venv.sh decides): its own venv, so `make test` keeps the whole set in .venv.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu takes torch's CPU wheel (PyPI's Linux torch is the CUDA build).
+TORCH_INDEX ?=
 demo: $(DEMO_VENV)/.ready
 	$(DEMO_VENV)/bin/python -m oomsight demo
 
 $(DEMO_VENV)/.ready: pyproject.toml
 	if $(PYTHON) -c 'import torch' 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(DEMO_VENV); \
-	else $(PYTHON) -m venv $(DEMO_VENV) && $(DEMO_VENV)/bin/python -m pip install -q 'torch==2.13.0'; fi
+	else $(PYTHON) -m venv $(DEMO_VENV) && \
+	  $(DEMO_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 'torch==2.13.0'; fi
 	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -e .
 	touch $@
 

@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     predict.add(sub)
     demo = _subparser(sub, "demo", "the main job: live on a GPU, a labelled replay of an H200 run otherwise")
     demo.add_argument("--keep", action="store_true", help="keep the demo's spool and print the report commands for it")
+    demo.add_argument(
+        "--speed", type=float, default=4.0, help="replay speed without a GPU, 10 = ten times faster (default 4)"
+    )
     inst = _subparser(sub, "install-startup", "copy the zero-code startup folder (for an init container)")
     inst.add_argument("folder", help="where to put sitecustomize.py and the oomsight package (created if missing)")
     _add_plugins(sub)
@@ -212,7 +215,15 @@ def _folder_argument(command: str, flag: str, path: Optional[str]) -> Optional[s
 def _dispatch(args: argparse.Namespace) -> int:
     handler = getattr(args, "handler", None)
     if handler is not None:
-        return int(handler(args))
+        try:
+            return int(handler(args))
+        except ModuleNotFoundError as exc:  # a plugin's dependency that the install lacks (webhook: cryptography)
+            extra = PLUGIN_EXTRAS.get(args.command)
+            if extra is None or not exc.name:
+                raise
+            print(f"oomsight {args.command}: needs {exc.name}, not installed here; pip install 'oomsight[{extra}]'",
+                  file=sys.stderr)  # fmt: skip
+            return exitcode.USAGE
     commands = {
         "run": _run,
         "report": _report,
@@ -330,7 +341,10 @@ def _profile(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from oomsight.tools import demo
 
-    return demo.main(keep=args.keep)
+    if args.speed <= 0:
+        print("oomsight demo: --speed must be above 0", file=sys.stderr)
+        return exitcode.USAGE
+    return demo.main(speed=args.speed, keep=args.keep)
 
 
 def _install_startup(args: argparse.Namespace) -> int:

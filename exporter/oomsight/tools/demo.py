@@ -78,9 +78,9 @@ def _replay(speed: float, keep: bool) -> int:
         f"== oomsight demo: REPLAY of a run recorded on {meta.get('gpu', 'an NVIDIA H200')} "
         f"(torch {process.get('torch_version', '?')}) -- no GPU here, this is not a live run =="
     )
-    print(banner, flush=True)
     spool = tempfile.mkdtemp(prefix="oomsight-demo-")
     try:
+        print(banner, flush=True)
         _serve_replay(spool, len(records), speed)
         print(banner)
         if keep:
@@ -101,7 +101,7 @@ def _serve_replay(spool: str, writes: int, speed: float) -> None:
     registry.register(collector)
     server = start_http_server(0, addr="127.0.0.1", registry=registry)[0]
     url = f"http://127.0.0.1:{server.server_port}/metrics"
-    print(f"serving the replayed spool at {url} ({writes} recorded writes, {speed:g}x speed)")
+    print(f"serving the replayed spool at {url} ({writes} recorded writes, {speed:g}x speed)", flush=True)
     print(f"({tape.replay_note(speed)})")
     done = threading.Event()
     stop = threading.Event()

@@ -1,0 +1,401 @@
+"""Issue 27, the first hour of a new user: each defect met there, run as the user ran it (a real
+process, a real signal, a real closed pipe), with the one line it prints, its exit code, and no
+temporary folder left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import re
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import oomsight
+from oomsight.tools.predict import command as predict_command
+
+from clirun import PY, env_with_tmp, said_well, started, wait_for_line, with_stdout_closed
+from clirun import oomsight as run_oomsight
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp: Path, name: str, body: str) -> str:
+    path = tmp / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def one_line(text: str) -> str:
+    assert text.count("\n") == 1, text
+    return text.rstrip("\n")
+
+
+# -- oomsight run -----------------------------------------------------------------------------------
+
+
+def test_sigint_sent_to_oomsight_run_reaches_the_command_and_exits_130_leaving_no_folder(tmp_path):
+    child = write(
+        tmp_path,
+        "train.py",
+        """
+        import sys, time
+        print("started", flush=True)
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            print("the command got SIGINT", flush=True)
+            sys.exit(3)
+        """,
+    )
+    proc = started("run", "--port", "0", "--no-report", "--", PY, child, tmp=str(tmp_path))
+    wait_for_line(proc, "stdout", "started")
+    proc.send_signal(signal.SIGINT)  # kill -INT <pid of oomsight run>: the command is not signalled by anyone else
+    out, err = proc.communicate(timeout=60)
+    said_well(err)
+    assert proc.returncode == 130
+    assert "the command got SIGINT" in out
+    assert "oomsight run: interrupted (SIGINT); the command exited with 3\n" in err
+    assert [n for n in Path(tmp_path).iterdir() if n.name.startswith(("oomsight-run-", "oomsight-startup-"))] == []
+
+
+def test_a_port_out_of_range_is_one_line_and_exit_2_with_nothing_made(tmp_path):
+    result = run_oomsight("run", "--port", "99999", "--", PY, "-c", "pass", tmp=str(tmp_path))
+    assert result.returncode == 2 and result.left == []
+    assert result.stderr.splitlines()[-1] == (
+        "oomsight run: error: argument --port: 99999 is not a TCP port (0 to 65535; 0 picks a free one)"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("run", "--spool", "{file}", "--", PY, "-c", "pass"),
+        ("replay", str(ROOT / "exporter/oomsight/tools/data/h200-demo.tape.jsonl.gz"), "--spool", "{file}"),
+        ("install-startup", "{file}"),
+    ],
+    ids=["run", "replay", "install-startup"],
+)
+def test_a_file_given_where_a_folder_is_wanted_is_one_line_and_exit_2(argv, tmp_path):
+    file = tmp_path / "a-file"
+    file.write_text("mine\n")
+    result = run_oomsight(*(a.format(file=file) for a in argv), tmp=str(tmp_path))
+    flag = "" if argv[0] == "install-startup" else "--spool "
+    assert result.returncode == 2 and result.left == []
+    assert one_line(result.stderr) == f"oomsight {argv[0]}: {flag}{file} is a file, not a folder"
+    assert file.read_text() == "mine\n"
+
+
+def test_run_with_its_report_on_a_closed_pipe_exits_141_quietly_and_removes_its_folders(tmp_path):
+    result = with_stdout_closed("run", "--port", "0", "--", PY, "-c", "pass", tmp=str(tmp_path), stream="stderr")
+    assert result.returncode == 141 and result.left == []
+
+
+# -- oomsight demo ----------------------------------------------------------------------------------
+
+
+def test_demo_into_head_exits_141_quietly_and_removes_its_spool(tmp_path):
+    proc = started("demo", "--speed", "50", tmp=str(tmp_path))
+    assert proc.stdout is not None
+    proc.stdout.readline(), proc.stdout.readline()  # oomsight demo | head -2
+    proc.stdout.close()
+    err = proc.stderr.read() if proc.stderr else ""
+    proc.wait(60)
+    said_well(err)
+    assert proc.returncode == 141 and err == ""
+    assert [n for n in Path(tmp_path).iterdir() if n.name.startswith("oomsight-demo-")] == []
+
+
+def test_demo_keep_keeps_the_spool_and_prints_report_commands_that_work(tmp_path):
+    result = run_oomsight("demo", "--keep", "--speed", "400", tmp=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (spool,) = re.findall(r"^demo: kept the spool (\S+); read it again with$", result.stdout, re.M)
+    assert f"\n  oomsight report {spool}\n" in result.stdout
+    assert f"\n  oomsight report --html oomsight-demo.html {spool}" in result.stdout
+    again = run_oomsight("report", spool, tmp=str(tmp_path / "elsewhere"))
+    assert again.returncode == 0 and "rank 1 (local rank 1, world 2)" in again.stdout
+
+
+# -- oomsight report --------------------------------------------------------------------------------
+
+
+def test_report_html_to_a_path_that_cannot_be_written_names_that_path(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "spool").mkdir()
+    result = run_oomsight("report", "--html", "/proc/nope/r.html", str(tmp_path / "spool"), tmp=str(tmp_path))
+    assert result.returncode == 1
+    assert one_line(result.stderr) == "oomsight report: cannot write /proc/nope/r.html: No such file or directory"
+
+
+def test_a_negative_retention_is_refused(tmp_path):
+    (tmp_path / "spool").mkdir()
+    result = run_oomsight("report", "--retention-seconds", "-5", str(tmp_path / "spool"), tmp=str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith("argument --retention-seconds: -5 must be 0 or more seconds")
+
+
+def without(module: str, argv: list[str], tmp: Path) -> tuple[int, str]:
+    """The command line run where ``module`` cannot be imported (as in an install without it)."""
+    code = f"import sys; sys.modules[{module!r}] = None; from oomsight.tools.cli import main; sys.exit(main({argv!r}))"
+    import subprocess
+
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env_with_tmp(str(tmp)), timeout=120)
+    said_well(done.stderr)
+    return done.returncode, done.stderr
+
+
+def test_report_html_without_matplotlib_says_which_extra_and_exits_2(tmp_path):
+    (tmp_path / "spool").mkdir()
+    rc, err = without("matplotlib", ["report", "--html", str(tmp_path / "r.html"), str(tmp_path / "spool")], tmp_path)
+    assert rc == 2 and one_line(err) == "oomsight report --html needs matplotlib: pip install 'oomsight[report]'"
+
+
+def test_the_webhook_without_cryptography_says_which_extra_and_exits_2(tmp_path):
+    pytest.importorskip("oomsight_webhook")
+    rc, err = without("cryptography", ["webhook"], tmp_path)
+    assert (
+        rc == 2
+        and one_line(err) == "oomsight webhook: needs cryptography, not installed here; pip install 'oomsight[sidecar]'"
+    )
+
+
+# -- oomsight predict -------------------------------------------------------------------------------
+
+
+def test_a_module_with_a_name_error_is_one_line_naming_the_file_and_line(tmp_path):
+    bad = write(tmp_path, "bad.py", "import torch\n\nvalue = undefined_thing + 1\n")
+    result = run_oomsight("predict", "--module", f"{bad}:spec", tmp=str(tmp_path))
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        f"oomsight predict: --module: {bad} failed to import: NameError: name 'undefined_thing' is not defined (line 3)"
+    )
+
+
+def test_a_module_with_a_syntax_error_is_one_line_naming_the_file_and_line(tmp_path):
+    bad = write(tmp_path, "bad.py", "x = 1\ndef spec(:\n    pass\n")
+    result = run_oomsight("predict", "--module", f"{bad}:spec", tmp=str(tmp_path))
+    assert result.returncode == 2
+    assert one_line(result.stderr).startswith(f"oomsight predict: --module: {bad}:2: SyntaxError: ")
+
+
+def test_a_module_without_the_function_names_the_users_file_not_an_internal_module(tmp_path):
+    good = write(tmp_path, "f.py", "def spec():\n    return {}\n")
+    result = run_oomsight("predict", "--module", f"{good}:nope", tmp=str(tmp_path))
+    assert (
+        result.returncode == 2 and one_line(result.stderr) == f"oomsight predict: --module: {good} has no function nope"
+    )
+
+
+TINY = """
+import torch
+
+def spec():
+    return {
+        "build": lambda: torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)),
+        "batch": lambda n, device: torch.randn(n, 64, device=device),
+    }
+"""
+
+
+def test_a_step_that_calls_item_is_said_to_have_data_dependent_control_flow(tmp_path):
+    peeks = write(
+        tmp_path,
+        "peeks.py",
+        """
+        import torch
+
+        class Peeks(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(8, 8)
+
+            def forward(self, x):
+                y = self.lin(x)
+                return y.mean() if y.sum().item() > 0 else y.sum()
+
+        def spec():
+            return {"build": Peeks, "batch": lambda n, device: torch.randn(n, 8, device=device)}
+        """,
+    )
+    result = run_oomsight("predict", "--module", f"{peeks}:spec", "--batch", "2", "--steps", "1", tmp=str(tmp_path))
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("oomsight predict: the step has data-dependent control flow (.item(), .tolist(), ")
+    assert line.index("data-dependent control flow") < line.index("_local_scalar_dense")
+
+
+def test_categories_come_in_a_fixed_order_with_zeros_kept_and_the_workspace_explained(tmp_path):
+    tiny = write(tmp_path, "tiny.py", TINY)
+    result = run_oomsight(
+        "predict", "--module", f"{tiny}:spec", "--batch", "4", "--steps", "2", "--json", tmp=str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr
+    p = json.loads(result.stdout)["prediction"]
+    assert list(p["by_category_bytes"])[:7] == list(predict_command.CATEGORY_ORDER)
+    assert p["by_category_bytes"]["buffers"] == 0  # no buffer in this model: shown as 0, not dropped
+    assert p["workspace_handles"] * p["workspace_bytes"] <= p["by_category_bytes"]["workspace"]
+    prose = run_oomsight("predict", "--module", f"{tiny}:spec", "--batch", "4", "--steps", "2", tmp=str(tmp_path))
+    peak = next(line for line in prose.stdout.splitlines() if line.startswith("at the peak: "))
+    assert peak.startswith("at the peak: parameters ") and ", buffers 0 B, gradients " in peak
+    assert f"(workspace: {p['workspace_handles']} cuBLAS handle(s) of 32.00 MiB each" in prose.stdout
+
+
+def test_in_order_puts_known_categories_first_keeps_zeros_and_counts_the_workspace_handles():
+    got = predict_command.in_order(
+        {"by_category_bytes": {"workspace": 65 << 20, "activations": 5, "zeta": 1}, "workspace_bytes": 32 << 20}
+    )
+    assert list(got["by_category_bytes"]) == [*predict_command.CATEGORY_ORDER, "zeta"]
+    assert got["by_category_bytes"]["gradients"] == 0 and got["workspace_handles"] == 2
+
+
+def test_a_size_in_gigabits_is_refused_not_read_as_gigabytes(tmp_path):
+    result = run_oomsight("predict", "--model", "gpt2", "--capacity", "40Gb", tmp=str(tmp_path))
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        "oomsight predict: --capacity: '40Gb' is not a size (e.g. 80GiB = 80 x 2^30 bytes, 40GB = 40 x 10^9, 1e9)"
+    )
+    assert predict_command.parse_bytes("40GB") == 40 * 10**9 and predict_command.parse_bytes("40GiB") == 40 << 30
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed here")
+def test_resnet50_without_torchvision_is_built_from_transformers(tmp_path):
+    pytest.importorskip("transformers")
+    result = run_oomsight("predict", "--model", "resnet50", "--batch", "1", "--steps", "1", tmp=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "at the peak: parameters 97.49 MiB" in result.stdout  # ResNet-50's 25.6 M float32 parameters
+
+
+def test_a_named_model_that_nothing_installed_can_build_is_one_clear_line():
+    from oomsight.tools.predict import models
+
+    spec = models.ModelSpec(
+        "m", models.MODELS["gpt2"].build, models.MODELS["gpt2"].batch, "", ("no_such_pkg_a", "b_no")
+    )
+    with pytest.raises(ImportError, match=r"^--model m needs no_such_pkg_a or b_no: pip install b_no$"):
+        models.check_available(spec)
+
+
+def test_predict_list_into_a_closed_pipe_is_quiet(tmp_path):
+    result = with_stdout_closed("predict", "--list", tmp=str(tmp_path))
+    assert result.returncode == 141 and result.stderr == ""
+
+
+# -- the library's public functions -------------------------------------------------------------
+
+
+def test_probe_batch_size_on_a_machine_without_cuda_says_so_and_what_to_use_instead():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    from oomsight.tools.probe import NoCudaDevice
+
+    with pytest.raises(NoCudaDevice, match=r"torch\.cuda\.is_available\(\) is False.*predict_peak"):
+        oomsight.probe_batch_size(lambda n: None)
+
+
+@pytest.mark.parametrize(
+    ("public", "module", "name"),
+    [
+        ("probe_batch_size", "oomsight.tools.probe", "probe_batch_size"),
+        ("predict_peak", "oomsight.tools.predict.predictor", "predict_peak"),
+        ("largest_batch", "oomsight.tools.predict.predictor", "largest_batch"),
+        ("measure_remedies", "oomsight.tools.remedy", "measure_remedies"),
+    ],
+)
+def test_a_public_function_shows_the_parameters_and_defaults_of_what_it_calls_and_an_example(public, module, name):
+    import importlib
+
+    wrapper = inspect.signature(getattr(oomsight, public))
+    inner = inspect.signature(getattr(importlib.import_module(module), name))
+
+    def described(sig):  # ``**options`` may be named for the reader; what it takes is the same
+        return {(p.name if p.kind != p.VAR_KEYWORD else "**", p.kind, p.default) for p in sig.parameters.values()}
+
+    shown = described(wrapper)
+    meant = described(inner) - {("memory", inspect.Parameter.POSITIONAL_OR_KEYWORD, None)}
+    assert shown == meant
+    doc = inspect.getdoc(getattr(oomsight, public)) or ""
+    assert "Example::" in doc and f"oomsight.{public}(" in doc
+
+
+def test_dir_and_all_of_the_package_list_public_names_only():
+    assert dir(oomsight) == sorted(oomsight.__all__)
+    for name in oomsight.__all__:
+        assert not name.startswith("_") or name == "__version__"
+        assert getattr(oomsight, name) is not None
+    assert not {"Any", "Optional", "annotations", "TYPE_CHECKING"} & set(dir(oomsight))
+
+
+# -- the sidecar on a laptop, and in a pod ----------------------------------------------------------
+
+
+def test_the_sidecar_run_by_hand_listens_on_localhost_only(tmp_path):
+    pytest.importorskip("oomsight_sidecar")
+    env = {
+        k: v for k, v in env_with_tmp(str(tmp_path), OOMSIGHT_ADMIN_PORT="0").items() if k != "OOMSIGHT_SIDECAR_HOST"
+    }
+    proc = started("sidecar", "--spool", str(tmp_path), "--port", "0", tmp=str(tmp_path), env=env)
+    try:
+        (line,) = wait_for_line(proc, "stderr", "/metrics")[-1:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert re.search(r"serving .* on http://127\.0\.0\.1:\d+/metrics", line), line
+    assert proc.returncode == 0
+
+
+def test_the_injected_sidecar_is_told_to_listen_on_every_interface():
+    pytest.importorskip("oomsight_webhook")
+    from oomsight_webhook.injection import InjectionSettings
+    from oomsight_webhook.mutation import mutate
+    from oomsight_webhook.podspec import SIDECAR_NAME
+
+    from kubetools import apply, fixture
+
+    pod = fixture("job-pod.yaml")
+    patched = apply(pod, mutate(pod, InjectionSettings(image="ghcr.io/oomsight/oomsight:0.1.0")).patch)
+    spec = patched["spec"]
+    sidecar = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == SIDECAR_NAME)
+    assert {"name": "OOMSIGHT_SIDECAR_HOST", "value": "0.0.0.0"} in sidecar["env"]
+
+
+# -- what a new user reads ------------------------------------------------------------------------
+
+
+def test_the_top_level_help_and_the_readme_show_predict(tmp_path):
+    result = run_oomsight("--help", tmp=str(tmp_path))
+    assert result.returncode == 0 and re.search(r"^\s+predict\s+predict a training step", result.stdout, re.M)
+    readme = (ROOT / "README.md").read_text()
+    assert "oomsight predict --model gpt2" in readme
+
+
+def test_the_readme_shows_every_subcommand_and_lists_every_page_of_docs():
+    readme = (ROOT / "README.md").read_text()
+    for name in ("run", "report", "profile", "replay", "predict", "demo", "install-startup", "sidecar", "webhook"):
+        assert f"oomsight {name} " in readme, name
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"`docs/{page.name}`" in readme, page.name
+
+
+def test_the_readme_sidecar_row_is_the_recorded_result():
+    recorded = json.loads((ROOT / "benchmarks/results/sidecar.json").read_text())
+    median = recorded["scrape_seconds"]["median"] * 1000
+    p99 = recorded["scrape_seconds"]["p99"] * 1000
+    rss = recorded["sidecar_memory_kib"]["VmRSS"] / 1024
+    row = f"{median:.1f} ms median scrape, {p99:.1f} ms p99, {rss:.1f} MiB RSS"
+    assert row in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_says_how_long_make_demo_took_from_a_fresh_clone():
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"`make demo` .*from a fresh clone.* \d+ s", readme), "the measured time"
+    assert "not published yet" in readme and "pip install ." in readme
+
+
+if sys.platform != "linux":  # the signal and pipe behaviour above is that of Linux
+    pytestmark = pytest.mark.skip(reason="Linux only")
