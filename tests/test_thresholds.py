@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import pytest
 
+from benchmarks.corpus import evaluate
 from oomsight.analysis import thresholds as th
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import diagnose, facts_from_event
@@ -92,6 +93,10 @@ def test_the_tapes_are_all_there_and_the_baseline_is_the_measured_one():
     assert sum(name.startswith("heldout/") for name in base) == 28
     assert base["corpus/leak_outputs_fast"] == ("leak", "leak", True)
     assert base["corpus/steady_fits"] == ("none", None, False)
+    for folder in FOLDERS:  # re-judged from the rows, no tape but a leak raises the flag
+        labels = evaluate.labels_of(os.path.join(ROOT, "tests", "fixtures", folder))
+        flagged = {name for name, label in labels.items() if base[f"{folder}/{name}"][2]}
+        assert flagged <= {name for name, label in labels.items() if label[0] == "leak"}, folder
 
 
 @pytest.mark.parametrize("factor", [0.75, 1.25], ids=["-25%", "+25%"])
