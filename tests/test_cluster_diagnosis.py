@@ -365,6 +365,27 @@ def test_rows_without_the_outside_column_or_with_it_unknown_judge_as_before():
     assert judged(event(steps_memory=rows))[0]["cause"] == "activations"
 
 
+def outside_of(outside: int, allocated: int = 69 * GIB) -> dict[str, Any]:
+    """A steady job whose process holds ``outside`` bytes beyond its 70 GiB reserved, flat over the steps."""
+    own = 70 * GIB + outside
+    nv = {"total_bytes": TOTAL, "used_bytes": own, "free_bytes": 0, "process_used_bytes": own, "process_visible": True}
+    rows = steady_rows(20 * GIB, 60 * GIB, outside=lambda i: outside)
+    return event(steps_memory=rows, nvml=nv, allocated_bytes=allocated, reserved_bytes=70 * GIB)
+
+
+def test_several_communicators_outside_the_allocator_decide_an_oom_well_below_a_quarter_of_the_gpu():
+    d, keys = judged(outside_of(6 * GIB))  # 7.5 % of the GPU; the job's 71 GiB would fit beside a context
+    assert d["cause"] == "non_pytorch_memory" and keys[0] == "non_pytorch"
+
+
+def test_a_context_and_one_communicator_outside_the_allocator_are_not_the_cause():
+    assert judged(outside_of(1536 * MIB))[0]["cause"] != "non_pytorch_memory"
+
+
+def test_outside_memory_is_not_the_cause_when_the_job_would_not_fit_beside_a_context_anyway():
+    assert judged(outside_of(6 * GIB, allocated=78 * GIB))[0]["cause"] != "non_pytorch_memory"
+
+
 # --- demand that depends on the data --------------------------------------------------------------
 
 

@@ -56,8 +56,10 @@ def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
             f"NVML lists {listed} processes on this GPU and {fb(ev.outside)} of it is used outside this "
             "process's PyTorch allocator: by the other processes (and this process's CUDA context).",
         )
-    if ev.outside < th.value("outside_share") * ev.total or ev.outside_leak is not None:
+    if ev.outside_leak is not None:
         return None  # memory outside the allocator that grew step after step is a leak (below)
+    if ev.outside < th.value("outside_share") * ev.total and not _outside_decides(ev):
+        return None
     if ev.others is None:  # NVML cannot see our PID (containers): it may be other tenants too
         return ev.result(
             Cause.NON_PYTORCH_MEMORY,
@@ -71,6 +73,15 @@ def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
         ["non_pytorch"],
         f"{fb(ev.outside)} of the GPU is used by this process outside PyTorch's allocator.",
     )
+
+
+def _outside_decides(ev: Evidence) -> bool:
+    """This process's memory outside its allocator, below ``outside_share``, still decided the OOM: it
+    is more than a CUDA context and a NCCL communicator take (``outside_large_bytes``), and the job's
+    own known need would have fit beside a CUDA context alone (``context_bytes``)."""
+    if ev.others is None or (ev.outside or 0) < th.value("outside_large_bytes"):
+        return False
+    return max(ev.need, ev.prior_peak or 0) + th.value("context_bytes") <= ev.total
 
 
 def _decisive(ev: Evidence, held: int, own_outside: int) -> bool:

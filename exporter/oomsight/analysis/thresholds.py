@@ -137,6 +137,16 @@ TABLE: dict[str, Threshold] = {
         0.25, "share of capacity", "memory outside this process's allocator (or of other processes) this "
         "large is the cause whatever the job's own need: several NCCL communicators and contexts", "diagnosis",
     ),
+    "outside_large_bytes": Threshold(
+        2 * 1024 * MIB, "bytes", "this process's memory outside its allocator above what a CUDA context "
+        "(300-600 MB) and one NCCL communicator (544 MB to 1.6 GB observed) take: several communicators, NVLS "
+        "buffers or a library's pool, the cause when the job's own need fits beside a context alone",
+        "diagnosis",
+    ),
+    "context_bytes": Threshold(
+        600 * MIB, "bytes", "what a CUDA context takes at most (300-600 MB, by architecture and lazy loading): "
+        "memory outside the allocator that no remedy removes", "diagnosis",
+    ),
     "decisive_share": Threshold(
         0.05, "share of capacity", "other processes holding less are still the cause when the job's own "
         "known need fits the GPU without them", "diagnosis",
