@@ -25,7 +25,11 @@ from oomsight.tools import tape
 
 from fakes import ROOT
 
-FOLDERS = ("corpus", "heldout", "heldout-wire15")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+LABELLED = sorted(name for name in os.listdir(FIXTURES) if os.path.exists(os.path.join(FIXTURES, name, "labels.json")))
+FOLDERS = ("corpus", *LABELLED)
+"""Every labelled set of tapes: the corpus (labelled in ``evaluate.LABELS``) and each folder with a
+``labels.json`` (the held-out runs; the new kinds' scenarios once recorded)."""
 ANALYSIS = os.path.join(ROOT, "exporter", "oomsight", "analysis")
 
 Verdict = tuple[str, Optional[str], bool]
@@ -46,7 +50,7 @@ def tapes() -> dict[str, tuple[Optional[OomFacts], list[tuple[int, list[Any]]]]]
     """Every tape's first OOM as facts, and the distinct step rows its snapshots published."""
     out: dict[str, tuple[Optional[OomFacts], list[tuple[int, list[Any]]]]] = {}
     for folder in FOLDERS:
-        path = os.path.join(ROOT, "tests", "fixtures", folder)
+        path = os.path.join(FIXTURES, folder)
         for name in sorted(os.listdir(path)):
             if name.endswith(".tape.jsonl.gz"):
                 out[f"{folder}/{name[: -len('.tape.jsonl.gz')]}"] = _decoded(os.path.join(path, name))
@@ -94,7 +98,7 @@ def test_the_tapes_are_all_there_and_the_baseline_is_the_measured_one():
     assert base["corpus/leak_outputs_fast"] == ("leak", "leak", True)
     assert base["corpus/steady_fits"] == ("none", None, False)
     for folder in FOLDERS:  # re-judged from the rows, no tape but a leak raises the flag
-        labels = evaluate.labels_of(os.path.join(ROOT, "tests", "fixtures", folder))
+        labels = evaluate.labels_of(os.path.join(FIXTURES, folder))
         flagged = {name for name, label in labels.items() if base[f"{folder}/{name}"][2]}
         assert flagged <= {name for name, label in labels.items() if label[0] == "leak"}, folder
 
