@@ -13,7 +13,11 @@ The causes form a closed set (:class:`Cause`), checked in this order (``docs/dia
 ``exhaustion``          out of memory with too little known to say more (no step and no optimizer seen)
 
 Each diagnosis states its evidence in numbers (``facts``) and names remedies the job
-does not already use (``remedies.pick``).
+does not already use (``remedies.pick``). How the job lays out its memory (wire 1.6: DDP, FSDP,
+ZeRO, frozen and quantised weights, a frozen second model's forward, CUDA-graph pools, memory
+outside the allocator that grows, an allocator back-end without block statistics) picks the
+remedies that fit it and keeps the rules from reading one layout as another. Every number the
+rules use is a row of ``analysis.thresholds``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Optional
 from oomsight.analysis import remedies
 from oomsight.analysis import thresholds as th
 from oomsight.analysis.evidence import CAUSES, GENERATION_FRAMES, MODULE_FRAME, Cause, Evidence, on_stack
-from oomsight.analysis.oomfacts import ModelStates, OomFacts, facts_from_event, leak_growth
+from oomsight.analysis.oomfacts import ModelStates, OomFacts, facts_from_event, leak_growth, states_held
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.wire.schema import Diagnosis
 
@@ -224,9 +228,9 @@ def _model_states_order(ev: Evidence) -> list[str]:
     if remedies.sharded(ev.job):
         return ["cpu_offload", "light_optimizer", "bf16_params", "more_ranks"]
     p = _parameters(ev.f)
-    # a change fits when its states plus what this step needed besides the states stay within capacity
-    # (at an OOM in optimizer.step() that is the optimizer's temporaries; in forward, the activations)
-    fits = ev.total - max(ev.need - (ev.states or 0), 0)
+    # a change fits when its states plus what this step needed besides the states it held stay within
+    # capacity (in optimizer.step() the optimizer's temporaries and new state; in forward, activations)
+    fits = ev.total - max(ev.need - (states_held(ev.f) or 0), 0)
     trainable = max(p - ev.frozen, 0)
     light = p + trainable * (1 + th.value("light_optimizer_state_ratio")) if p else None
     half = (ev.states or 0) / 2

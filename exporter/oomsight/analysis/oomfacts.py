@@ -82,6 +82,14 @@ def states(f: OomFacts) -> Optional[int]:
     return None
 
 
+def states_held(f: OomFacts) -> Optional[int]:
+    """Parameters + gradients + the optimizer state allocated at the OOM (not the expected), else None."""
+    ms: Any = f.get("model_states") or f.get("categories")
+    if not ms:
+        return None
+    return int(ms["parameters_bytes"] + ms["gradients_bytes"] + ms["optimizer_state_bytes"])
+
+
 def outside(f: OomFacts, reserved: int) -> tuple[Optional[int], Optional[int]]:
     """(memory outside this allocator, memory of other processes) from NVML, if known."""
     nv = f.get("nvml")
