@@ -10,6 +10,7 @@ and that no remedy the job already uses is offered.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -268,6 +269,22 @@ def test_static_bytes_that_are_mostly_frozen_are_told_to_quantise_or_offload_the
     assert fp is not None
     msg = choose(fp, estimate_all(fp)).message
     assert "frozen weights" in msg and "quantised" in msg and "shard" not in msg
+
+
+def test_static_bytes_of_a_sharded_job_that_leave_no_room_are_never_told_to_shard():
+    cats = {
+        "parameters_bytes": 20 * GIB,
+        "gradients_bytes": 20 * GIB,
+        "optimizer_state_bytes": 40 * GIB,
+        "activations_bytes": 5 * GIB,
+        "basis": "at_oom",
+    }
+    fp = footprint(cats, TOTAL)  # type: ignore[arg-type]
+    assert fp is not None
+    sharded = dataclasses.replace(fp, job={"parallelism": fsdp2()})
+    msg = choose(sharded, estimate_all(sharded)).message
+    assert "sharded already" in msg and "offload the optimizer state" in msg and "(FSDP/ZeRO)" not in msg
+    assert "shard them (FSDP/ZeRO)" in choose(fp, estimate_all(fp)).message
 
 
 def test_a_frozen_teachers_forward_in_a_training_step_is_not_an_evaluation():
