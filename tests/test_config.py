@@ -24,7 +24,7 @@ from oomsight.config import (
     rendering,
     table,
 )
-from oomsight.config.variables import GROUPS
+from oomsight.config.variables import GROUPS, SIDECAR
 from oomsight_sidecar.listener import ServerLimits, limit_env_names
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 from oomsight_webhook.injection import InjectionSettings
@@ -235,16 +235,15 @@ def test_a_group_added_to_the_table_is_a_class_and_a_field_of_the_root(monkeypat
     assert table.from_env(generated.Settings, rows, {"OOMSIGHT_LEAK_SCAN": "0"}).leaks.enabled is False
 
 
-def _undocumented_fields(cls, source=None):
-    """Fields of the dataclass ``cls`` without a docstring right below them (ast: the class source,
+def _documented(cls, source=None):
+    """The fields of the class ``cls`` with a docstring right below them (ast: the class source,
     found in the module's ``source`` when given)."""
     if source is None:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
     else:
-        tree = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
-        tree = ast.Module(body=[tree], type_ignores=[])
-    body = tree.body[0].body
-    documented = {
+        node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    body = node.body
+    return {
         node.target.id
         for node, after in zip(body, body[1:])
         if isinstance(node, ast.AnnAssign)
@@ -252,6 +251,11 @@ def _undocumented_fields(cls, source=None):
         and isinstance(after.value, ast.Constant)
         and isinstance(after.value.value, str)
     }
+
+
+def _undocumented_fields(cls, source=None):
+    """Fields of the dataclass ``cls`` without a docstring, in its class or the class that declares them."""
+    documented = set().union(*(_documented(c, source) for c in cls.__mro__ if dataclasses.is_dataclass(c)))
     return [f.name for f in dataclasses.fields(cls) if f.name not in documented]
 
 
@@ -368,3 +372,49 @@ def test_every_server_env_var_is_documented():
         "OOMSIGHT_WEBHOOK_MAX_CONCURRENT_REVIEWS",
     ]
     assert [name for name in names if name not in doc] == []
+
+
+# The sidecar's table (oomsight.config.variables.SIDECAR): the same rows, without start() keywords.
+SIDECAR_CHANGED = {
+    "OOMSIGHT_DIR": (SidecarSettings, "spool_dir", "/spool", "/spool"),
+    "OOMSIGHT_SIDECAR_PORT": (SidecarSettings, "port", "8080", 8080),
+    "OOMSIGHT_SIDECAR_HOST": (SidecarSettings, "host", "::", "::"),
+    "OOMSIGHT_RETENTION_SECONDS": (SidecarSettings, "retention_seconds", "60", 60.0),
+    "OOMSIGHT_STALE_AFTER_SECONDS": (SidecarSettings, "stale_after_seconds", "5", 5.0),
+    "OOMSIGHT_DRAIN_SECONDS": (SidecarSettings, "drain_seconds", "7.5", 7.5),
+    "OOMSIGHT_SIDECAR_HUNG_AFTER_SECONDS": (SidecarSettings, "hung_after_seconds", "3", 3.0),
+    "OOMSIGHT_ADMIN_HOST": (AdminSettings, "host", "localhost", "localhost"),
+    "OOMSIGHT_ADMIN_PORT": (AdminSettings, "port", "auto", None),
+    "OOMSIGHT_ADMIN_TOKEN": (AdminSettings, "token", "s3cret", "s3cret"),
+    "OOMSIGHT_ADMIN_TOKEN_FILE": (AdminSettings, "token_file", "/nonexistent/token", "/nonexistent/token"),
+    "OOMSIGHT_ADMIN_REQUIRE_TOKEN": (AdminSettings, "require_token", "1", True),
+    "OOMSIGHT_POD_NAME": (KubernetesSettings, "pod_name", "w-0", "w-0"),
+    "OOMSIGHT_POD_NAMESPACE": (KubernetesSettings, "pod_namespace", "team-a", "team-a"),
+    "OOMSIGHT_POD_UID": (KubernetesSettings, "pod_uid", "u-1", "u-1"),
+    "OOMSIGHT_OWNER_KIND": (KubernetesSettings, "owner_kind", "Job", "Job"),
+    "OOMSIGHT_OWNER_NAME": (KubernetesSettings, "owner_name", "train", "train"),
+    "OOMSIGHT_EVENTS": (KubernetesSettings, "events", "off", False),
+    "OOMSIGHT_EVENTS_INTERVAL_SECONDS": (KubernetesSettings, "events_interval_seconds", "9", 9.0),
+    "OOMSIGHT_EVENTS_MAX": (KubernetesSettings, "events_max", "0", 0),
+}
+"""Every variable of the sidecar users may have set, its group and field, and a value unlike the default."""
+
+
+@pytest.mark.parametrize("name", sorted(SIDECAR_CHANGED))
+def test_each_sidecar_variable_keeps_its_name_and_sets_its_field(name):
+    component, field, raw, value = SIDECAR_CHANGED[name]
+    extra = {"OOMSIGHT_ADMIN_TOKEN_FILE": "/t"} if name == "OOMSIGHT_ADMIN_REQUIRE_TOKEN" else {}
+    assert getattr(component(), field) != value
+    assert getattr(component.from_env({name: raw, **extra}), field) == value
+    assert getattr(component.from_env({name: "  "}), field) == getattr(component(), field)  # blanks keep it
+
+
+def test_the_sidecar_table_has_exactly_the_variables_and_fields_of_its_groups():
+    assert sorted(row.variable for row in SIDECAR) == sorted(SIDECAR_CHANGED)
+    by_group = {"sidecar": SidecarSettings, "admin": AdminSettings, "pod": KubernetesSettings}
+    assert {(row.group, row.field) for row in SIDECAR} == {
+        (group, f.name) for group, cls in by_group.items() for f in dataclasses.fields(cls) if f.name != "limits"
+    }
+    # one variable, two readers: the spool both the hook and the sidecar read is one row's name
+    assert [row.variable for row in (*HOOK, *SIDECAR) if row.env] == ["OOMSIGHT_DIR", "OOMSIGHT_DIR"]
+    assert {row.variable for row in HOOK} & {row.variable for row in SIDECAR} == {"OOMSIGHT_DIR"}

@@ -1,8 +1,9 @@
 """Settings of the in-process hook: one frozen dataclass per component, a docstring per field.
 
-GENERATED from the table of ``oomsight.config.variables`` by ``python -m oomsight.config.rendering``:
-edit the table, not this file. Each field's docstring names its variable and ``oomsight.start()``
-keyword. :class:`Settings` holds the groups; the runtime gives each component only its own.
+GENERATED from the tables of ``oomsight.config.variables`` by ``python -m
+oomsight.config.rendering``: edit the table, not this file. Each field's docstring names its
+variable and ``oomsight.start()`` keyword. :class:`Settings` holds the groups; the runtime gives
+each component only its own.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Callable, Optional, TypeVar, Union
 from oomsight.config.values import ConfigError
 
 PREFIX = "OOMSIGHT_"
-Value = Union[bool, int, float, str]
+Value = Union[bool, int, float, str, None]
 R = TypeVar("R")
 
 
@@ -67,6 +67,12 @@ class Setting:
     shown: str = ""
     """The default as the documentation shows it, where the value alone would not say it."""
 
+    flag: str = ""
+    """The command-line flag that overrides the variable (the sidecar's and webhook's commands)."""
+
+    kind: str = ""
+    """The field's type where the default's type does not say it (``Optional[int]``)."""
+
     @property
     def variable(self) -> str:
         """The environment variable."""
@@ -77,7 +83,11 @@ class Setting:
 
     def annotation(self) -> str:
         """The field's type, as written in the generated dataclass."""
-        return type(self.default_value()).__name__
+        return self.kind or type(self.default_value()).__name__
+
+    def read(self, raw: str) -> Value:
+        """The value of the variable's text ``raw`` (stripped first unless ``verbatim``)."""
+        return self.parse(self.variable, raw if self.verbatim else raw.strip())
 
 
 def read_env(rows: tuple[Setting, ...], env: Mapping[str, str]) -> dict[str, dict[str, Value]]:
@@ -86,8 +96,15 @@ def read_env(rows: tuple[Setting, ...], env: Mapping[str, str]) -> dict[str, dic
     for row in rows:
         raw = env.get(row.variable)
         if raw is not None:
-            out.setdefault(row.group, {})[row.field] = row.parse(row.variable, raw if row.verbatim else raw.strip())
+            out.setdefault(row.group, {})[row.field] = row.read(raw)
     return out
+
+
+def read_group(rows: tuple[Setting, ...], group: str, env: Mapping[str, str]) -> dict[str, Value]:
+    """The fields of ``group`` that ``env`` sets, by field. A variable set to blanks keeps its
+    default (the sidecar's and the webhook's rule; the hook reads a blank as written)."""
+    found = ((row, env.get(row.variable) or "") for row in rows if row.group == group)
+    return {row.field: row.read(raw) for row, raw in found if raw.strip()}
 
 
 def read_keywords(rows: tuple[Setting, ...], changes: Mapping[str, object]) -> dict[str, dict[str, Value]]:

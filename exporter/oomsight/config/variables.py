@@ -1,24 +1,29 @@
-"""The hook's settings table: every ``OOMSIGHT_*`` variable of the training process, one row each.
+"""The settings tables: every ``OOMSIGHT_*`` variable of the training process (:data:`HOOK`) and
+of the sidecar (:data:`SIDECAR`), one row each.
 
 Each row (:class:`~oomsight.config.table.Setting`) names a setting once: its ``oomsight.start()``
 keyword (the variable is ``OOMSIGHT_`` + the keyword in capitals, except ``OOMSIGHT_DIR``, a name
 users set before the rule), the group and field that hold it, its default, its parser and its
-meaning. ``python -m oomsight.config.rendering`` generates from this table the dataclasses of
-:mod:`oomsight.config.hook` (one frozen group per component, a docstring per field) and the
-table in ``docs/configuration.md``; ``--check`` fails when either has drifted.
+meaning. ``python -m oomsight.config.rendering`` generates from these tables the dataclasses of
+:mod:`oomsight.config.hook` (one frozen group per component, a docstring per field), those of
+:mod:`oomsight.config.sidecar` (the fields of the sidecar's groups, which
+``oomsight_sidecar.settings`` extends with how they are read and checked) and the tables in
+``docs/configuration.md``; ``--check`` fails when one has drifted. The sidecar's rows have no
+``start()`` keyword: theirs only names the variable (and a flag may override it).
 
-Adding a setting: add a row here (and a group to :data:`GROUPS` if it starts one), run the
-generator, and read the field where the component uses it.
+Adding a setting: add a row here (and a group if it starts one), run the generator, and read
+the field where the component uses it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import TYPE_CHECKING
 
 from oomsight.config.table import Group, Setting
-from oomsight.config.values import ConfigError, parse_bool, parse_count, parse_seconds
+from oomsight.config.values import DEFAULT_METRICS_PORT, ConfigError, parse_bool, parse_count, parse_port, parse_seconds
 
 if TYPE_CHECKING:
     from oomsight.config.hook import Settings
@@ -165,6 +170,114 @@ HOOK = (
 """Every setting of the hook, in the order of ``docs/configuration.md``."""
 
 BY_KEYWORD = {row.keyword: row for row in HOOK}
+
+DEFAULT_ADMIN_PORT = 21401
+ADMIN_PORT_AUTO = "auto"
+_YEAR = 365 * 86_400.0
+_long_seconds = functools.partial(parse_seconds, minimum=0.0, maximum=_YEAR)
+
+
+def parse_admin_port(name: str, raw: str) -> int | None:
+    """A port for the admin endpoint: 0 (off), 1-65535, or ``auto`` (None: the system picks)."""
+    return None if raw.strip().lower() == ADMIN_PORT_AUTO else parse_port(name, raw)
+
+
+SIDECAR_GROUPS = (
+    Group("sidecar", "SidecarFields", "The metrics server and what it reads."),
+    Group("admin", "AdminFields", "The admin endpoint (profiling requests, artifact downloads)."),
+    Group("pod", "KubernetesFields", "The pod the sidecar runs in, as the webhook tells it (downward API, admission)."),
+)
+"""The groups of the sidecar's settings (``oomsight_sidecar.settings``), in the documentation's order."""
+
+_SPOOL = dataclasses.replace(
+    BY_KEYWORD["spool_dir"], group="sidecar", field="spool_dir", flag="--spool", meaning="spool directory to serve"
+)
+SIDECAR = (
+    _SPOOL,
+    Setting(
+        "sidecar_port", "sidecar", "port", DEFAULT_METRICS_PORT, parse_port, flag="--port",
+        meaning="metrics port, outside the crowded 9100-9999 exporter range (9400 is dcgm-exporter's)",
+    ),
+    Setting(
+        "sidecar_host", "sidecar", "host", "0.0.0.0", _verbatim, "listen address (the pod IP must reach it; `::` for "
+        "IPv6)", flag="--host", shown="`0.0.0.0` (`127.0.0.1` for `oomsight run`)",
+    ),
+    Setting(
+        "retention_seconds", "sidecar", "retention_seconds", 300.0, _long_seconds, flag="--retention-seconds",
+        meaning="an exited process's series stay this long",
+    ),
+    Setting(
+        "stale_after_seconds", "sidecar", "stale_after_seconds", 30.0, _long_seconds, flag="--stale-after-seconds",
+        meaning="a process silent for this long counts as gone",
+    ),
+    Setting(
+        "drain_seconds", "sidecar", "drain_seconds", 0.0, _long_seconds, flag="--drain-seconds",
+        meaning="after SIGTERM, keep serving this long for a last scrape",
+    ),
+    Setting(
+        "sidecar_hung_after_seconds", "sidecar", "hung_after_seconds", 20.0, parse_seconds,
+        "a collect running longer than this makes `/readyz` 503 and `/healthz` 500 (the kubelet restarts a sidecar "
+        "stuck on a hung filesystem); `/readyz` is also 503 while the last collect raised",
+    ),
+    Setting(
+        "admin_host", "admin", "host", "127.0.0.1", _verbatim,
+        "admin endpoint address (`POST /admin/profile?steps=N` and `&memory_only=1`, `GET /admin/profiles`, "
+        "`GET /admin/artifacts/<name>`); reach it with `kubectl port-forward`. Any non-loopback address requires a "
+        "token",
+    ),
+    Setting(
+        "admin_port", "admin", "port", DEFAULT_ADMIN_PORT, parse_admin_port, kind="Optional[int]",
+        meaning="admin port; `0` turns the endpoint off; `auto` lets the system pick a free port (logged at start). "
+        "A port already taken turns the endpoint off with a warning; the metrics go on",
+    ),
+    Setting(
+        "admin_token", "admin", "token", None, _verbatim, verbatim=True, kind="Optional[str]", shown="unset",
+        meaning="bearer token every admin request must carry (`Authorization: Bearer …`)",
+    ),
+    Setting(
+        "admin_token_file", "admin", "token_file", "", _verbatim, shown="unset",
+        meaning="the file the token is read from when `OOMSIGHT_ADMIN_TOKEN` is unset; with "
+        "`OOMSIGHT_ADMIN_REQUIRE_TOKEN` and no file there, one is made (mode 0600)",
+    ),
+    Setting(
+        "admin_require_token", "admin", "require_token", False, parse_bool,
+        "require a token even on loopback; with no token, one is made and written to `OOMSIGHT_ADMIN_TOKEN_FILE` "
+        "(mode 0600). The webhook sets it, with `OOMSIGHT_ADMIN_PORT=auto`, in `hostNetwork` pods, whose loopback "
+        "is the node's",
+    ),
+    Setting("pod_name", "pod", "pod_name", "", _verbatim, "the pod's name (downward API); empty outside Kubernetes",
+            verbatim=True),
+    Setting("pod_namespace", "pod", "pod_namespace", "", _verbatim, "the pod's namespace (downward API)",
+            verbatim=True),
+    Setting(
+        "pod_uid", "pod", "pod_uid", "", _verbatim, verbatim=True,
+        meaning="the pod's uid (downward API): Events name the pod by it; name, namespace and uid are all needed to "
+        "post Events",
+    ),
+    Setting(
+        "owner_kind", "pod", "owner_kind", "", _verbatim, verbatim=True,
+        meaning="the kind of the pod's controller (`Job`, `PyTorchJob`, ...), read by the webhook from "
+        "`ownerReferences`",
+    ),
+    Setting(
+        "owner_name", "pod", "owner_name", "", _verbatim, verbatim=True,
+        meaning="the name of the pod's controller; with its kind, published as `oomsight_pod_owner_info`",
+    ),
+    Setting(
+        "events", "pod", "events", True, parse_bool,
+        "post an `events.k8s.io/v1` Event for each new OOM (needs the chart's RBAC grant; annotation "
+        '`oomsight.io/events: "false"` turns it off per pod)',
+    ),
+    Setting(
+        "events_interval_seconds", "pod", "events_interval_seconds", 2.0, parse_seconds,
+        "how often the spool is checked for new OOM events (and once more at SIGTERM)",
+    ),
+    Setting(
+        "events_max", "pod", "events_max", 100, functools.partial(parse_count, minimum=0),
+        "Events per pod at most; later OOMs are counted as `suppressed`, not posted",
+    ),
+)
+"""Every variable of the sidecar, in the order of ``docs/configuration.md``."""
 
 
 def check(settings: Settings) -> None:
