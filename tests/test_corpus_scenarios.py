@@ -153,3 +153,12 @@ def test_ddp_and_fsdp2_scenarios_run_on_two_gloo_ranks_with_the_layout_their_lab
     assert fsdp_fixed["unsharded_after_forward"] == 0
     if "zero2_full_params" not in facts:
         assert "SKIP zero2_full_params: deepspeed is not installed" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["distill_teacher_records_graph", "async_backend_too_big"])
+def test_at_gpu_shapes_the_plain_run_is_predicted_over_its_cap_and_the_remedy_under(name):
+    sizing = load("sizing")
+    sizing.cluster.SMOKE.on = False  # the module sizing imports by name: GPU shapes, traced
+    row = sizing.size(name)
+    assert row["plain_peak_gib"] > row["cap_gib"] > row["remedy_peak_gib"], row
+    assert row["holds"]

@@ -65,6 +65,16 @@ PENDING_KEYS = frozenset(
 
 class _Smoke:
     on = False
+    """``--cpu-smoke``: tiny shapes on the CPU."""
+    traced = False
+    """GPU shapes on the CPU device, for oomsight's peak predictor (fake tensors: nothing is allocated);
+    see ``sizing.py``."""
+    cap_gib = 0.0
+    """The cap the scenario asked for last (kept also where none is set)."""
+
+    @property
+    def gpu(self) -> bool:
+        return not (self.on or self.traced)
 
 
 SMOKE = _Smoke()
@@ -86,12 +96,13 @@ def pick(gpu: Any, cpu: Any) -> Any:
 
 
 def dev() -> torch.device:
-    return torch.device("cpu") if SMOKE.on else torch.device("cuda")
+    return torch.device("cuda") if SMOKE.gpu else torch.device("cpu")
 
 
 def cap(gib: float) -> None:
     """Make the caching allocator refuse to reserve more than ``gib`` GiB (no-op on the CPU)."""
-    if not SMOKE.on:
+    SMOKE.cap_gib = gib
+    if SMOKE.gpu:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GIB / total))
 
@@ -127,7 +138,7 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None
 
 def pace(seconds: float) -> None:
     """Leave the hook a step row now and then (it reads the allocator at most every 40 ms)."""
-    if not SMOKE.on:
+    if SMOKE.gpu:
         time.sleep(seconds)
 
 
@@ -201,7 +212,7 @@ def kept_bytes(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Run ``fn``; the bytes its call left allocated (GPU: the allocator's count, output included), or on
     the CPU the bytes autograd saved for a backward meanwhile (counted by a saved-tensor hook, which the
     GPU run does not install: the hook would itself be a fact of the job)."""
-    if not SMOKE.on:
+    if SMOKE.gpu:
         before = torch.cuda.memory_allocated()
         out = fn()
         return out, torch.cuda.memory_allocated() - before
@@ -277,16 +288,18 @@ class Experts(nn.Module):
 
 @scenario("growing_demand", "bound_input")
 def moe_routing_collapse(remedy: bool) -> Facts:
-    """A dropless MoE layer (8 experts) whose data drift toward one expert's region over 60 steps: the
-    busiest expert's load, hence the padded dispatch, grows from ~tokens/8 to ~tokens, the step's
-    activations with it (0.6 -> 4.7 GiB at 16k tokens), while the batch stays the same. Capped at
-    3 GiB (1 GiB of expert states). A capacity factor of 1.25 bounds each expert's tokens."""
-    cap(3)
-    width, tokens, steps = pick(1024, 16), pick(16384, 64), pick(60, 2)
+    """A dropless MoE layer (8 experts, 32k tokens a step) whose data drift toward one expert's region
+    over 60 steps: the busiest expert's share grows from ~0.13 to ~0.9 (measured on the CPU), the padded
+    dispatch with it (8 x the busiest load x ~24 KiB of saved activations a slot: ~0.8 -> ~5.5 GiB),
+    while the batch stays the same. Capped at 4 GiB (0.5 GiB of expert states): the OOM comes once the
+    share passes ~0.45, after ~20 steps that fit. A capacity factor of 1.25 keeps the dispatch at the
+    balanced size every step."""
+    cap(4)
+    width, tokens, steps = pick(1024, 16), pick(32768, 64), pick(60, 2)
     torch.manual_seed(0)
     with building():
-        layer = Experts(width, pick(4096, 32), 8, 1.25 if remedy else None)
-    toward = F.normalize(layer.router.weight[0].detach(), dim=0) * 8
+        layer = Experts(width, pick(2048, 32), 8, 1.25 if remedy else None)
+    toward = F.normalize(layer.router.weight[0].detach(), dim=0) * pick(3, 8)
     opt = torch.optim.AdamW(layer.parameters(), lr=1e-5)
     capacities = []
     for i in range(steps):
@@ -305,7 +318,7 @@ class OutsideMemory:
 
     def __init__(self) -> None:
         self.held: list[int] = []
-        if SMOKE.on:
+        if not SMOKE.gpu:
             libc = ctypes.CDLL(None)
             libc.malloc.restype = ctypes.c_void_p
             libc.free.argtypes = [ctypes.c_void_p]
@@ -354,7 +367,7 @@ def extension_memory_grows(remedy: bool) -> Facts:
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
     outside = OutsideMemory()
     for _ in range(steps):
-        if not SMOKE.on:
+        if SMOKE.gpu:
             torch.cuda.empty_cache()
         outside.take(pick(2 * GIB, MIB))
         train(m, opt, torch.randn(batch, width, device=dev()))
@@ -374,7 +387,7 @@ def async_backend_too_big(remedy: bool) -> Facts:
     saved tensors on top of the states); checkpointing segments of 4 blocks fits. The back-end has no
     OOM observer: the OOM must still be recorded."""
     facts: Facts = {"alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
-    if not SMOKE.on:
+    if SMOKE.gpu:
         facts["backend"] = torch.cuda.memory.get_allocator_backend()
     cap(4)
     m = blocks(1024, pick(16, 2), ckpt=remedy)
@@ -385,25 +398,45 @@ def async_backend_too_big(remedy: bool) -> Facts:
 
 
 # ---------------------------------------------------------------- CUDA graphs
+def compiled_steps(mode: str, width: int, depth: int, batch: int) -> int:
+    """A few training steps of ``blocks(width, depth)`` compiled with ``mode``; on the GPU, the peak
+    reserved bytes, with everything freed and dynamo reset afterwards (0 elsewhere)."""
+    m = blocks(width, depth)
+    compiled = torch.compile(m, mode=mode) if SMOKE.gpu else torch.compile(m, backend="eager")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+    for _ in range(pick(6, 2)):
+        train(compiled, opt, torch.randn(batch, width, device=dev()))
+        pace(0.02)
+    del compiled, m, opt
+    torch._dynamo.reset()
+    if not SMOKE.gpu:
+        return 0
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_reserved()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return peak
+
+
 @scenario("fragmentation", "graph_pools")
 def compiled_graph_pool_holds(remedy: bool) -> Facts:
-    """``torch.compile(mode="reduce-overhead")``: forward and backward replay as CUDA graphs whose
-    activations (~4 GiB at 8k rows) live in the graphs' private pool, which keeps them reserved
-    between replays and lends nothing to eager allocations. The eager AdamW step (1 GiB of parameters:
-    2 GiB of state plus foreach temporaries) must find its memory beside the pool: ~9 GiB in all
-    against a 7.5 GiB cap. Under ``mode="default"`` the same blocks are reused by the step (~6 GiB).
+    """``torch.compile(mode="reduce-overhead")``: forward and backward replay as CUDA graphs whose saved
+    activations live in the graphs' private pool, which keeps them reserved between replays and lends
+    nothing to eager allocations. The eager foreach AdamW step of 4 GiB of fp32 parameters (4 GiB of
+    gradients, 8 of state, ~4 of temporaries) must then find its memory beside the pool, where under
+    ``mode="default"`` it reuses the activations' blocks: the difference is about the parameters' size.
+    The job first runs the same steps under ``mode="default"`` uncapped and caps itself at that peak
+    reserved + 2 GiB (inductor's activation sizes are not known ahead), then trains in its own mode.
     Labelled fragmentation (memory the allocator holds that the failing request cannot use; here it
-    sits in a private pool, not in holes), remedy ``graph_pools``: expandable segments would not help,
-    private pools never use them. The CPU smoke run compiles with the eager back-end."""
-    cap(7.5)
+    sits in a private pool, not in holes), remedy ``graph_pools`` (``mode="default"``): expandable
+    segments would not help, private pools never use them. The CPU smoke run compiles with the eager
+    back-end."""
+    width, depth, batch = pick((8192, 16, 8192), (32, 2, 4))
+    default_peak = compiled_steps("default", width, depth, batch)
+    cap(default_peak / GIB + 2)
     mode = "default" if remedy else "reduce-overhead"
-    m = blocks(pick(4096, 32), pick(16, 2))
-    compiled = torch.compile(m, backend="eager") if SMOKE.on else torch.compile(m, mode=mode)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    for _ in range(pick(6, 2)):
-        train(compiled, opt, torch.randn(pick(8192, 4), m.blocks[0][0].in_features, device=dev()))  # type: ignore[index]
-        pace(0.02)
-    return {"mode": mode}
+    compiled_steps(mode, width, depth, batch)
+    return {"mode": mode, "default_peak_reserved_bytes": default_peak, "cap_gib": round(SMOKE.cap_gib, 2)}
 
 
 # ---------------------------------------------------------------- activation offload
@@ -477,7 +510,7 @@ def offload_still_too_big(remedy: bool) -> Facts:
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
     kept = 0
     for _ in range(pick(3, 2)):
-        with torch.autograd.graph.save_on_cpu(pin_memory=not SMOKE.on):
+        with torch.autograd.graph.save_on_cpu(pin_memory=SMOKE.gpu):
             loss = m(torch.randn(batch, width, device=dev())).float().square().mean()
         kept = ctx_kept_bytes(loss)
         loss.backward()
