@@ -133,15 +133,18 @@ class FaultySpool:
         else:
             self.broken.add(fault)
 
-    def listdir(self, real):
-        def listdir(path="."):
+    def scandir(self, real):
+        """``os.scandir`` meeting the faults (the reader lists a folder through its descriptor)."""
+
+        def scandir(path="."):
+            where = os.path.realpath(f"/proc/self/fd/{path}") if isinstance(path, int) else str(path)
             if "fds_exhausted" in self.broken:
                 raise OSError(errno.EMFILE, "Too many open files")
-            if "events_unreadable" in self.broken and str(path).endswith("events"):
+            if "events_unreadable" in self.broken and where.endswith("events"):
                 raise PermissionError(errno.EACCES, "Permission denied")
             return real(path)
 
-        return listdir
+        return scandir
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -150,26 +153,26 @@ def test_counters_never_go_backwards_whatever_faults_a_run_meets(faults):
     root = tempfile.mkdtemp(prefix="oomsight-faults-")
     spool = FaultySpool(root)
     collector = SpoolCollector(root, clock=lambda: spool.now)
-    real = os.listdir
+    real = os.scandir
     last = {}
     try:
         for fault in faults:
             spool.apply(fault)
-            os.listdir = spool.listdir(real)
+            os.scandir = spool.scandir(real)
             try:
                 reg = CollectorRegistry()
                 reg.register(collector)
                 text = generate_latest(reg).decode()
-                cached = collector.exposition(generate_latest, CONTENT_TYPE_PLAIN_0_0_4).decode()
+                cached = collector.exposition(generate_latest, CONTENT_TYPE_PLAIN_0_0_4).decode()  # read again
             finally:
-                os.listdir = real
-            assert cached == text, (fault, faults)  # the sidecar's cached text is the collector's
+                os.scandir = real
+            assert cached == text, (fault, faults)  # the sidecar's text is the collector's
             now = counter_samples(text)
             for series, value in last.items():
                 assert now.get(series, -1) >= value, (series, fault, faults)
             last = now
     finally:
-        os.listdir = real
+        os.scandir = real
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -44,9 +44,9 @@ HOSTILE = {
     "lone_surrogate_as_raw_bytes": json.dumps(snapshot(pid=9)).encode().replace(b"NVIDIA", b"\xed\xb2\x80"),
     "huge_time": json.dumps(snapshot(pid=9, t=1e300)).encode(),
     "newer_key_nested_40_deep": json.dumps(snapshot(pid=9, x=json.loads(deep(40)))).encode(),
-    "newer_device_key_nested_40_deep": json.dumps(snapshot(pid=9)).replace(
-        '"index": 0', '"index": 0, "x": ' + deep(40).decode()
-    ).encode(),
+    "newer_device_key_nested_40_deep": json.dumps(snapshot(pid=9))
+    .replace('"index": 0', '"index": 0, "x": ' + deep(40).decode())
+    .encode(),
 }
 
 
@@ -105,9 +105,10 @@ def test_a_file_parsed_again_shares_what_did_not_change_and_checks_what_did(spoo
     put(spool, snapshot_path(1), bad)
     assert reader.read().snapshots == [] and reader._skipped["invalid"] == 1
     put(spool, snapshot_path(1), moved)
-    assert reader.read().snapshots[0]["devices"][0]["allocator"]["allocated_bytes"] == first["devices"][0][
-        "allocator"
-    ]["allocated_bytes"] + 1
+    assert (
+        reader.read().snapshots[0]["devices"][0]["allocator"]["allocated_bytes"]
+        == first["devices"][0]["allocator"]["allocated_bytes"] + 1
+    )
 
 
 def test_a_device_without_its_optional_nvml_key_scrapes(spool):
@@ -200,14 +201,15 @@ def test_the_oom_counter_does_not_drop_while_the_events_folder_is_unreadable(spo
         put(spool, event_path(1, seq), event(seq=seq, outcome="recovered"))
     collector = SpoolCollector(spool, clock=lambda: NOW)
     assert scrape(collector)[0].get_sample_value("oomsight_oom_events_total", DEV) == 3
-    real = os.listdir
+    real, events = os.scandir, os.open(os.path.join(spool, "events"), os.O_RDONLY)
+    os.close(events)
 
-    def listdir(path="."):
-        if str(path).endswith("events"):
-            raise PermissionError(errno.EACCES, "Permission denied", path)
+    def scandir(path="."):
+        if isinstance(path, int) and os.path.realpath(f"/proc/self/fd/{path}").endswith("events"):
+            raise PermissionError(errno.EACCES, "Permission denied")
         return real(path)
 
-    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
     assert scrape(collector)[0].get_sample_value("oomsight_oom_events_total", DEV) == 3
     assert SpoolCollector(spool, clock=lambda: NOW).inventory().error == "cannot list events"
 
@@ -285,3 +287,115 @@ def test_a_fifo_in_the_spool_does_not_hang_the_tape_recorder_of_oomsight_run(spo
         pytest.fail("the tape recorder blocked opening a FIFO")
     _, records = tape.read(path)
     assert done["n"] == 1 and [r["path"] for r in records] == [snapshot_path(2)]
+
+
+# Issue 26: a valid spool cannot make the reader do unbounded work (oomsight.wire.reader.Budget).
+
+
+def skipped(reg, reason):
+    return reg.get_sample_value("oomsight_spool_skipped_files_total", {"reason": reason})
+
+
+def many_devices(pid, rank, n):
+    doc = snapshot(pid=pid, rank=rank)
+    one = {**doc["devices"][0], "steps_memory": [], "trend": [], "step_trend": None}
+    doc["devices"] = [{**one, "index": i, "uuid": f"GPU-{i:08d}"} for i in range(n)]
+    return doc
+
+
+def test_a_valid_snapshot_listing_more_devices_than_a_document_may_is_refused_whole(spool):
+    put(spool, snapshot_path(1), snapshot(pid=1, rank=0))
+    put(spool, snapshot_path(2), many_devices(2, 1, 200))  # within 1 MiB (the issue's listed 2,893)
+    reg, text = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert skipped(reg, "too_many_devices") == 1
+    assert reg.get_sample_value("oomsight_process_up", {"rank": "0", "local_rank": "0"}) == 1
+    assert reg.get_sample_value("oomsight_process_up", {"rank": "1", "local_rank": "1"}) is None
+    assert len(text) < 100_000
+    put(spool, snapshot_path(2), many_devices(2, 1, 16))  # within the budget
+    reg, _ = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert reg.get_sample_value("oomsight_process_up", {"rank": "1", "local_rank": "1"}) == 1
+
+
+def test_ranks_past_the_budget_are_refused_the_newest_read_and_each_counted_once(spool):
+    from oomsight.wire.reader import Budget
+
+    for pid in range(1, 13):
+        path = put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
+        os.utime(path, (NOW + pid, NOW + pid))
+    reader = SpoolReader(spool, budget=Budget(ranks_per_spool=8))
+    collector = SpoolCollector(spool, clock=lambda: NOW, reader=reader)
+    for _ in range(3):
+        reg, _ = scrape(collector)
+        assert skipped(reg, "too_many_files") == 4  # each refused file once, however many scrapes
+    ranks = sorted(int(v.rank_labels[0]) for v in collector.last_inventory.processes)
+    assert ranks == list(range(5, 13))  # the newest eight
+    assert reader.parsed == 8
+
+
+def test_a_folder_of_many_files_is_listed_only_to_its_budget_and_logged_once_per_interval(spool, caplog):
+    from oomsight.wire.reader import Budget
+
+    put(spool, snapshot_path(1), snapshot(pid=1, rank=0))
+    events = os.path.join(spool, "events")
+    os.makedirs(events, exist_ok=True)
+    for i in range(3000):  # empty files: each one corrupt
+        open(os.path.join(events, f"{i:05d}.json"), "wb").close()
+    open(os.path.join(events, "bad\nname.json"), "wb").close()
+    reader = SpoolReader(spool, budget=Budget(entries_per_folder=500, events_per_spool=100))
+    collector = SpoolCollector(spool, clock=lambda: NOW, reader=reader)
+    started = time.monotonic()
+    reg, _ = scrape(collector)
+    assert time.monotonic() - started < 5
+    assert skipped(reg, "too_many_files") == 1 + 400  # the listing cut; the documents past 100 of the 500
+    assert skipped(reg, "corrupt") == 100
+    for _ in range(3):
+        scrape(collector)
+    lines = [r.getMessage() for r in caplog.records if "skipped spool files" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines  # one line per interval, never split
+    assert reader.parsed == 100 + 1  # and the snapshot
+
+
+def test_a_file_name_holding_a_newline_cannot_split_a_log_line(spool, caplog):
+    put(spool, "snapshots/evil\nWARNING forged line.json", b"{torn")
+    reg, _ = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert skipped(reg, "corrupt") == 1
+    found = [r.getMessage() for r in caplog.records if "skipped spool files" in r.getMessage()]
+    assert len(found) == 1 and "\n" not in found[0] and "evil\\nWARNING" in found[0]
+
+
+def test_series_past_the_scrape_budget_are_left_out_before_any_text_is_made(spool):
+    from oomsight.wire.reader import Budget
+
+    for pid in range(1, 9):
+        put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
+    reader = SpoolReader(spool, budget=Budget(series_per_scrape=300))
+    collector = SpoolCollector(spool, clock=lambda: NOW, reader=reader)
+    reg, text = scrape(collector)
+    kept = len(collector.last_inventory.processes)
+    assert 0 < kept < 8 and skipped(reg, "too_many_series") == 8 - kept
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    assert samples <= 300 + 20  # the budget, and the reader's own series
+    scrape(collector)
+    assert skipped(reg, "too_many_series") == 8 - kept  # counted once while left out
+
+
+def test_huge_label_values_cannot_blow_up_the_exposition(spool):
+    put(spool, snapshot_path(1), snapshot(pid=1, rank=0))
+    doc = many_devices(2, 1, 16)
+    for d in doc["devices"]:
+        d["uuid"] = "GPU-" + "f" * 60_000  # valid, and in every one of a device's ~50 series
+    put(spool, snapshot_path(2), doc)
+    reg, text = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert skipped(reg, "too_many_series") == 1
+    assert len(text) < 100_000 and reg.get_sample_value("oomsight_process_up", {"rank": "0", "local_rank": "0"}) == 1
+
+
+def test_an_events_folder_that_is_a_symlink_is_not_followed(spool, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    put(str(elsewhere), "x.oom-00001.json", event(pid=1))
+    put(spool, snapshot_path(1), snapshot(pid=1))
+    os.makedirs(spool, exist_ok=True)
+    os.symlink(elsewhere, os.path.join(spool, "events"))
+    reg, _ = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert reg.get_sample_value("oomsight_oom_events_total", DEV) == 0
+    assert skipped(reg, "foreign") == 1

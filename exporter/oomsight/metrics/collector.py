@@ -22,10 +22,14 @@ from prometheus_client.registry import Collector
 from oomsight.analysis.inventory import (
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_STALE_AFTER_SECONDS,
+    DeviceKey,
     Inventory,
+    OomTally,
+    ProcessView,
     take_inventory,
 )
 from oomsight.metrics.family import (
+    CATEGORIES,
     DEVICE,
     FAMILIES,
     OOM,
@@ -37,6 +41,7 @@ from oomsight.metrics.family import (
     follow_trends,
 )
 from oomsight.metrics.ledger import Ledger
+from oomsight.wire.reader import TOO_MANY_SERIES, Budget, SkipLog
 from oomsight.wire.schema import Profile
 from oomsight.wire.spool import SpoolReader
 
@@ -67,6 +72,7 @@ class SpoolCollector(Collector):
         self.table = table
         """The families this collector gives (``oomsight.metrics.family.FAMILIES``)."""
         self.last_inventory: Optional[Inventory] = None
+        self.budget = BudgetKeeper(self.reader.budget, table)
         self.ledger = Ledger(retention_seconds, ledger_path)
         """OOM counters never go backwards, kept in ``ledger_path`` through restarts (``oomsight.metrics.ledger``)."""
 
@@ -78,6 +84,7 @@ class SpoolCollector(Collector):
         now = self.clock()
         inv = take_inventory(state, now, self.retention_seconds, self.stale_after_seconds)
         self.ledger.apply(inv, now)
+        self.budget.admit(inv)
         follow_trends(self.last_inventory, inv)
         self.last_inventory = inv
         return inv
@@ -89,6 +96,94 @@ class SpoolCollector(Collector):
         """What ``encoder`` gives for a registry holding this collector and then ``others`` (the
         sidecar's ``/metrics`` body). ``fmt``, the content type, is not needed: nothing is kept."""
         return encoder(_Both(self, others))
+
+
+NAME_BYTES = 64
+"""A sample's bytes besides its label values: name, label names, quotes, value (an estimate, generous)."""
+
+
+class BudgetKeeper:
+    """The scrape's series and bytes budget (``Budget.series_per_scrape``, ``Budget.metrics_bytes``),
+    enforced on the inventory before any family is built: processes in rank order, then OOM tallies,
+    each taken while the series and bytes estimated from its label values fit; the others are left out
+    of this scrape, each counted once (``too_many_series``) while it stays out, and logged per interval."""
+
+    def __init__(self, budget: Budget, table: Sequence[Family]) -> None:
+        self.budget = budget
+        self.per_scope = {scope: sum(1 for f in table if f.scope == scope and not f.label) for scope in _SCOPES}
+        self.refused_total = 0
+        self._out: set[Any] = set()
+        self.log = SkipLog("series left out of a scrape at its budget")
+
+    def admit(self, inv: Inventory) -> None:
+        """Leave out of ``inv`` the ranks (a process with its devices' OOM series) past the budget."""
+        used = [0, 0]
+        out: set[tuple[str, str]] = set()
+        profiles = latest_profiles(inv)
+        kept: list[ProcessView] = []
+        ooms: dict[DeviceKey, OomTally] = {}
+        for v in inv.processes:
+            devices = [(*v.rank_labels, str(d["index"]), d["uuid"]) for d in v.snapshot["devices"]]
+            tallies = [key for key in devices if key in inv.ooms]
+            n, b = self._process(v, profiles.get(v.rank_labels))
+            for key in tallies:
+                n, b = n + self._tally(key, inv.ooms[key])[0], b + self._tally(key, inv.ooms[key])[1]
+            if not self._fits(used, n, b):
+                out.add(v.rank_labels)
+                continue
+            kept.append(v)
+            ooms.update((key, inv.ooms[key]) for key in tallies)
+        for key, tally in inv.ooms.items():  # OOM series of ranks without a process now
+            if key in ooms or key[:2] in out:
+                continue
+            if self._fits(used, *self._tally(key, tally)):
+                ooms[key] = tally
+            else:
+                out.add(key[:2])
+        self._count(out)
+        inv.processes, inv.ooms = kept, ooms
+        total = inv.skipped_total.get(TOO_MANY_SERIES, 0) + self.refused_total
+        inv.skipped_total = {**inv.skipped_total, TOO_MANY_SERIES: total}
+
+    def _fits(self, used: list[int], series: int, bytes_: int) -> bool:
+        if used[0] + series > self.budget.series_per_scrape or used[1] + bytes_ > self.budget.metrics_bytes:
+            return False
+        used[0], used[1] = used[0] + series, used[1] + bytes_
+        return True
+
+    def _count(self, out: set[tuple[str, str]]) -> None:
+        """Each rank left out counted once while it stays out."""
+        for rank, local_rank in sorted(out - self._out):
+            self.refused_total += 1
+            limits = f"over {self.budget.series_per_scrape} series or {self.budget.metrics_bytes} bytes"
+            self.log.add(TOO_MANY_SERIES, f"rank {rank} local rank {local_rank}", limits)
+        self._out = out
+        self.log.flush()
+
+    def _tally(self, key: tuple[str, ...], tally: OomTally) -> tuple[int, int]:
+        n = self.per_scope[OOM]
+        cause = len(str(tally.last["diagnosis"]["cause"])) if tally.last is not None else 0
+        return n, n * (NAME_BYTES + sum(map(len, key))) + cause
+
+    def _process(self, v: ProcessView, profile: Optional[Profile]) -> tuple[int, int]:
+        """Series and bytes of a process's samples, estimated from its label values."""
+        s = v.snapshot
+        ranks = sum(map(len, v.rank_labels))
+        maps = [*s["sources"], *s.get("errors", {})]
+        series = self.per_scope[PROCESS] + len(maps)
+        bytes_ = series * (NAME_BYTES + ranks) + sum(map(len, maps)) + len(str(s["process"]))
+        for d in s["devices"]:
+            n = self.per_scope[DEVICE] + len(CATEGORIES)
+            series += n
+            bytes_ += n * (NAME_BYTES + ranks + len(str(d["index"])) + len(d["uuid"])) + len(str(d.get("name", "")))
+        if profile is not None:
+            ops = [op["op"] for op in (*profile["top_by_memory"], *profile["top_by_time"])]
+            series += self.per_scope[PROFILE] + len(ops)
+            bytes_ += (self.per_scope[PROFILE] + len(ops)) * (NAME_BYTES + ranks) + sum(map(len, ops))
+        return series, bytes_
+
+
+_SCOPES = (READER, SOURCE, PROCESS, DEVICE, OOM, PROFILE)
 
 
 class _Both:

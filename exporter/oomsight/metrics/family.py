@@ -17,8 +17,8 @@ from oomsight._version import __version__
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
 from oomsight.analysis.inventory import Inventory, OomTally, ProcessView
+from oomsight.wire.reader import SKIP_REASONS
 from oomsight.wire.schema import DeviceSnapshot, Profile, StepTrend
-from oomsight.wire.spool import SKIP_REASONS
 
 PROC = ["rank", "local_rank"]
 DEV = ["rank", "local_rank", "device", "gpu_uuid"]

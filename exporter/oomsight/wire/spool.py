@@ -30,13 +30,12 @@ from oomsight.wire.layout import (
     MAX_FILE_BYTES,
     PROFILES,
     REQUESTS,
-    SKIP_REASONS,
     SNAPSHOTS,
     SUBDIRS,
     TIMELINE_MAX_BYTES,
     TIMELINES,
 )
-from oomsight.wire.reader import TEMP_MAX_AGE_SECONDS, Document, SpoolReader, SpoolState
+from oomsight.wire.reader import SKIP_REASONS, TEMP_MAX_AGE_SECONDS, Budget, Document, SpoolReader, SpoolState
 from oomsight.wire.schema import OomEvent, Snapshot
 
 __all__ = [
@@ -51,6 +50,7 @@ __all__ = [
     "TEMP_MAX_AGE_SECONDS",
     "TIMELINES",
     "TIMELINE_MAX_BYTES",
+    "Budget",
     "Document",
     "SpoolReader",
     "SpoolState",
