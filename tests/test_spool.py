@@ -172,3 +172,28 @@ def test_the_timeline_appends_rotates_and_survives_a_torn_line(spool, monkeypatc
     assert os.path.exists(os.path.join(spool, "timelines", "1-ab.1.jsonl"))  # rotated once at least
     folder = os.path.join(spool, "timelines")
     assert sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) < 1000
+
+
+def test_artifacts_are_settled_within_their_share_after_a_write(tmp_path):
+    from oomsight.wire.spool import SpoolWriter
+
+    writer = SpoolWriter(str(tmp_path), "1-aa")
+    folder = tmp_path / "artifacts"
+    folder.mkdir(exist_ok=True)
+    for seq, size in ((1, 300), (2, 300), (3, 300)):
+        path = writer.artifact_path(seq, "pickle")
+        with open(path, "wb") as fh:
+            fh.write(b"x" * size)
+        os.utime(path, ns=(seq * 10**9, seq * 10**9))
+    newest = writer.artifact_path(4, "pickle")
+    with open(newest, "wb") as fh:
+        fh.write(b"x" * 500)
+    assert writer.settle_artifact(newest, 1000)
+    kept = sorted(os.listdir(folder))
+    assert kept == [os.path.basename(writer.artifact_path(s, "pickle")) for s in (3, 4)]  # the oldest evicted
+    assert sum(os.path.getsize(folder / n) for n in kept) <= 1000
+    huge = writer.artifact_path(5, "pickle")
+    with open(huge, "wb") as fh:
+        fh.write(b"x" * 7000)  # larger than the whole share: never kept, and the others stay
+    assert not writer.settle_artifact(huge, 1000)
+    assert sorted(os.listdir(folder)) == kept

@@ -287,6 +287,8 @@ class OomRecorder:
             budget = artifacts_budget_bytes(self.writer.root, self.settings.artifacts_max_bytes)
             self.writer.evict_artifacts(budget // 2)
             self.cuda.dump_snapshot(path)
+            if not self.writer.settle_artifact(path, budget):  # larger than the artifacts' share alone
+                return None
         except Exception as exc:
             self.errors.record("memory_snapshot", exc)
             _remove(path)  # a partial pickle (full disk) must not stay

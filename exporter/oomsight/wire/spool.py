@@ -148,6 +148,33 @@ class SpoolWriter:
         return evicted
 
 
+    def settle_artifact(self, path: str, max_bytes: int) -> bool:
+        """After ``path`` was written into the artifacts folder: the folder back within ``max_bytes``,
+        the oldest other artifacts evicted first, and ``path`` itself removed when it alone is larger
+        (it can never fit in the artifacts' share: one 7 MiB pickle once took 87.5 % of an 8 MiB spool).
+        True when ``path`` is kept."""
+        try:
+            size = os.lstat(path).st_size
+        except OSError:
+            return False
+        if size > max_bytes:
+            _unlink_quietly(path)
+            return False
+        folder = os.path.join(self.root, ARTIFACTS)
+        others = []
+        for entry in os.scandir(folder):
+            if entry.path != path and entry.is_file(follow_symlinks=False) and not entry.name.startswith("."):
+                st = entry.stat(follow_symlinks=False)
+                others.append((st.st_mtime_ns, st.st_size, entry.path))
+        total = size + sum(n for _, n, _ in others)
+        for _, n, other in sorted(others):
+            if total <= max_bytes:
+                break
+            _unlink_quietly(other)
+            total -= n
+        return True
+
+
 def artifacts_cap_bytes(spool_bytes: int) -> int:
     """The most the artifacts folder may hold in a spool of ``spool_bytes``: half of it
     (:data:`ARTIFACTS_SHARE_DIVISOR`), at least 1 byte. The webhook sets
