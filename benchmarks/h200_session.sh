@@ -11,6 +11,8 @@ pack() { tar czf "$OUT/results.tgz" -C "$OUT" r; }
 stage() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > "$R/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$R/$name.log"; pack; }
 STAGES="${STAGES:-env fixtures demo gpu-tests overhead sample-cost oom-latency sidecar lightning}"
+CORPUS_ARGS="${CORPUS_ARGS:-}"  # e.g. "--cpu-smoke --bare" to try the corpus stages on a CPU (NPROC=2 for multigpu)
+export CORPUS_ARGS
 for s in $STAGES; do case $s in
   env) stage env 60 bash -c 'nvidia-smi; python3 -c "import torch, sys; print(sys.version, torch.__version__, torch.version.cuda)"; python3 -m pip list 2>/dev/null | grep -iE "torch|lightning|prometheus|nvidia-ml|pytest|hypothesis"';;
   fixtures) stage fixtures 90 python3 tests/fixtures/record_h200.py "$R/fixtures";;
@@ -34,5 +36,10 @@ for s in $STAGES; do case $s in
   heldout-remedy) stage heldout-remedy 420 python3 benchmarks/heldout/run.py --out "$R/heldout" --jobs 8;;
   heldout-judge) stage heldout-judge 60 python3 benchmarks/corpus/evaluate.py "$R/heldout" --json "$R/heldout/judged.json";;
   predict-verify) stage predict-verify 300 python3 benchmarks/bench_predict.py --out "$R/bench" --measured benchmarks/results/predict.json --reuse benchmarks/results/predict.json --fresh bert-bf16-adamw,vit_b_16-fp32-adamw,vit_b_16-bf16-accum2 --deadline 200;;
+  cluster) stage cluster 280 python3 benchmarks/corpus/run.py --script cluster --out "$R/cluster" --jobs 4 --timeout 240 $CORPUS_ARGS;;
+  multigpu) stage multigpu 230 bash -c 'n=${NPROC:-$(nvidia-smi -L | wc -l)}; if [ "$n" -lt 2 ]; then echo "SKIP multigpu: $n GPU"; exit 0; fi
+    python3 benchmarks/corpus/run.py --script multigpu --nproc "$n" --out "$1/multigpu" --timeout 110 $CORPUS_ARGS' _ "$R";;
+  cluster-judge) stage cluster-judge 30 bash -c 'for d in cluster multigpu; do [ -f "$1/$d/labels.json" ] || continue
+    python3 benchmarks/corpus/evaluate.py "$1/$d" --json "$1/$d/judged.json"; done' _ "$R";;
   overhead-gpu) stage overhead-gpu 120 python3 benchmarks/bench_overhead.py --rounds 20 --models gpu_bound --name overhead-gpu-bound.json --out "$R/bench";;
 esac; done
