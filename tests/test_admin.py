@@ -163,6 +163,17 @@ def test_an_artifact_that_is_a_symbolic_link_out_of_the_spool_is_not_served(spoo
     assert status == 404 and b"credentials" not in body
 
 
+def test_an_artifact_that_is_a_hard_link_to_a_file_outside_the_spool_is_not_served(spool, monkeypatch, tmp_path):
+    hooked_process(spool, monkeypatch=monkeypatch)
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"node credentials")
+    os.link(secret, os.path.join(spool, "artifacts", "x.oom-00002.pickle"))
+    status, body = call(AdminApp(spool, None), "GET", "/admin/artifacts/x.oom-00002.pickle")
+    assert status == 404 and b"credentials" not in body
+    os.unlink(secret)  # its only name is in the spool now: an artifact like any other
+    assert call(AdminApp(spool, None), "GET", "/admin/artifacts/x.oom-00002.pickle")[0] == 200
+
+
 def test_an_artifacts_folder_that_is_a_symbolic_link_serves_nothing(spool, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

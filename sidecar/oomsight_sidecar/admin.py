@@ -90,8 +90,10 @@ class AdminApp:
 
 def open_artifact(spool_dir: str, name: str) -> Optional[int]:
     """A read-only descriptor of the regular file ``name`` directly in the spool's artifacts
-    folder, or None: no symbolic link is followed (``O_NOFOLLOW``), and the folder itself
-    must resolve to the spool's own ``artifacts`` (a link there to elsewhere is refused)."""
+    folder, or None: no symbolic link is followed (``O_NOFOLLOW``), the folder itself must
+    resolve to the spool's own ``artifacts`` (a link there to elsewhere is refused), and a file
+    with more than one name is refused (a hard link can name a file outside the spool on the
+    same filesystem; the hook writes each artifact once, under one name)."""
     folder = os.path.join(spool_dir, ARTIFACTS)
     if os.path.realpath(folder) != os.path.join(os.path.realpath(spool_dir), ARTIFACTS):
         return None
@@ -99,8 +101,9 @@ def open_artifact(spool_dir: str, name: str) -> Optional[int]:
         fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None  # missing, a symbolic link (ELOOP), or unreadable
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)  # a FIFO, device or folder by that name
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)  # a FIFO, device or folder by that name; or a hard link, maybe to a file outside the spool
         return None
     return fd
 
