@@ -161,6 +161,15 @@ def test_fsdp2_keeping_gathered_parameters_until_backward_is_told_to_reshard_aft
     assert "all-gathered parameters 24.00 GiB" in d["summary"]
 
 
+def test_fsdp2_whose_gathered_parameters_fill_the_gpu_is_a_model_states_job_told_to_reshard_first():
+    # 40 GiB of fp32 parameters on 4 ranks: 10 GiB shards, 10 gradients, 20 AdamW; 30 GiB gathered by
+    # the forward of step 2 and kept (reshard_after_forward=False)
+    ms = states(10 * GIB, 10 * GIB, 20 * GIB, unsharded_parameters_bytes=30 * GIB)
+    d, keys = judged(event(job={"parallelism": fsdp2(reshard=False)}, model_states=ms, process={"world_size": 4}))
+    assert d["cause"] == "model_states" and keys[0] == "reshard_after_forward" and "shard" not in keys
+    assert "30.00 GiB of them all-gathered parameters" in d["summary"]
+
+
 def test_fsdp2_whose_shards_fill_the_gpu_is_never_told_to_shard_but_to_offload_the_optimizer_state():
     ms = states(15 * GIB, 15 * GIB, 30 * GIB)
     d, keys = judged(event(job={"parallelism": fsdp2()}, model_states=ms, process={"world_size": 4}))
@@ -226,7 +235,7 @@ def lora(frozen: int, quantized: int = 0) -> dict[str, Any]:
 def test_lora_whose_frozen_base_leaves_no_room_is_told_a_quantised_base_never_checkpointing():
     d, keys = judged(event(job={"adapters": True}, model_states=lora(60 * GIB)))
     assert d["cause"] == "model_states"
-    assert keys[0] == "quantize_frozen" and "offload_frozen" in keys
+    assert keys[0] == "quantize_base" and "offload_frozen" in keys
     assert "checkpointing" not in keys
     assert "Frozen weights (base_model) take 60.00 GiB" in d["summary"]
 
@@ -234,7 +243,7 @@ def test_lora_whose_frozen_base_leaves_no_room_is_told_a_quantised_base_never_ch
 def test_qlora_whose_quantised_base_leaves_no_room_is_not_told_to_quantise_again():
     d, keys = judged(event(job={"adapters": True}, model_states=lora(60 * GIB, quantized=60 * GIB)))
     assert d["cause"] == "model_states" and keys[0] == "offload_frozen"
-    assert "quantize_frozen" not in keys and "quantised weights" in d["summary"]
+    assert "quantize_base" not in keys and "quantised weights" in d["summary"]
 
 
 def test_lora_with_room_for_its_base_is_an_activation_problem_told_apart_from_the_weights():
@@ -338,11 +347,25 @@ def test_fragmentation_without_expandable_segments_offers_them_first():
     assert d["cause"] == "fragmentation" and keys[0] == "expandable"
 
 
-def test_bytes_held_in_cuda_graph_pools_are_not_fragmentation_of_the_default_pool():
+def test_bytes_stranded_in_cuda_graph_pools_are_told_apart_from_holes_in_the_default_pool():
+    # 7 GiB unallocated in the graphs' pool; the default pool's 3 GiB cached + 0.5 GiB free cannot serve 4 GiB
     ev = fragmented(private_pool_bytes=12 * GIB, private_pool_free_bytes=7 * GIB, job={"compiled": True})
     d, keys = judged(ev)
+    assert d["cause"] == "fragmentation" and keys[0] == "graph_pools"
+    assert "private pools" in d["summary"] and not {"expandable", "split", "compile"} & set(keys)
+
+
+def test_an_eager_optimizer_step_beside_a_graph_pool_is_not_told_its_states_do_not_fit():
+    ms = states(8 * GIB, 8 * GIB, 16 * GIB)
+    ev = fragmented(private_pool_bytes=20 * GIB, private_pool_free_bytes=10 * GIB, phase="optimizer", model_states=ms)
+    d, keys = judged(ev)
+    assert d["cause"] == "fragmentation" and keys[:2] == ["graph_pools", "fused_optimizer"]
+
+
+def test_graph_pools_that_hold_their_bytes_allocated_are_the_graphs_working_memory():
+    ev = event(private_pool_bytes=12 * GIB, private_pool_free_bytes=0, job={"compiled": True})
+    d, keys = judged(ev)
     assert d["cause"] == "activations" and keys[0] == "graph_pools"
-    assert "private pools" in d["summary"] and "compile" not in keys
 
 
 def test_cudamallocasync_gives_no_fragmentation_evidence_and_says_so():
@@ -361,13 +384,14 @@ def test_cudamallocasync_gives_no_fragmentation_evidence_and_says_so():
 # --- memory outside the allocator ----------------------------------------------------------------
 
 
-def test_outside_memory_growing_a_communicator_a_step_is_a_leak_well_below_a_quarter_of_the_gpu():
+def test_outside_memory_growing_a_communicator_a_step_is_a_leak_of_its_own_well_below_a_quarter_of_the_gpu():
     # a NCCL communicator per step (~544 MB): the allocator's floor is flat, NVML's process grows
     rows = steady_rows(20 * GIB, 50 * GIB, outside=lambda i: 600 * MIB + i * 544 * 1000 * 1000)
     own = 70 * GIB + 6 * GIB  # reserved + what NVML sees outside it: 6 GiB, under 8 % of the GPU
     nv = {"total_bytes": TOTAL, "used_bytes": own, "free_bytes": 0, "process_used_bytes": own, "process_visible": True}
     d, keys = judged(event(steps_memory=rows, nvml=nv, allocated_bytes=69 * GIB, reserved_bytes=70 * GIB))
-    assert d["cause"] == "leak" and keys[0] == "outside_leak"
+    assert d["cause"] == "non_pytorch_memory" and keys[0] == "outside_leak"
+    assert "a leak outside the allocator" in d["summary"]
     assert d["facts"]["outside_growth_bytes"] == 11 * 544 * 1000 * 1000
 
 

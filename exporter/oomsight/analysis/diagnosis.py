@@ -37,8 +37,8 @@ __all__ = ["CAUSES", "Cause", "ModelStates", "OomFacts", "diagnose", "facts_from
 def diagnose(f: OomFacts) -> Diagnosis:
     """Classify one OOM from the numbers recorded at the moment it happened."""
     ev = Evidence(f)
-    rules = (_outside_rule, _leak_rule, _model_states_rule, _frozen_forward_rule, _evaluation_rule, _oversized_rule)
-    for rule in (*rules, _demand_rule, _graph_pool_rule, _fragmentation_rule):
+    rules = (_outside_rule, _leak_rule, _stranded_rule, _model_states_rule, _frozen_forward_rule, _evaluation_rule)
+    for rule in (*rules, _oversized_rule, _demand_rule, _graph_pool_rule, _fragmentation_rule):
         found = rule(ev)
         if found is not None:
             return found
@@ -61,7 +61,14 @@ def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
             "process's PyTorch allocator: by the other processes (and this process's CUDA context).",
         )
     if ev.outside_leak is not None:
-        return None  # memory outside the allocator that grew step after step is a leak (below)
+        return ev.result(
+            Cause.NON_PYTORCH_MEMORY,
+            ["outside_leak", "non_pytorch", "history"],
+            f"Memory outside PyTorch's allocator (NVML's memory of this process minus reserved, now "
+            f"{fb(ev.outside)}) rose by {fb(ev.outside_leak)} step after step: a leak outside the allocator, "
+            "allocations a CUDA extension makes itself or NCCL communicators (hundreds of MB each) created "
+            "per step, never freed.",
+        )
     if ev.outside < th.value("outside_share") * ev.total and not _outside_decides(ev):
         return None
     if ev.others is None:  # NVML cannot see our PID (containers): it may be other tenants too
@@ -119,14 +126,6 @@ def _leak_rule(ev: Evidence) -> Optional[Diagnosis]:
             "tensors alive from every step (here so much that it ran out within a few steps)."
         )
         ev.facts["floor_growth_bytes"] = ev.short_leak
-    elif ev.outside_leak is not None:
-        return ev.result(
-            Cause.LEAK,
-            ["outside_leak", "non_pytorch", "history"],
-            f"Memory outside PyTorch's allocator (NVML's memory of this process minus reserved) rose by "
-            f"{fb(ev.outside_leak)} step after step: allocations a CUDA extension makes itself, or NCCL "
-            "communicators (hundreds of MB each) created per step, are never freed.",
-        )
     elif ev.piled is not None:
         return _piled_rule(ev, ev.piled)
     elif ev.legacy_leak is not None:
@@ -165,7 +164,8 @@ def _piled_rule(ev: Evidence, growth: int) -> Diagnosis:
 
 
 def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
-    states = ev.states
+    # FSDP's all-gathered parameters alive at the OOM are parameters too (not in parameters_bytes)
+    states = ev.states + ev.unsharded if ev.states is not None else None
     in_step = ev.f.get("phase") == "optimizer"
     bar = th.value("model_states_share") * ev.total
     if states is None or (states < bar and not in_step):
@@ -189,10 +189,11 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
             "requested).",
         )
     where = " in optimizer.step()" if in_step else ""
+    gathered = f", {fb(ev.unsharded)} of them all-gathered parameters" if ev.unsharded else ""
     return ev.result(
         Cause.MODEL_STATES,
-        _model_states_order(ev),
-        f"Parameters, gradients and optimizer state need {fb(states)} of the {fb(ev.total)} capacity "
+        [*_layout_first(ev), *_model_states_order(ev)],
+        f"Parameters, gradients and optimizer state need {fb(states)} of the {fb(ev.total)} capacity{gathered} "
         f"(the OOM came{where} at {fb(ev.allocated)} allocated){_frozen_part(ev)}: no batch size or activation "
         "remedy can make room.",
     )
@@ -203,7 +204,7 @@ def _frozen_weights(ev: Evidence, states: int) -> Diagnosis:
     moving them is the remedy; checkpointing saves activations, never weights."""
     return ev.result(
         Cause.MODEL_STATES,
-        ["quantize_frozen", "offload_frozen", "smaller_base", "light_optimizer"],
+        ["quantize_base", "offload_frozen", "smaller_base", "light_optimizer"],
         f"Frozen weights{_modules(ev)} take {fb(ev.frozen)} of the {fb(states)} of parameters, gradients and "
         f"optimizer state, against a {fb(ev.total)} capacity (the OOM came at {fb(ev.allocated)} allocated): "
         "no activation remedy makes room for weights; shrink or move the frozen model.",
@@ -371,6 +372,26 @@ def _fragmentation_rule(ev: Evidence) -> Optional[Diagnosis]:
         f"{fb(ev.requested)} were requested while {fb(ev.cached_free)} sat reserved but unallocated "
         f"(largest free block {fb(block) if block is not None else 'unknown'}) and {fb(ev.free)} were "
         "free, and the step needed no more than earlier steps did: enough bytes, no block large enough.",
+    )
+
+
+def _stranded_rule(ev: Evidence) -> Optional[Diagnosis]:
+    """Bytes the failing request could have had but for a private pool (CUDA graphs of torch.compile
+    mode="reduce-overhead", MemPool) holding them unallocated: memory the allocator holds that the request
+    cannot use (``fragmentation``), in a private pool rather than in holes of the default pool, so the
+    remedy is the graphs' memory, never expandable segments (private pools never use them). Checked
+    before the model states: an eager optimizer step beside a graph pool fails this way."""
+    spare = int(ev.f.get("private_pool_free_bytes") or 0)
+    own = ev.cached_free + ev.free
+    if ev.private < th.value("private_pool_share") * ev.total or own >= ev.requested or own + spare < ev.requested:
+        return None
+    return ev.result(
+        Cause.FRAGMENTATION,
+        ["graph_pools", "fused_optimizer" if ev.f.get("phase") == "optimizer" else "checkpointing"],
+        f"{fb(ev.requested)} were requested while {fb(spare)} sat unallocated in private pools (CUDA graphs, "
+        f"MemPool; {fb(ev.private)} reserved there) and only {fb(own)} were free or cached for everything "
+        "else: the bytes existed, held by the graphs' pools, which lend nothing to other allocations (not "
+        "holes in the default pool: expandable segments cannot help).",
     )
 
 

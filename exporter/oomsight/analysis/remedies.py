@@ -58,8 +58,8 @@ REMEDY = {
     "the default foreach implementation allocates temporaries as large as a whole parameter group.",
     "bf16_params": "Keep the parameters in bf16 (model.to(torch.bfloat16), or FSDP mixed precision): "
     "half the bytes for parameters, gradients and the optimizer state.",
-    "quantize_frozen": "Load the frozen base quantised (4-bit NF4 or 8-bit with bitsandbytes or torchao, as "
-    "QLoRA does): a quarter or half of its bf16 bytes, while the adapters still train in bf16.",
+    "quantize_base": "Load the frozen base in fewer bits: bf16 instead of fp32 halves it, 8-bit or 4-bit NF4 "
+    "(bitsandbytes, torchao; QLoRA) takes a half or a quarter of bf16, while the adapters still train.",
     "offload_frozen": "Offload the frozen weights to the CPU and bring them in layer by layer (accelerate's "
     "device_map / cpu_offload, FSDP CPUOffload), or put the frozen model on a GPU of its own.",
     "smaller_base": "Use a smaller frozen model (base, teacher or reference): its weights are most of the memory.",
@@ -128,7 +128,7 @@ IN_USE: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "cpu_offload": lambda job: _par(job).get("offload") is True,
     "offload_frozen": lambda job: _par(job).get("offload") is True,
     "bucket_view": lambda job: _par(job).get("gradient_as_bucket_view") is True,
-    "quantize_frozen": lambda job: bool(job.get("quantized_base")),
+    "quantize_base": lambda job: bool(job.get("quantized_base")),
     "frozen_half": lambda job: bool(job.get("quantized_base")) or job.get("param_dtype") in ("bfloat16", "float16"),
 }
 """Remedy key -> whether the job already does it (the ``split`` advice needs expandable segments on).
