@@ -25,8 +25,9 @@ class SidecarFields:
     """Metrics port, outside the crowded 9100-9999 exporter range (9400 is dcgm-exporter's)
     (``OOMSIGHT_SIDECAR_PORT``; ``--port``)."""
 
-    host: str = "0.0.0.0"
-    """Listen address (the pod IP must reach it; ``::`` for IPv6) (``OOMSIGHT_SIDECAR_HOST``; ``--host``)."""
+    host: str = "127.0.0.1"
+    """Listen address: this machine only when run by hand; the webhook gives the injected sidecar ``0.0.0.0``, so
+    Prometheus reaches the pod IP (``::`` for IPv6) (``OOMSIGHT_SIDECAR_HOST``; ``--host``)."""
 
     retention_seconds: float = 300.0
     """An exited process's series stay this long (``OOMSIGHT_RETENTION_SECONDS``; ``--retention-seconds``)."""

@@ -199,8 +199,9 @@ SIDECAR = (
         meaning="metrics port, outside the crowded 9100-9999 exporter range (9400 is dcgm-exporter's)",
     ),
     Setting(
-        "sidecar_host", "sidecar", "host", "0.0.0.0", _verbatim, "listen address (the pod IP must reach it; `::` for "
-        "IPv6)", flag="--host", shown="`0.0.0.0` (`127.0.0.1` for `oomsight run`)",
+        "sidecar_host", "sidecar", "host", "127.0.0.1", _verbatim, "listen address: this machine only when run by "
+        "hand; the webhook gives the injected sidecar `0.0.0.0`, so Prometheus reaches the pod IP (`::` for IPv6)",
+        flag="--host", shown="`127.0.0.1` (injected sidecars: `0.0.0.0`)",
     ),
     Setting(
         "retention_seconds", "sidecar", "retention_seconds", 300.0, _long_seconds, flag="--retention-seconds",
