@@ -14,6 +14,24 @@ PY = sys.executable
 OURS = ("oomsight-run-", "oomsight-startup-", "oomsight-demo-")
 """Prefixes of the temporary folders the commands make."""
 TOLD_BADLY = ("Traceback (most recent call last)", "[Errno")
+PEEKS = """
+import torch
+
+
+class Peeks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.mean() if y.sum().item() > 0 else y.sum()
+
+
+def spec():
+    return {"build": Peeks, "batch": lambda n, device: torch.randn(n, 8, device=device)}
+"""
+"""A ``predict --module`` file whose step reads a tensor's value (``.item()``): it cannot be traced."""
 
 
 @dataclass

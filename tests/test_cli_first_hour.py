@@ -18,10 +18,11 @@ import pytest
 import oomsight
 from oomsight.tools.predict import command as predict_command
 
-from clirun import PY, env_with_tmp, said_well, started, wait_for_line, with_stdout_closed
+from clirun import PEEKS, PY, env_with_tmp, said_well, started, wait_for_line, with_stdout_closed
 from clirun import oomsight as run_oomsight
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="signals and pipes as Linux has them")
 
 
 def write(tmp: Path, name: str, body: str) -> str:
@@ -202,25 +203,7 @@ def spec():
 
 
 def test_a_step_that_calls_item_is_said_to_have_data_dependent_control_flow(tmp_path):
-    peeks = write(
-        tmp_path,
-        "peeks.py",
-        """
-        import torch
-
-        class Peeks(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lin = torch.nn.Linear(8, 8)
-
-            def forward(self, x):
-                y = self.lin(x)
-                return y.mean() if y.sum().item() > 0 else y.sum()
-
-        def spec():
-            return {"build": Peeks, "batch": lambda n, device: torch.randn(n, 8, device=device)}
-        """,
-    )
+    peeks = write(tmp_path, "peeks.py", PEEKS)
     result = run_oomsight("predict", "--module", f"{peeks}:spec", "--batch", "2", "--steps", "1", tmp=str(tmp_path))
     assert result.returncode == 1
     line = one_line(result.stderr)
@@ -397,5 +380,15 @@ def test_the_readme_says_how_long_make_demo_took_from_a_fresh_clone():
     assert "not published yet" in readme and "pip install ." in readme
 
 
-if sys.platform != "linux":  # the signal and pipe behaviour above is that of Linux
-    pytestmark = pytest.mark.skip(reason="Linux only")
+def test_the_chart_notes_list_namespaces_as_words_and_tell_gitops_users_to_skip_tests():
+    import shutil
+    import subprocess
+
+    helm = shutil.which("helm") or str(ROOT / ".tools/bin/helm")
+    if not Path(helm).exists():
+        pytest.skip("helm is not installed (make tools)")
+    args = ["install", "oomsight", str(ROOT / "helm/oomsight"), "-n", "ml", "--dry-run=client"]
+    out = subprocess.run([helm, *args, "--set", "webhook.excludeNamespaces={team-x}"], capture_output=True, text=True)
+    notes = out.stdout.split("NOTES:", 1)[1]
+    assert "Pods in the namespaces kube-system, ml, team-x are never injected." in notes
+    assert '["' not in notes and "--skip-tests" in notes

@@ -17,7 +17,18 @@ import pytest
 
 from oomsight.tools import exitcode
 
-from clirun import PY, Result, env_with_tmp, left_in, oomsight, said_well, started, wait_for_line, with_stdout_closed
+from clirun import (
+    PEEKS,
+    PY,
+    Result,
+    env_with_tmp,
+    left_in,
+    oomsight,
+    said_well,
+    started,
+    wait_for_line,
+    with_stdout_closed,
+)
 from spoolmaker import hooked_process
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
@@ -194,25 +205,7 @@ def predict_ok(tmp: Path) -> Result:
 
 
 def predict_refused(tmp: Path) -> Result:
-    model = script(
-        tmp,
-        """
-        import torch
-
-        class Peeks(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lin = torch.nn.Linear(8, 8)
-
-            def forward(self, x):
-                y = self.lin(x)
-                return y.mean() if y.sum().item() > 0 else y.sum()
-
-        def spec():
-            return {"build": Peeks, "batch": lambda n, device: torch.randn(n, 8, device=device)}
-        """,
-        "peeks.py",
-    )
+    model = script(tmp, PEEKS, "peeks.py")
     return oomsight("predict", "--module", f"{model}:spec", "--batch", "2", "--steps", "1", tmp=str(tmp))
 
 

@@ -219,8 +219,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return int(handler(args))
         except ModuleNotFoundError as exc:  # a plugin's dependency that the install lacks (webhook: cryptography)
             extra = PLUGIN_EXTRAS.get(args.command)
-            if extra is None or not exc.name:
-                raise
+            if extra is None or not exc.name or exc.name.partition(".")[0].startswith("oomsight"):
+                raise  # a module of ours missing is a broken install, not a missing extra
             print(f"oomsight {args.command}: needs {exc.name}, not installed here; pip install 'oomsight[{extra}]'",
                   file=sys.stderr)  # fmt: skip
             return exitcode.USAGE
