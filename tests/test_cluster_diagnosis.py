@@ -362,6 +362,14 @@ def test_an_eager_optimizer_step_beside_a_graph_pool_is_not_told_its_states_do_n
     assert d["cause"] == "fragmentation" and keys[:2] == ["graph_pools", "fused_optimizer"]
 
 
+def test_an_optimizer_step_beside_graph_pools_that_keep_activations_is_not_told_its_states_do_not_fit():
+    # inside optimizer.step() activations are normally freed; a graph pool keeps its graphs' between replays
+    ms = states(6 * GIB, 6 * GIB, 12 * GIB)
+    d, keys = judged(event(private_pool_bytes=30 * GIB, private_pool_free_bytes=0, phase="optimizer", model_states=ms))
+    assert d["cause"] == "activations" and keys[0] == "graph_pools"
+    assert judged(event(phase="optimizer", model_states=ms))[0]["cause"] == "model_states"  # without the pool
+
+
 def test_graph_pools_that_hold_their_bytes_allocated_are_the_graphs_working_memory():
     ev = event(private_pool_bytes=12 * GIB, private_pool_free_bytes=0, job={"compiled": True})
     d, keys = judged(ev)

@@ -166,7 +166,8 @@ def _piled_rule(ev: Evidence, growth: int) -> Diagnosis:
 def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
     # FSDP's all-gathered parameters alive at the OOM are parameters too (not in parameters_bytes)
     states = ev.states + ev.unsharded if ev.states is not None else None
-    in_step = ev.f.get("phase") == "optimizer"
+    # in optimizer.step() activations are freed, unless graph pools keep them between replays
+    in_step = ev.f.get("phase") == "optimizer" and ev.private < th.value("private_pool_share") * ev.total
     bar = th.value("model_states_share") * ev.total
     if states is None or (states < bar and not in_step):
         return None
