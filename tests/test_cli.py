@@ -12,6 +12,7 @@ import pytest
 from oomsight.tools import cli, exitcode, profile_request
 from oomsight.wire.spool import PROFILES, SpoolReader, write_atomic
 
+from clirun import said_well
 from fakes import GIB
 from spoolmaker import hooked_process
 
@@ -28,6 +29,7 @@ def run_cli(argv, monkeypatch, stderr=None):
     monkeypatch.setattr("sys.stdout", out)
     monkeypatch.setattr("sys.stderr", err)
     rc = cli.main(argv)
+    said_well(err.getvalue())  # no traceback, no [Errno N] reaches the user
     return rc, out.getvalue(), err.getvalue()
 
 

@@ -149,12 +149,6 @@ def without(module: str, argv: list[str], tmp: Path) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
-def test_report_html_without_matplotlib_says_which_extra_and_exits_2(tmp_path):
-    (tmp_path / "spool").mkdir()
-    rc, err = without("matplotlib", ["report", "--html", str(tmp_path / "r.html"), str(tmp_path / "spool")], tmp_path)
-    assert rc == 2 and one_line(err) == "oomsight report --html needs matplotlib: pip install 'oomsight[report]'"
-
-
 def test_the_webhook_without_cryptography_says_which_extra_and_exits_2(tmp_path):
     pytest.importorskip("oomsight_webhook")
     rc, err = without("cryptography", ["webhook"], tmp_path)

@@ -11,6 +11,8 @@ import pytest
 
 from oomsight.hook import startup
 
+from clirun import said_well
+
 PY = sys.executable
 
 
@@ -21,7 +23,9 @@ def free_port():
 
 
 def oomsight(*args, env=None, timeout=120):
-    return subprocess.run([PY, "-m", "oomsight", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    result = subprocess.run([PY, "-m", "oomsight", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    said_well(result.stderr)  # no traceback, no [Errno N] reaches the user
+    return result
 
 
 def script(tmp_path, body, name="train.py"):
