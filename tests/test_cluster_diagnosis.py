@@ -131,20 +131,25 @@ def zero(stage: int, world: int = 4, offload: bool = False) -> dict[str, Any]:
     return {"world_size": world, "strategy": "zero", "zero_stage": stage, "shard_size": world, "offload": offload}
 
 
+def laid_out(par: dict[str, Any], ms: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The default OOM of a job laid out as ``par`` (its world size in the process too), with states ``ms``."""
+    return judged(event(job={"parallelism": par}, model_states=ms, process={"world_size": par["world_size"]}))
+
+
 # --- data parallel: DDP ------------------------------------------------------------------------
 
 
 def test_ddp_whose_bucket_copies_tip_the_model_states_is_told_gradient_as_bucket_view_first():
     # 3 B fp32 parameters on 2 ranks: 12 GiB parameters, 12 GiB gradients + 12 GiB bucket copies, 24 GiB Adam
     ms = states(12 * GIB, 24 * GIB, 24 * GIB, gradient_buckets_bytes=12 * GIB)
-    d, keys = judged(event(job={"parallelism": ddp()}, model_states=ms, process={"world_size": 2}))
+    d, keys = laid_out(ddp(), ms)
     assert d["cause"] == "model_states"
     assert keys[0] == "bucket_view" and "shard" in keys  # without the copies 48 GiB < 56 GiB: it fits
 
 
 def test_ddp_with_bucket_views_already_is_told_to_shard_and_never_bucket_views():
     ms = states(16 * GIB, 16 * GIB, 32 * GIB)
-    d, keys = judged(event(job={"parallelism": ddp(bucket_view=True)}, model_states=ms, process={"world_size": 2}))
+    d, keys = laid_out(ddp(bucket_view=True), ms)
     assert d["cause"] == "model_states"
     assert keys[0] == "shard" and "bucket_view" not in keys
     assert "ddp over 2 ranks" in d["summary"]
@@ -155,7 +160,7 @@ def test_ddp_with_bucket_views_already_is_told_to_shard_and_never_bucket_views()
 
 def test_fsdp2_keeping_gathered_parameters_until_backward_is_told_to_reshard_after_forward():
     ms = states(3 * GIB, 3 * GIB, 6 * GIB, unsharded_parameters_bytes=24 * GIB)
-    d, keys = judged(event(job={"parallelism": fsdp2(reshard=False)}, model_states=ms, process={"world_size": 4}))
+    d, keys = laid_out(fsdp2(reshard=False), ms)
     assert d["cause"] == "activations"
     assert keys[0] == "reshard_after_forward" and "shard" not in keys
     assert "all-gathered parameters 24.00 GiB" in d["summary"]
@@ -165,14 +170,14 @@ def test_fsdp2_whose_gathered_parameters_fill_the_gpu_is_a_model_states_job_told
     # 40 GiB of fp32 parameters on 4 ranks: 10 GiB shards, 10 gradients, 20 AdamW; 30 GiB gathered by
     # the forward of step 2 and kept (reshard_after_forward=False)
     ms = states(10 * GIB, 10 * GIB, 20 * GIB, unsharded_parameters_bytes=30 * GIB)
-    d, keys = judged(event(job={"parallelism": fsdp2(reshard=False)}, model_states=ms, process={"world_size": 4}))
+    d, keys = laid_out(fsdp2(reshard=False), ms)
     assert d["cause"] == "model_states" and keys[0] == "reshard_after_forward" and "shard" not in keys
     assert "30.00 GiB of them all-gathered parameters" in d["summary"]
 
 
 def test_fsdp2_whose_shards_fill_the_gpu_is_never_told_to_shard_but_to_offload_the_optimizer_state():
     ms = states(15 * GIB, 15 * GIB, 30 * GIB)
-    d, keys = judged(event(job={"parallelism": fsdp2()}, model_states=ms, process={"world_size": 4}))
+    d, keys = laid_out(fsdp2(), ms)
     assert d["cause"] == "model_states"
     assert keys[0] == "cpu_offload"
     assert not {"shard", "reshard_after_forward", "full_shard"} & set(keys)
@@ -180,7 +185,7 @@ def test_fsdp2_whose_shards_fill_the_gpu_is_never_told_to_shard_but_to_offload_t
 
 def test_fsdp2_with_offload_on_is_told_a_lighter_state_or_more_ranks():
     ms = states(15 * GIB, 15 * GIB, 30 * GIB)
-    d, keys = judged(event(job={"parallelism": fsdp2(offload=True)}, model_states=ms, process={"world_size": 4}))
+    d, keys = laid_out(fsdp2(offload=True), ms)
     assert d["cause"] == "model_states" and keys[0] == "light_optimizer"
     assert "cpu_offload" not in keys and "more_ranks" in keys
 
@@ -188,7 +193,7 @@ def test_fsdp2_with_offload_on_is_told_a_lighter_state_or_more_ranks():
 def test_fsdp1_shard_grad_op_is_told_full_shard_first():
     par = {"world_size": 8, "strategy": "fsdp", "sharding": "SHARD_GRAD_OP", "shard_size": 8, "offload": False}
     ms = states(2 * GIB, 2 * GIB, 4 * GIB, unsharded_parameters_bytes=16 * GIB)
-    d, keys = judged(event(job={"parallelism": par}, model_states=ms, process={"world_size": 8}))
+    d, keys = laid_out(par, ms)
     assert d["cause"] == "activations" and keys[0] == "full_shard"
     assert "shard" not in keys and "checkpointing" in keys
 
@@ -196,14 +201,14 @@ def test_fsdp1_shard_grad_op_is_told_full_shard_first():
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero_stage_one_or_two_is_told_the_next_stage(stage):
     ms = states(16 * GIB, 16 * GIB, 30 * GIB)
-    d, keys = judged(event(job={"parallelism": zero(stage)}, model_states=ms, process={"world_size": 4}))
+    d, keys = laid_out(zero(stage), ms)
     assert d["cause"] == "model_states"
     assert keys[0] == "next_zero_stage" and "shard" not in keys
 
 
 def test_zero_stage_three_with_offload_is_never_told_to_shard_offload_or_move_a_stage():
     ms = states(15 * GIB, 15 * GIB, 30 * GIB)
-    d, keys = judged(event(job={"parallelism": zero(3, offload=True)}, model_states=ms, process={"world_size": 4}))
+    d, keys = laid_out(zero(3, offload=True), ms)
     assert d["cause"] == "model_states"
     assert not {"shard", "next_zero_stage", "cpu_offload"} & set(keys)
     assert keys[0] == "light_optimizer"
@@ -212,7 +217,7 @@ def test_zero_stage_three_with_offload_is_never_told_to_shard_offload_or_move_a_
 
 def test_a_sharded_steady_step_gets_per_block_checkpointing_first_never_sharding():
     ms = states(3 * GIB, 3 * GIB, 6 * GIB)
-    d, keys = judged(event(job={"parallelism": fsdp2()}, model_states=ms, process={"world_size": 4}))
+    d, keys = laid_out(fsdp2(), ms)
     assert d["cause"] == "activations" and keys[0] == "checkpointing" and "shard" not in keys
 
 
