@@ -31,9 +31,6 @@ PORT_HINTS = {
     "sidecar": "; choose another with --port N (the admin endpoint's 21401 being taken only turns it off)",
     "webhook": "; choose another with --port N (its metrics port: OOMSIGHT_WEBHOOK_METRICS_PORT, 0 turns it off)",
 }
-BROKEN_PIPE = 141
-"""stdout closed by its reader (``oomsight demo | head -2``): a quiet exit with 128 + SIGPIPE, as a shell
-reports a command that a closed pipe ended."""
 
 
 def port_number(text: str) -> int:
@@ -202,7 +199,7 @@ def _stdout_closed() -> int:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):  # stdout is not a real file (tests): nothing to redirect
         pass
-    return BROKEN_PIPE
+    return exitcode.BROKEN_PIPE
 
 
 def _folder_argument(command: str, flag: str, path: Optional[str]) -> Optional[str]:

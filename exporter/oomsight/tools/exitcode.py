@@ -18,3 +18,6 @@ INTERRUPTED = 130
 """Ctrl-C (128 + SIGINT)."""
 CANNOT_START = 127
 """``oomsight run``: the command could not be started (not found, not executable), as in a shell."""
+BROKEN_PIPE = 141
+"""stdout (or stderr) closed by its reader (``oomsight demo | head -2``): a quiet exit, temporary
+folders removed, with 128 + SIGPIPE as a shell reports a command a closed pipe ended."""
