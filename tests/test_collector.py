@@ -323,3 +323,26 @@ def test_oom_counters_never_go_backwards_through_any_publish_stale_recover_resta
             assert all(a >= b for a, b in zip(now[key], before)), (op, key, before, now[key])
         assert set(last) <= set(now)  # no file is removed here: no series leaves
         last = now
+
+
+def test_the_ledger_file_is_written_only_when_counts_change_and_a_damaged_one_starts_afresh(spool, caplog):
+    from hostile import NOW, event, event_path, put, snapshot, snapshot_path
+
+    clock = [NOW]
+    ledger = os.path.join(spool, "sidecar", "oom-ledger.json")
+    put(spool, snapshot_path(1), snapshot(pid=1))
+    reg, _ = registry_for(spool, clock=lambda: clock[0], ledger_path=ledger)
+    oom_counts(reg)
+    written = os.stat(ledger).st_mtime_ns, os.stat(ledger).st_ino
+    for step in range(1, 4):
+        clock[0] = NOW + step
+        oom_counts(reg)
+    assert (os.stat(ledger).st_mtime_ns, os.stat(ledger).st_ino) == written  # nothing changed: not rewritten
+    put(spool, event_path(1, 1), event(pid=1, outcome="fatal"))
+    assert list(oom_counts(reg).values()) == [(1, 1, 0)]
+    assert os.stat(ledger).st_ino != written[1]
+    for damaged in (b"{torn", b'{"decided": {}, "kept": [["0", "0", "0", "x", -1, 0, 0]]}', b"[" * 5000):
+        put(spool, "sidecar/oom-ledger.json", damaged)
+        reg, _ = registry_for(spool, clock=lambda: clock[0], ledger_path=ledger)
+        assert list(oom_counts(reg).values()) == [(1, 1, 0)]  # rebuilt from the event files
+    assert sum("cannot be used" in r.getMessage() for r in caplog.records) == 3

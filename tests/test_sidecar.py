@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -87,3 +88,81 @@ def test_the_sidecar_sets_its_garbage_collection_thresholds_at_start(monkeypatch
         assert main.main({}) == main.GC_THRESHOLD
     finally:
         gc.set_threshold(*before)
+
+
+def _scrape(port):
+    import time
+    import urllib.request
+
+    started = time.monotonic()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    return body, time.monotonic() - started
+
+
+def _sample(body, name, **labels):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+def _peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
+
+
+def test_a_hostile_but_valid_spool_cannot_starve_or_bloat_the_real_sidecar(tmp_path):
+    """Issue 26, against the real process: 20 valid snapshots of 200 devices each and 20,000 empty
+    files in events/ (once: 108 MB of /metrics, a 55 s scrape, 1 GB; 5 s and 17 MB of log)."""
+    from test_hostile import many_devices
+
+    from hostile import put, snapshot, snapshot_path
+
+    spool = str(tmp_path / "spool")
+    put(spool, snapshot_path(1), snapshot(pid=1, rank=0, t=time.time()))
+    for pid in range(2, 22):
+        put(spool, snapshot_path(pid), many_devices(pid, pid, 200))
+    events = os.path.join(spool, "events")
+    os.makedirs(events, exist_ok=True)
+    for i in range(20_000):
+        open(os.path.join(events, f"{i:06d}.json"), "wb").close()
+    with sidecar(spool) as (proc, port):
+        body, first = _scrape(port)
+        assert first < 5 and len(body) < 200_000
+        assert _sample(body, "oomsight_spool_skipped_files_total", reason="too_many_devices") == 20
+        assert _sample(body, "oomsight_spool_skipped_files_total", reason="too_many_files") >= 1
+        assert _sample(body, "oomsight_process_up", rank="0") == 1
+        later = [_scrape(port)[1] for _ in range(5)]
+        assert max(later) < 1.0, later
+        assert _peak_rss_mib(proc.pid) < 128
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=20)[0]
+    assert output.count("skipped spool files") <= 2, output[-2000:]
+
+
+def test_the_real_sidecar_keeps_a_fatal_oom_fatal_through_the_rank_coming_back_and_a_restart(tmp_path):
+    from hostile import event, event_path, put, snapshot, snapshot_path
+
+    spool = str(tmp_path / "spool")
+    now = time.time()
+    put(spool, snapshot_path(1), snapshot(pid=1, t=now - 10))
+    put(spool, event_path(1, 1), event(pid=1, t=now - 10))
+    flags = ("--stale-after-seconds", "2")
+    counts = []
+    with sidecar(spool, *flags) as (_, port):
+        counts.append(_oom_counts(_scrape(port)[0]))  # silent for 10 s, stale after 2: fatal
+        put(spool, snapshot_path(1), snapshot(pid=1, t=time.time()))  # back, and it recovered
+        put(spool, event_path(1, 1), event(pid=1, t=now - 10, outcome="recovered"))
+        counts.append(_oom_counts(_scrape(port)[0]))
+    with sidecar(spool, *flags) as (_, port):  # a restart
+        counts.append(_oom_counts(_scrape(port)[0]))
+    assert counts == [(1, 1, 0)] * 3
+
+
+def _oom_counts(body):
+    return tuple(
+        _sample(body, f"oomsight_oom_{name}_total", rank="0") for name in ("events", "fatal_events", "recovered_events")
+    )

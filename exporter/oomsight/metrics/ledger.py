@@ -13,7 +13,8 @@ The ledger makes those tallies counters:
   ledger holds the keys of the spool's recent past only, never every key it has seen.
 * **Through restarts** of the reader when given a ``path`` (the sidecar's
   ``<spool>/sidecar/oom-ledger.json``): the decided outcomes of the event files present and the
-  counts of the live keys, written when they change and read back at start. The file is read as
+  counts of the live keys, written when they change and read back at start (a key read back keeps
+  its series for a retention from then). The file is read as
   untrusted, like every spool file; one that cannot be used starts an empty ledger, said once.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 from typing import Any, Optional
 
@@ -58,11 +58,16 @@ class Ledger:
         """OOM event id -> the outcome it was first counted with (fatal or recovered)."""
         self.kept: dict[DeviceKey, Kept] = {}
         self._written: Any = None
+        self._loaded = False
         if path is not None:
             self._load(path)
 
     def apply(self, inv: Inventory, now: float) -> None:
         """Give ``inv`` decided outcomes and counters that never go backwards, and drop the keys past retention."""
+        if self._loaded:  # keys read back from the file: their retention starts now
+            for kept in self.kept.values():
+                kept.seen = now
+            self._loaded = False
         ids = self._decide(inv)
         if inv.error is None:  # every folder listed: ids not read now are files gone
             self.decided = {k: v for k, v in self.decided.items() if k in ids}
@@ -110,7 +115,7 @@ class Ledger:
             return
         state = {
             "decided": dict(sorted(self.decided.items())),
-            "kept": sorted([*key, k.events, k.fatal, k.recovered, k.seen] for key, k in self.kept.items()),
+            "kept": sorted([*key, k.events, k.fatal, k.recovered] for key, k in self.kept.items()),
         }
         if state == self._written:
             return
@@ -131,6 +136,7 @@ class Ledger:
         try:
             state = decoding.load(path, LEDGER_MAX_BYTES)
             self.decided, self.kept = _decided(state["decided"]), _kept(state["kept"])
+            self._loaded = True
         except FileNotFoundError:
             return
         except (decoding.Unusable, KeyError, TypeError, ValueError) as exc:
@@ -155,14 +161,16 @@ def _kept(found: Any) -> dict[DeviceKey, Kept]:
         raise TypeError("kept is not a list")
     kept = {}
     for row in found:
-        key, counts = tuple(row[:4]), row[4:]
-        if len(counts) != 4 or not all(isinstance(x, str) for x in key) or not all(_count(x) for x in counts[:3]):
+        if not isinstance(row, list) or len(row) != 7:
             raise ValueError(
-                f"a row that is not (rank, local rank, device, GPU, events, fatal, recovered, seen): {row!r:.200}"
+                f"a row that is not (rank, local rank, device, GPU, events, fatal, recovered): {row!r:.200}"
             )
-        if not isinstance(counts[3], (int, float)) or not math.isfinite(counts[3]):
-            raise ValueError("a time that is not a finite number")
-        kept[key] = Kept(counts[0], counts[1], counts[2], float(counts[3]))
+        key, counts = tuple(row[:4]), row[4:]
+        if not all(isinstance(x, str) for x in key) or not all(_count(x) for x in counts):
+            raise ValueError(
+                f"a row that is not (rank, local rank, device, GPU, events, fatal, recovered): {row!r:.200}"
+            )
+        kept[key] = Kept(counts[0], counts[1], counts[2], 0.0)
     return kept
 
 
