@@ -467,3 +467,75 @@ def test_an_event_of_an_older_hook_without_the_layout_reads_as_none():
     e = Evidence(f)
     assert (e.frozen, e.unsharded, e.buckets, e.private, e.strategy) == (0, 0, 0, 0, "none")
     assert not e.no_allocator_detail
+
+
+# --- the labelled cluster scenarios of the corpus (benchmarks/corpus/cluster.py, multigpu.py) -------
+
+
+def growing_rows(start: int, step: int) -> list[list[float]]:
+    rows = steady_rows(GIB, start)
+    for i, row in enumerate(rows):
+        row[3] = start + i * step
+    return rows
+
+
+H200 = 141 * GIB
+AS_RECORDED: dict[str, Any] = {
+    "lora_frozen_base_no_room": lambda: event(
+        job={"adapters": True}, model_states=lora(3 * GIB), device_total_bytes=3 * GIB + GIB // 4,
+        allocated_bytes=3 * GIB, reserved_bytes=3 * GIB + 100 * MIB, requested_bytes=256 * MIB, steps_memory=[],
+    ),
+    "lora_activations_too_big": lambda: event(job={"adapters": True}, model_states=lora(30 * GIB)),
+    "distill_teacher_records_graph": lambda: event(module_training=False, module_frozen=True),
+    "moe_routing_collapse": lambda: event(steps_memory=growing_rows(40 * GIB, GIB)),
+    "extension_memory_grows": lambda: event(
+        device_total_bytes=H200, steps_memory=steady_rows(20 * GIB, 26 * GIB, outside=lambda i: (i + 1) * 2 * GIB),
+        allocated_bytes=20 * GIB, reserved_bytes=21 * GIB, requested_bytes=6 * GIB,
+        nvml={"total_bytes": H200, "used_bytes": H200, "free_bytes": 0, "process_used_bytes": H200,
+              "process_visible": True},
+    ),
+    "async_backend_too_big": lambda: fragmented(
+        process={"allocator_backend": "cudaMallocAsync"}, captured_by="exception", steps_memory=[],
+        largest_free_block_bytes=None,
+    ),
+    "compiled_graph_pool_holds": lambda: fragmented(
+        private_pool_bytes=20 * GIB, private_pool_free_bytes=10 * GIB, phase="optimizer", job={"compiled": True},
+    ),
+    "offload_still_too_big": lambda: event(job={"activation_offload": True}),
+    "ddp_buckets_no_room": lambda: event(
+        job={"parallelism": ddp()}, process={"world_size": 2}, phase="optimizer",
+        model_states=states(4 * GIB, 8 * GIB, 8 * GIB, gradient_buckets_bytes=4 * GIB),
+        device_total_bytes=19 * GIB, allocated_bytes=18 * GIB, reserved_bytes=18 * GIB + GIB // 2, steps_memory=[],
+    ),
+    "fsdp2_unsharded_kept": lambda: event(
+        job={"parallelism": fsdp2(reshard=False)}, process={"world_size": 4},
+        model_states=states(2 * GIB, 2 * GIB, 4 * GIB, unsharded_parameters_bytes=6 * GIB),
+        device_total_bytes=16 * GIB, allocated_bytes=15 * GIB, reserved_bytes=15 * GIB + GIB // 2, steps_memory=[],
+    ),
+}
+"""Each labelled scenario's OOM as a wire-1.6 hook should record it (the layout its docstring describes)."""
+REMEDY_KEY_DIFFERS = {"extension_memory_grows": "outside_leak"}
+"""Scenarios whose label names another remedy key than the rules' first: the label's ``leak`` is the
+advice for tensors kept across steps; an extension's own allocations get ``outside_leak`` (free what it
+allocates, create communicators once), which is what its ``--remedy`` run does."""
+
+
+@pytest.fixture(scope="module")
+def cluster_labels() -> dict[str, tuple[str, str]]:
+    from benchmarks.corpus import cluster, multigpu  # torch: imported by this fixture only
+
+    tables = (cluster.SCENARIOS, multigpu.MULTI)
+    return {name: (label, key) for table in tables for name, (label, key, _fn) in table.items()}
+
+
+def test_every_labelled_cluster_scenario_has_its_facts_here_and_a_remedy_the_rules_can_name(cluster_labels):
+    assert set(cluster_labels) == set(AS_RECORDED)
+    assert all(key in remedies.REMEDY for _label, key in cluster_labels.values())
+
+
+@pytest.mark.parametrize("name", sorted(AS_RECORDED))
+def test_each_labelled_cluster_scenario_as_recorded_is_judged_as_labelled(cluster_labels, name):
+    label, key = cluster_labels[name]
+    d, keys = judged(AS_RECORDED[name]())
+    assert d["cause"] == label, d["summary"]
+    assert keys[0] == REMEDY_KEY_DIFFERS.get(name, key), keys
