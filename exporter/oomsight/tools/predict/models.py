@@ -93,8 +93,12 @@ def _hf_vision(name: str) -> nn.Module:
     import transformers
 
     if name == "resnet50":
-        return transformers.ResNetForImageClassification(transformers.ResNetConfig(num_labels=1000))
-    return transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=1000))
+        resnet = transformers.ResNetConfig()
+        resnet.num_labels = 1000
+        return transformers.ResNetForImageClassification(resnet)
+    vit = transformers.ViTConfig()
+    vit.num_labels = 1000
+    return transformers.ViTForImageClassification(vit)
 
 
 GPT2: dict[str, Any] = {"n_positions": 1024, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
