@@ -386,3 +386,12 @@ def test_the_chart_notes_list_namespaces_as_words_and_tell_gitops_users_to_skip_
     notes = out.stdout.split("NOTES:", 1)[1]
     assert "Pods in the namespaces kube-system, ml, team-x are never injected." in notes
     assert '["' not in notes and "--skip-tests" in notes
+
+
+def test_an_address_that_cannot_be_served_is_said_in_words_and_the_command_still_runs(tmp_path):
+    command = (PY, "-c", "print('ran')")
+    result = run_oomsight("run", "--host", "192.0.2.1", "--port", "0", "--", *command, tmp=str(tmp_path))
+    assert result.returncode == 0 and result.stdout == "ran\n" and result.left == []
+    assert "oomsight: cannot serve /metrics on 192.0.2.1:0 (Cannot assign requested address); running without it\n" in (
+        result.stderr
+    )

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from clirun import said_well
+
 
 def test_the_demo_replays_the_h200_run_labelled_and_prints_the_report():
     result = subprocess.run(
@@ -12,6 +14,8 @@ def test_the_demo_replays_the_h200_run_labelled_and_prints_the_report():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    said_well(result.stderr)  # no traceback, no [Errno N], no warning of torch's (the demo needs no numpy)
+    assert result.stderr == ""
     out = result.stdout
     assert out.count("REPLAY of a run recorded on an NVIDIA H200 (torch 2.11.0+cu130)") == 2
     scraped = [line.strip() for line in out.splitlines() if line.startswith("    rank ")]

@@ -139,7 +139,8 @@ def _serve(opts: RunOptions, registry: CollectorRegistry, out: TextIO) -> Any:
         server = _listen(opts.host, opts.port, registry)
     except OSError as exc:
         if not _busy(exc):
-            out.write(f"oomsight: cannot serve /metrics on {opts.host}:{opts.port} ({exc}); running without it\n")
+            reason = exc.strerror or exc  # no "[Errno N]"
+            out.write(f"oomsight: cannot serve /metrics on {opts.host}:{opts.port} ({reason}); running without it\n")
             return None
         if not opts.port_fallback:
             busy = f"port {opts.port} on {opts.host} is in use; choose another with --port N (0 picks one)"

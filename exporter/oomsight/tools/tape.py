@@ -83,7 +83,8 @@ def read(tape_path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         with gzip.open(tape_path, "rt", encoding="utf-8") as fh:
             lines = [json.loads(line) for line in fh if line.strip()]
     except (OSError, ValueError, EOFError) as exc:
-        raise TapeError(f"{tape_path}: not a readable tape ({exc})") from exc
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc  # no "[Errno N]"
+        raise TapeError(f"{tape_path}: not a readable tape ({reason})") from exc
     if not lines or not isinstance(lines[0], dict) or lines[0].get("tape") != TAPE_MAGIC:
         raise TapeError(f"{tape_path}: no oomsight tape header")
     if lines[0].get("version") != TAPE_VERSION:
