@@ -6,6 +6,9 @@ and prints the memory report to stderr when it ends. The temporary folders it ma
 are removed at the end; a spool given with ``--spool`` stays, and so does a temporary
 spool that holds memory snapshots or profiler traces (it says where).
 
+SIGTERM and SIGHUP are passed to the command, and so is a SIGINT that the terminal did not
+also send it (``kill -INT PID``); oomsight then exits 130 after the report (``docs/cli.md``).
+
 There is no admin endpoint here: ``oomsight profile --spool SPOOL`` writes the same
 request into the spool that the sidecar's admin endpoint would. Two runs at once
 work: without ``--port`` a busy 21400 makes the second pick a free port.
