@@ -15,6 +15,7 @@ import os
 from typing import Any, Optional
 
 import pytest
+from test_cluster_diagnosis import AS_RECORDED
 
 from benchmarks.corpus import evaluate
 from oomsight.analysis import thresholds as th
@@ -75,7 +76,12 @@ def _decoded(path: str) -> tuple[Optional[OomFacts], list[tuple[int, list[Any]]]
 
 
 def verdicts() -> dict[str, Verdict]:
+    """Every tape's verdict, and each labelled cluster scenario's OOM as a wire-1.6 hook should record
+    it (``test_cluster_diagnosis.AS_RECORDED``: no tape of those kinds exists yet)."""
     out: dict[str, Verdict] = {}
+    for name, build in AS_RECORDED.items():
+        d = diagnose(facts_from_event(build()))
+        out[f"cluster-as-recorded/{name}"] = (d["cause"], d["facts"]["remedies"][0], False)
     for name, (facts, rows) in tapes().items():
         flag = any(trend.analyse(r, capacity).leak for capacity, r in rows)
         if facts is None:
