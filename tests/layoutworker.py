@@ -94,15 +94,42 @@ def fsdp2(rank: int, out: str, reshard: bool) -> dict[str, Any]:
     return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism}
 
 
-BODIES = {"ddp": ddp, "fsdp2": fsdp2}
+def fsdp1(rank: int, out: str, orig_params: bool) -> dict[str, Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    found = {}
+    for strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP):
+        m = FullyShardedDataParallel(
+            model(), device_id=torch.device("cpu"), sharding_strategy=strategy, use_orig_params=orig_params
+        )
+        opt = torch.optim.AdamW(m.parameters())
+        for _ in range(2):
+            step(m, opt)
+        flat = m._handle.flat_param
+        layout = measure(torch, [m], [opt], "cpu")
+        found[strategy.name] = {
+            "layout": layout.states(0),
+            "truth": {
+                "parameters": storages([flat._local_shard]),  # the views of use_orig_params share it
+                "gradients": storages([flat.grad]),
+                "state": storages(v for s in opt.state.values() for v in s.values()),
+                "global_parameters": sum(p.numel() * p.element_size() for p in model().parameters()),
+            },
+            "parallelism": layout.parallelism,
+        }
+    return found
 
 
-def run(rank: int, world: int, port: int, out: str, body: str, flag: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+BODIES = {"ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1}
+
+
+def run(rank: int, world: int, out: str, body: str, flag: bool) -> None:
+    # a file store: no TCP port to race for with other tests running beside this one
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world)
     try:
         found = BODIES[body](rank, out, flag)
         with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
             json.dump(found, fh)
+        dist.barrier()  # no rank tears the group down while another still talks to it
     finally:
         dist.destroy_process_group()

@@ -5,7 +5,6 @@ tensor subclasses. The bytes counted must equal the bytes of the storages each r
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,9 @@ from torch import nn
 from oomsight.hook.layout import measure, roots_of
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def ranks(tmp_path: Path, world: int, body: str, flag: bool) -> list[dict[str, Any]]:
     torch.multiprocessing.spawn(
-        layoutworker.run, args=(world, free_port(), str(tmp_path), body, flag), nprocs=world, join=True
+        layoutworker.run, args=(world, str(tmp_path), body, flag), nprocs=world, join=True
     )
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
@@ -63,6 +56,41 @@ def test_fsdp2_counts_each_rank_s_shards_not_the_global_parameters(tmp_path: Pat
         assert (p["strategy"], p["shard_size"], p["world_size"]) == ("fsdp2", world, world)
         assert p["reshard_after_forward"] is reshard
         assert p["sharding"] == ("FULL_SHARD" if reshard else "SHARD_GRAD_OP")
+
+
+@pytest.mark.parametrize("orig_params", [False, True])
+def test_fsdp1_counts_the_flat_local_shard_once(tmp_path: Path, orig_params: bool) -> None:
+    for found in ranks(tmp_path, 2, "fsdp1", orig_params):
+        for strategy, each in found.items():
+            layout, truth = each["layout"], each["truth"]
+            assert layout["parameters_bytes"] == truth["parameters"] <= truth["global_parameters"] / 2 + 8
+            assert layout["gradients_bytes"] == truth["gradients"]
+            assert layout["optimizer_state_bytes"] == truth["state"]
+            assert layout["unsharded_parameters_bytes"] == 0  # freed between steps
+            p = each["parallelism"]
+            assert (p["strategy"], p["sharding"], p["shard_size"]) == ("fsdp", strategy, 2)
+
+
+def test_zero3_partitions_count_and_a_gathered_parameter_counts_as_unsharded() -> None:
+    """Shaped as DeepSpeed ZeRO-3 leaves its parameters (``partition_parameters.py``): ``ds_tensor`` a
+    view of this rank's flat partition buffer, ``data`` emptied while partitioned (DeepSpeed does not
+    install on this CPU machine; its attributes are what the accounting reads)."""
+    status = type("ZeroParamStatus", (), {})
+    available, not_available = status(), status()
+    available.name, not_available.name = "AVAILABLE", "NOT_AVAILABLE"
+    flat = torch.zeros(96)  # the partitions of three parameters of 64 elements each, 2 ranks
+    net = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False))
+    for i, p in enumerate(net.parameters()):
+        p.ds_id, p.ds_tensor = i, flat[32 * i : 32 * (i + 1)]
+        p.ds_status = not_available
+        p.data = torch.empty(0)
+    states = measure(torch, [net], [], "cpu").states(0)
+    assert states["parameters_bytes"] == 96 * 4 and states["unsharded_parameters_bytes"] == 0
+    first = net[0].weight
+    first.data, first.ds_status = torch.zeros(8, 8), available  # gathered for its module's forward
+    layout = measure(torch, [net], [], "cpu")
+    assert layout.states(0)["unsharded_parameters_bytes"] == 64 * 4
+    assert layout.parallelism["strategy"] == "zero" and layout.parallelism["zero_stage"] == 3
 
 
 def test_frozen_base_with_adapters_counts_the_frozen_weights_as_parameters() -> None:
