@@ -151,8 +151,7 @@ def test_ddp_and_fsdp2_scenarios_run_on_two_gloo_ranks_with_the_layout_their_lab
     fsdp, fsdp_fixed = facts["fsdp2_unsharded_kept"], facts["fsdp2_unsharded_kept remedy"]
     assert fsdp["unsharded_after_forward"] == fsdp["parameters"] == 8
     assert fsdp_fixed["unsharded_after_forward"] == 0
-    if "zero2_full_params" not in facts:
-        assert "SKIP zero2_full_params: deepspeed is not installed" in done.stdout
+    assert "SKIP zero2_full_params: " in done.stdout  # not installed here, and no CPU form anyway
 
 
 @pytest.mark.parametrize("name", ["distill_teacher_records_graph", "async_backend_too_big"])
