@@ -24,7 +24,7 @@ from oomsight.config import (
     rendering,
     table,
 )
-from oomsight.config.variables import GROUPS, SIDECAR
+from oomsight.config.variables import GROUPS, SIDECAR, WEBHOOK
 from oomsight_sidecar.listener import ServerLimits, limit_env_names
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 from oomsight_webhook.injection import InjectionSettings
@@ -418,3 +418,40 @@ def test_the_sidecar_table_has_exactly_the_variables_and_fields_of_its_groups():
     # one variable, two readers: the spool both the hook and the sidecar read is one row's name
     assert [row.variable for row in (*HOOK, *SIDECAR) if row.env] == ["OOMSIGHT_DIR", "OOMSIGHT_DIR"]
     assert {row.variable for row in HOOK} & {row.variable for row in SIDECAR} == {"OOMSIGHT_DIR"}
+
+
+WEBHOOK_CHANGED = {
+    "OOMSIGHT_WEBHOOK_HOST": ("host", "::", "::"),
+    "OOMSIGHT_WEBHOOK_PORT": ("port", "8443", 8443),
+    "OOMSIGHT_WEBHOOK_METRICS_PORT": ("metrics_port", "0", 0),
+    "OOMSIGHT_WEBHOOK_TLS_MODE": ("tls_mode", "files", "files"),
+    "OOMSIGHT_WEBHOOK_CERT_FILE": ("cert_file", "/c.pem", "/c.pem"),
+    "OOMSIGHT_WEBHOOK_KEY_FILE": ("key_file", "/k.pem", "/k.pem"),
+    "OOMSIGHT_WEBHOOK_CERT_DIR": ("cert_dir", "/certs", "/certs"),
+    "OOMSIGHT_WEBHOOK_NAMESPACE": ("namespace", "ns", "ns"),
+    "OOMSIGHT_WEBHOOK_SERVICE": ("service", "svc", "svc"),
+    "OOMSIGHT_WEBHOOK_SECRET": ("secret", "sec", "sec"),
+    "OOMSIGHT_WEBHOOK_CONFIGURATION": ("configuration", "cfg", "cfg"),
+    "OOMSIGHT_WEBHOOK_TLS_RECONCILE_SECONDS": ("tls_reconcile_seconds", "5", 5.0),
+    "OOMSIGHT_WEBHOOK_MAX_BODY_BYTES": ("max_body_bytes", "2097152", 2 * 1024 * 1024),
+    "OOMSIGHT_WEBHOOK_MAX_REVIEW_BYTES": ("max_review_bytes", "4096", 4096),
+    "OOMSIGHT_WEBHOOK_MAX_CONTAINERS": ("max_containers", "9", 9),
+    "OOMSIGHT_WEBHOOK_MAX_CONCURRENT_REVIEWS": ("max_concurrent_reviews", "3", 3),
+}
+"""Every variable of the webhook's server users (and the chart) may have set, with its field and a value."""
+
+
+@pytest.mark.parametrize("name", sorted(WEBHOOK_CHANGED))
+def test_each_webhook_variable_keeps_its_name_and_sets_its_field(name):
+    field, raw, value = WEBHOOK_CHANGED[name]
+    files = {"OOMSIGHT_WEBHOOK_TLS_MODE": "files"}  # self mode needs its Secret's names
+    assert getattr(WebhookSettings(), field) != value
+    assert getattr(WebhookSettings.from_env({**files, name: raw}), field) == value
+    blank = {**files, name: " "} if name != "OOMSIGHT_WEBHOOK_TLS_MODE" else {**files, "OOMSIGHT_WEBHOOK_PORT": " "}
+    assert getattr(WebhookSettings.from_env(blank), field) == getattr(WebhookSettings.from_env(files), field)
+
+
+def test_the_webhook_table_has_exactly_the_variables_and_fields_of_its_settings():
+    assert sorted(row.variable for row in WEBHOOK) == sorted(WEBHOOK_CHANGED)
+    fields = {f.name for f in dataclasses.fields(WebhookSettings)} - {"limits"}
+    assert {row.field for row in WEBHOOK} == fields

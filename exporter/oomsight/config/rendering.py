@@ -15,12 +15,13 @@ import textwrap
 from typing import Optional
 
 from oomsight.config.table import Group, Setting, Value
-from oomsight.config.variables import GROUPS, HOOK, SIDECAR, SIDECAR_GROUPS
+from oomsight.config.variables import GROUPS, HOOK, SIDECAR, SIDECAR_GROUPS, WEBHOOK, WEBHOOK_GROUPS
 
 CONFIG = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(CONFIG, "..", "..", ".."))
 HOOK_PY = os.path.join(CONFIG, "hook.py")
 SIDECAR_PY = os.path.join(CONFIG, "sidecar.py")
+WEBHOOK_PY = os.path.join(CONFIG, "webhook.py")
 RUN = "python -m oomsight.config.rendering"
 CONFIGURATION_MD = os.path.join(ROOT, "docs", "configuration.md")
 
@@ -36,6 +37,10 @@ _HOOK_DOC = (
 _SIDECAR_DOC = (
     "The fields of the sidecar's settings groups: one frozen dataclass each, a docstring per field.",
     " (and flag). ``oomsight_sidecar.settings`` extends each class with how it is read and checked.",
+)
+_WEBHOOK_DOC = (
+    "The fields of the webhook's server settings: one frozen dataclass, a docstring per field.",
+    " (and flag). ``oomsight_webhook.settings`` extends the class with how it is read and checked.",
 )
 
 
@@ -104,7 +109,7 @@ def _head(doc: tuple[str, str], rows: tuple[Setting, ...], names: dict[str, set[
     imports = "\n".join([*stdlib, *([""] if ours else []), *ours])
     text = textwrap.fill(_GENERATED + doc[1], 100)
     future = "from __future__ import annotations"
-    return ['"""' + doc[0], "", text, '"""', "", future, "", "import dataclasses", imports]
+    return ['"""' + doc[0], "", text, '"""', "", future, "", "import dataclasses", *([imports] if imports else [])]
 
 
 def python_module(groups: tuple[Group, ...] = GROUPS, rows: tuple[Setting, ...] = HOOK) -> str:
@@ -123,9 +128,9 @@ def python_module(groups: tuple[Group, ...] = GROUPS, rows: tuple[Setting, ...] 
     return "\n".join(out) + "\n" + _ROOT_METHODS
 
 
-def fields_module(groups: tuple[Group, ...] = SIDECAR_GROUPS, rows: tuple[Setting, ...] = SIDECAR) -> str:
-    """The source of ``oomsight/config/sidecar.py``: one class of fields per group, no methods."""
-    out = _head(_SIDECAR_DOC, rows, {})
+def fields_module(groups: tuple[Group, ...], rows: tuple[Setting, ...], doc: tuple[str, str]) -> str:
+    """The source of a module of fields (``oomsight/config/sidecar.py``): one class per group, no methods."""
+    out = _head(doc, rows, {})
     for group in groups:
         out += _group_class(group, tuple(r for r in rows if r.group == group.name), keyword=False)
     return "\n".join(out) + "\n"
@@ -160,6 +165,7 @@ SECTIONS = {
     "hook": (HOOK, True),
     "sidecar": (tuple(r for r in SIDECAR if r.group != "pod"), False),
     "pod": (tuple(r for r in SIDECAR if r.group == "pod"), False),
+    "webhook": (WEBHOOK, False),
 }
 """The documentation's settings sections: their rows, and whether they have ``start()`` keywords."""
 _SECTION = re.compile(r"(<!-- settings:(\w+) -->\n).*?(<!-- /settings -->)", re.S)
@@ -176,7 +182,12 @@ def markdown(text: str, sections: dict[str, tuple[tuple[Setting, ...], bool]] = 
 def outputs() -> dict[str, str]:
     with open(CONFIGURATION_MD, encoding="utf-8") as fh:
         md = fh.read()
-    return {HOOK_PY: python_module(), SIDECAR_PY: fields_module(), CONFIGURATION_MD: markdown(md)}
+    return {
+        HOOK_PY: python_module(),
+        SIDECAR_PY: fields_module(SIDECAR_GROUPS, SIDECAR, _SIDECAR_DOC),
+        WEBHOOK_PY: fields_module(WEBHOOK_GROUPS, WEBHOOK, _WEBHOOK_DOC),
+        CONFIGURATION_MD: markdown(md),
+    }
 
 
 def drifted() -> list[str]:

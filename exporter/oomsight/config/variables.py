@@ -1,15 +1,16 @@
 """The settings tables: every ``OOMSIGHT_*`` variable of the training process (:data:`HOOK`) and
-of the sidecar (:data:`SIDECAR`), one row each.
+of the sidecar (:data:`SIDECAR`) and of the webhook's server (:data:`WEBHOOK`), one row each.
 
 Each row (:class:`~oomsight.config.table.Setting`) names a setting once: its ``oomsight.start()``
 keyword (the variable is ``OOMSIGHT_`` + the keyword in capitals, except ``OOMSIGHT_DIR``, a name
 users set before the rule), the group and field that hold it, its default, its parser and its
 meaning. ``python -m oomsight.config.rendering`` generates from these tables the dataclasses of
 :mod:`oomsight.config.hook` (one frozen group per component, a docstring per field), those of
-:mod:`oomsight.config.sidecar` (the fields of the sidecar's groups, which
-``oomsight_sidecar.settings`` extends with how they are read and checked) and the tables in
-``docs/configuration.md``; ``--check`` fails when one has drifted. The sidecar's rows have no
-``start()`` keyword: theirs only names the variable (and a flag may override it).
+:mod:`oomsight.config.sidecar` and :mod:`oomsight.config.webhook` (the fields of their groups,
+which ``oomsight_sidecar.settings`` and ``oomsight_webhook.settings`` extend with how they are
+read and checked) and the tables in ``docs/configuration.md``; ``--check`` fails when one has
+drifted. The sidecar's and webhook's rows have no ``start()`` keyword: theirs only names the
+variable (and a flag may override it).
 
 Adding a setting: add a row here (and a group if it starts one), run the generator, and read
 the field where the component uses it.
@@ -279,6 +280,87 @@ SIDECAR = (
     ),
 )
 """Every variable of the sidecar, in the order of ``docs/configuration.md``."""
+
+MIB = 1024 * 1024
+_bytes = functools.partial(parse_count, minimum=1024, maximum=64 * MIB)
+
+WEBHOOK_GROUPS = (
+    Group("webhook", "WebhookFields", "The admission webhook's server and TLS; the chart sets them (its deployment)."),
+)
+"""The group of the webhook's settings (``oomsight_webhook.settings``)."""
+
+WEBHOOK = (
+    Setting(
+        "webhook_host", "webhook", "host", "0.0.0.0", _verbatim, flag="--host",
+        meaning="listen address of the HTTPS and metrics ports (`::` for IPv6 and dual-stack; chart: "
+        "`webhook.listenAddress`)",
+    ),
+    Setting(
+        "webhook_port", "webhook", "port", 21443, parse_port, flag="--port",
+        meaning="HTTPS port (`POST /mutate`, `GET /healthz`) the Service's port 443 forwards to",
+    ),
+    Setting(
+        "webhook_metrics_port", "webhook", "metrics_port", 21401, parse_port,
+        "plain-HTTP `/metrics` of the webhook itself; `0` turns it off",
+    ),
+    Setting(
+        "webhook_tls_mode", "webhook", "tls_mode", "self", _verbatim, flag="--tls-mode",
+        meaning="`self`: keep a CA and certificate in a Secret and patch `caBundle`; `files`: read "
+        "`OOMSIGHT_WEBHOOK_CERT_FILE`/`_KEY_FILE` (cert-manager mounts them) and reload them when they change",
+    ),
+    Setting(
+        "webhook_cert_file", "webhook", "cert_file", "/etc/oomsight/tls/tls.crt", _verbatim,
+        "serving certificate (PEM) in `files` mode", verbatim=True,
+    ),
+    Setting("webhook_key_file", "webhook", "key_file", "/etc/oomsight/tls/tls.key", _verbatim,
+            "its private key (PEM) in `files` mode", verbatim=True),
+    Setting(
+        "webhook_cert_dir", "webhook", "cert_dir", "/tmp/oomsight-webhook", _verbatim, verbatim=True,
+        meaning="where `self` mode writes the current certificate for the TLS library (an `emptyDir`)",
+    ),
+    Setting(
+        "webhook_namespace", "webhook", "namespace", "", _verbatim, verbatim=True,
+        meaning="the webhook's namespace (downward API): where its Secret lives, part of its DNS name",
+    ),
+    Setting(
+        "webhook_service", "webhook", "service", "", _verbatim, verbatim=True,
+        meaning="the webhook's Service: the certificate is made for `<service>.<namespace>.svc`",
+    ),
+    Setting(
+        "webhook_secret", "webhook", "secret", "", _verbatim, verbatim=True,
+        meaning="`self` mode: the Secret that holds the CA and the serving certificate",
+    ),
+    Setting(
+        "webhook_configuration", "webhook", "configuration", "", _verbatim, verbatim=True,
+        meaning="`self` mode: the MutatingWebhookConfiguration whose `caBundle` it keeps",
+    ),
+    Setting(
+        "webhook_tls_reconcile_seconds", "webhook", "tls_reconcile_seconds", 60.0, parse_seconds,
+        "how often `self` mode re-checks the Secret (renewal) and `caBundle` (restored after an upgrade)",
+    ),
+    Setting(
+        "webhook_max_body_bytes", "webhook", "max_body_bytes", 4 * MIB, _bytes,
+        "larger requests are refused (413) unread (the API server keeps objects under 3 MiB, so a real review is "
+        "never this large)",
+    ),
+    Setting(
+        "webhook_max_review_bytes", "webhook", "max_review_bytes", 1 * MIB, _bytes,
+        "a larger review is not parsed: it is read through in 64 KiB chunks keeping only its head, and answered "
+        "`allowed` without the sidecar, with a warning (fail-open, "
+        '`oomsight_webhook_admissions_total{result="skipped"}`)',
+    ),
+    Setting(
+        "webhook_max_containers", "webhook", "max_containers", 500, parse_count,
+        "a pod with more containers plus init containers is admitted unchanged with a warning (`skipped`)",
+    ),
+    Setting(
+        "webhook_max_concurrent_reviews", "webhook", "max_concurrent_reviews", 2,
+        functools.partial(parse_count, maximum=64),
+        "reviews parsed and mutated at once (parsing holds the GIL: more buys memory, not speed); one that waits "
+        "longer than half the request timeout is admitted unchanged (`skipped`)",
+    ),
+)
+"""Every variable of the webhook's server, in the order of ``docs/configuration.md``."""
 
 
 def check(settings: Settings) -> None:
