@@ -290,10 +290,10 @@ class Experts(nn.Module):
 def moe_routing_collapse(remedy: bool) -> Facts:
     """A dropless MoE layer (8 experts, 32k tokens a step) whose data drift toward one expert's region
     over 60 steps: the busiest expert's share grows from ~0.13 to ~0.9 (measured on the CPU), the padded
-    dispatch with it (8 x the busiest load x ~24 KiB of saved activations a slot: ~0.8 -> ~5.5 GiB),
-    while the batch stays the same. Capped at 4 GiB (0.5 GiB of expert states): the OOM comes once the
-    share passes ~0.45, after ~20 steps that fit. A capacity factor of 1.25 keeps the dispatch at the
-    balanced size every step."""
+    dispatch with it: the saved activations (measured on the CPU at 4k tokens, scaled) go from ~1.1 to
+    ~5 GiB while the batch stays the same. Capped at 4 GiB (0.5 GiB of expert states, ~0.9 of inputs
+    and backward transients): the OOM comes once the share passes ~0.4, after ~20 steps that fit. A
+    capacity factor of 1.25 keeps the dispatch at the balanced size (~1.1 GiB saved) every step."""
     cap(4)
     width, tokens, steps = pick(1024, 16), pick(32768, 64), pick(60, 2)
     torch.manual_seed(0)
