@@ -1,15 +1,16 @@
 """Configuration: every setting is read once from ``OOMSIGHT_*`` environment variables.
 
-- :mod:`oomsight.config.variables`: the hook's settings table, one row per setting (its
-  ``oomsight.start()`` keyword, from which its variable's name derives, its group and field,
-  default, parser and meaning).
+- :mod:`oomsight.config.variables`: the settings tables of the hook, the sidecar and the
+  webhook's server, one row per setting (its keyword, from which its variable's name derives,
+  its group and field, default, parser and meaning).
 - :mod:`oomsight.config.hook`: the hook's settings, one frozen dataclass per component
   (:class:`Settings` holds them; ``Settings.from_env()``, ``Settings.replace(**keywords)``),
-  GENERATED from that table by :mod:`oomsight.config.rendering`, with ``docs/configuration.md``'s
-  table.
+  GENERATED from its table by :mod:`oomsight.config.rendering`, as are the fields of the
+  sidecar's and webhook's settings (:mod:`oomsight.config.sidecar`, :mod:`oomsight.config.webhook`)
+  and the tables of ``docs/configuration.md``.
 - :mod:`oomsight.config.table`: the vocabulary of a settings table and how one is read.
 - :mod:`oomsight.config.values`: the one parser of values (booleans, seconds, counts, ports)
-  that the hook's table, the sidecar's and the webhook's settings all read through.
+  that every table and the other settings (injection, server limits) read through.
 """
 
 from __future__ import annotations
