@@ -161,3 +161,26 @@ def test_roots_are_the_modules_no_other_module_holds() -> None:
     outer = nn.Sequential(inner)
     other = nn.Linear(3, 3)
     assert {id(m) for m in roots_of([inner, outer, other])} == {id(outer), id(other)}
+
+
+def test_a_teacher_no_optimizer_holds_is_frozen_even_with_requires_grad_on() -> None:
+    student, teacher = nn.Linear(16, 16), nn.Linear(16, 256)  # the teacher was never requires_grad_(False)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    layout = measure(torch, [student, teacher], [opt], "cpu")
+    assert layout.states(0)["frozen_parameters_bytes"] == (16 * 256 + 256) * 4
+    assert layout.frozen_modules == ["Linear"]
+    # without an optimizer holding any model parameter (none yet; ZeRO steps copies) requires_grad decides
+    assert measure(torch, [student, teacher], [], "cpu").states(0)["frozen_parameters_bytes"] == 0
+
+
+def test_the_failing_model_is_frozen_when_no_optimizer_trains_it() -> None:
+    from oomsight.hook.oom import _outer_module
+
+    student, teacher = nn.Linear(4, 4), nn.Linear(4, 4)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    seen = []
+    teacher.register_forward_pre_hook(lambda m, a: seen.append(_outer_module([opt], [student, teacher])))
+    student.register_forward_pre_hook(lambda m, a: seen.append(_outer_module([opt], [student, teacher])))
+    teacher(torch.zeros(1, 4))
+    student(torch.zeros(1, 4))
+    assert [m.frozen for m in seen] == [True, False]

@@ -374,3 +374,25 @@ torch.empty(200 * 2**30, dtype=torch.uint8, device="cuda")
     assert result.returncode == 1 and "OutOfMemoryError" in result.stderr, result.stderr
     (event,) = SpoolReader(spool).read().events
     assert event["private_pool_bytes"] > 0 and event["private_pool_free_bytes"] >= 0
+
+
+def test_a_caught_oom_under_cuda_malloc_async_is_recorded_and_recovered(tmp_path):
+    """Python 3.12+: the OOM is seen as it is raised (sys.monitoring), also when the job catches it."""
+    if not hasattr(sys, "monitoring"):
+        pytest.skip("sys.monitoring needs Python 3.12")
+    body = TRAIN.replace("STEPS", "3") + """
+try:
+    torch.empty(200 * 2**30, dtype=torch.uint8, device="cuda")
+except torch.OutOfMemoryError:
+    print("caught", flush=True)
+for _ in range(2):
+    model(x).square().mean().backward()
+    opt.step()
+torch.cuda.synchronize()
+"""
+    spool = str(tmp_path / "spool")
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+    result = run_under_oomsight(tmp_path, body, spool, env=env)
+    assert result.returncode == 0 and "caught" in result.stdout, result.stderr
+    (event,) = SpoolReader(spool).read().events
+    assert event["captured_by"] == "exception" and event["outcome"] == "recovered"

@@ -1,8 +1,10 @@
 """The in-process hook over a fake torch.cuda: sampling, snapshots, OOM capture, outcomes."""
 
+import contextlib
 import errno
 import json
 import os
+import sys
 
 from oomsight.wire.schema import validate
 from oomsight.wire.spool import SpoolReader
@@ -468,6 +470,7 @@ def test_an_oom_under_cuda_malloc_async_is_recorded_from_the_exception(make_hook
     hook.start()
     hook.sampler.tick()
     assert hook.sources["oom_observer"] is False
+    assert hook.sources["oom_exceptions"] is hasattr(sys, "monitoring")  # Python 3.12+ sees caught ones too
     error = type("OutOfMemoryError", (RuntimeError,), {})(ASYNC_OOM)
     hook.on_uncaught(error)
     hook.on_uncaught(error)  # the same exception again (excepthook and exit): one event
@@ -488,3 +491,28 @@ def test_with_the_observer_attached_the_exception_adds_no_second_event(make_hook
     hook.at_exit()
     (ev,) = SpoolReader(spool).read().events
     assert ev["captured_by"] == "observer"
+
+
+def test_a_caught_oom_without_an_observer_is_seen_as_it_is_raised_where_python_can(make_hook, spool):
+    """Python 3.12+ (the GPU machine's): sys.monitoring's RAISE event sees an OOM that user code catches
+    (a batch-size search, Lightning); before 3.12 only an uncaught one is seen."""
+    cuda = FakeCuda()
+    cuda.observer_supported = False
+    cuda.set(0, allocated=100 * GIB, reserved=101 * GIB)
+    hook = make_hook(cuda)
+    hook.start()
+    hook.sampler.tick()
+    oom = type("OutOfMemoryError", (RuntimeError,), {})
+
+    def step():
+        raise oom(ASYNC_OOM)
+
+    try:
+        with contextlib.suppress(RuntimeError):
+            step()  # the user's code catches it and carries on with a smaller batch
+        state = SpoolReader(spool).read()
+        assert len(state.events) == (1 if hasattr(sys, "monitoring") else 0)
+    finally:
+        hook.stop()
+    if hasattr(sys, "monitoring"):
+        assert sys.monitoring.get_tool(4) is None  # stop gives the tool id back

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 FROZEN_MODULES_MAX = 8
 FROZEN_CHILD_SHARE = 0.25
@@ -183,14 +183,26 @@ def _quantized(torch: Any, p: Any, wrapper: bool) -> bool:
     return dtype in (torch.uint8, torch.int8) or "float8" in str(dtype)
 
 
+def trained_by(optimizers: Iterable[Any], roots: Iterable[Any]) -> Callable[[Any], bool]:
+    """Whether a parameter trains: it requires grad and, where the optimizers hold the models' own
+    parameters, one of them holds it. A teacher left with ``requires_grad`` on but in no optimizer is
+    frozen all the same (its gradients, if autograd makes them, are waste). Where no optimizer holds
+    any model parameter (ZeRO steps copies; no optimizer yet) ``requires_grad`` alone decides."""
+    held = {id(p) for opt in optimizers for g in getattr(opt, "param_groups", []) for p in g.get("params", [])}
+    if not any(id(p) in held for root in roots for p in getattr(root, "parameters", lambda: [])()):
+        return lambda p: bool(getattr(p, "requires_grad", False))
+    return lambda p: bool(getattr(p, "requires_grad", False)) and id(p) in held
+
+
 def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_type: str = "cuda") -> Layout:
     """The layout of ``roots`` (the outermost live modules) and ``optimizers``, per device of ``device_type``."""
     roots, optimizers = list(roots), list(optimizers)
+    trains = trained_by(optimizers, roots)
     counter = _Counter(torch, device_type)
     modules = [m for root in roots for m in _modules(root)]
     for m in modules:  # sharded wrappers first: their shards, and what they gathered
-        _fsdp2_params(counter, m)
-        _fsdp1_params(counter, m)
+        _fsdp2_params(counter, m, trains)
+        _fsdp1_params(counter, m, trains)
     for root in roots:
         _ddp_buckets(counter, root)
     dtypes: dict[str, int] = {}
@@ -200,7 +212,7 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
         device, size = counter.add(getattr(p, "ds_tensor", p), PARAMS)
         if hasattr(p, "ds_tensor") and getattr(getattr(p, "ds_status", None), "name", "") != "NOT_AVAILABLE":
             counter.add(p, UNSHARDED)  # a ZeRO-3 parameter gathered for its module
-        if p.requires_grad:
+        if trains(p):
             if any(mark in name for mark in ADAPTER_MARKS):
                 adapters = True
                 _bump(counter, device, "adapters", size)
@@ -217,7 +229,7 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
     return Layout(
         devices=counter.devices,
         dtypes=dtypes,
-        frozen_modules=frozen_modules(roots),
+        frozen_modules=frozen_modules(roots, trains),
         parallelism=parallelism(torch, roots, modules),
         adapters=adapters,
     )
@@ -277,7 +289,7 @@ def _optimizer_states(counter: _Counter, optimizers: list[Any]) -> None:
                     counter.add(value, STATE)
 
 
-def _fsdp2_params(counter: _Counter, module: Any) -> None:
+def _fsdp2_params(counter: _Counter, module: Any, trains: Callable[[Any], bool]) -> None:
     """FSDP2 (``fully_shard``): each parameter's padded local shard, and its all-gathered buffers
     while they are alive (0 bytes once resharded)."""
     get_state = getattr(module, "_get_fsdp_state", None)
@@ -289,7 +301,7 @@ def _fsdp2_params(counter: _Counter, module: Any) -> None:
         sharded = getattr(fp, "sharded_param", None)
         if shard is not None:
             device, size = counter.add(shard, PARAMS)
-            if sharded is not None and not sharded.requires_grad:
+            if sharded is not None and not trains(sharded):
                 _bump(counter, device, "frozen", size)
         for gathered in getattr(fp, "all_gather_outputs", None) or []:
             counter.add(gathered, UNSHARDED)
@@ -297,7 +309,7 @@ def _fsdp2_params(counter: _Counter, module: Any) -> None:
             counter.add(sharded.grad, GRADS)
 
 
-def _fsdp1_params(counter: _Counter, module: Any) -> None:
+def _fsdp1_params(counter: _Counter, module: Any, trains: Callable[[Any], bool]) -> None:
     """FSDP1: the flat parameter's local shard, and the full padded parameter while unsharded."""
     handle = getattr(module, "_handle", None)
     flat = getattr(handle, "flat_param", None)
@@ -305,7 +317,7 @@ def _fsdp1_params(counter: _Counter, module: Any) -> None:
         return
     shard = getattr(flat, "_local_shard", None)
     device, size = counter.add(shard if shard is not None else flat, PARAMS)
-    if not flat.requires_grad:
+    if not trains(flat):
         _bump(counter, device, "frozen", size)
     for name in ("_full_param_padded", "_full_prec_full_param_padded", "_mp_shard"):
         counter.add(getattr(flat, name, None), UNSHARDED)
@@ -339,30 +351,30 @@ def _ddp_buckets(counter: _Counter, root: Any) -> None:
         totals.gradients += extra
 
 
-def frozen_modules(roots: list[Any]) -> list[str]:
+def frozen_modules(roots: list[Any], trains: Callable[[Any], bool]) -> list[str]:
     """Roots with no trainable parameter (a teacher, a reference or reward model), and large frozen
     children of a partly trained root; largest first."""
     found: list[tuple[int, str]] = []
     for root in roots:
-        total, trained = _param_bytes(root)
+        total, trained = _param_bytes(root, trains)
         name = type(root).__name__
         if total and not trained:
             found.append((total, name))
             continue
         for child_name, child in getattr(root, "named_children", lambda: [])():
-            size, child_trained = _param_bytes(child)
+            size, child_trained = _param_bytes(child, trains)
             if size and not child_trained and size >= FROZEN_CHILD_SHARE * total:
                 found.append((size, f"{name}.{child_name}"))
     found.sort(key=lambda x: -x[0])
     return [name for _size, name in found[:FROZEN_MODULES_MAX]]
 
 
-def _param_bytes(module: Any) -> tuple[int, bool]:
+def _param_bytes(module: Any, trains: Callable[[Any], bool]) -> tuple[int, bool]:
     """(logical parameter bytes, whether any parameter trains) of ``module``."""
     total, trained = 0, False
     for p in getattr(module, "parameters", lambda: [])():
         total += p.numel() * p.element_size()
-        trained = trained or bool(p.requires_grad)
+        trained = trained or trains(p)
     return total, trained
 
 

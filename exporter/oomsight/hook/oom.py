@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any, Callable, NamedTuple, Optional, cast
 
@@ -27,6 +28,7 @@ from oomsight.analysis.units import format_bytes
 from oomsight.config import OomSettings
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
+from oomsight.hook.layout import trained_by
 from oomsight.hook.sampler import Sampler, categories_with_activations
 from oomsight.hook.steps import StepTracker
 from oomsight.wire.schema import (
@@ -159,7 +161,10 @@ class OomRecorder:
         stack = _user_stack()
         model_states = self._guarded("model_states", lambda: ctx.model_states(device))
         pools = self._guarded("private_pools", lambda: self.cuda.private_pools(device))
-        module = self._guarded("module_training", _outer_module)
+        steps = self.steps
+        module = self._guarded(
+            "module_training", lambda: _outer_module(steps.optimizers, steps.roots) if steps else _outer_module()
+        )
         return OomEvent(
             schema_version=SCHEMA_VERSION,
             kind=KIND_OOM_EVENT,
@@ -371,6 +376,37 @@ def _device_of(text: str, cuda: CudaApi) -> int:
     return int(found.group(1)) if found else cuda.current_device()
 
 
+MONITORING_TOOLS = (4, 3)
+"""``sys.monitoring`` tool ids oomsight may take (0-2 and 5 are the debugger's, coverage's, the
+profiler's and the optimizer's by convention)."""
+
+
+def watch_raised(callback: Callable[[BaseException], None]) -> Optional[int]:
+    """Call ``callback`` with every CUDA OOM raised in a Python frame, caught later or not (Python
+    3.12+: ``sys.monitoring``'s RAISE event, which costs nothing until an exception is raised).
+    For allocator back-ends without an OOM observer. The tool id taken, or None where unavailable."""
+    monitoring = getattr(sys, "monitoring", None)
+    free = [tool for tool in MONITORING_TOOLS if monitoring is not None and monitoring.get_tool(tool) is None]
+    if monitoring is None or not free:
+        return None
+
+    def on_raise(code: Any, offset: int, exc: BaseException) -> Any:
+        if type(exc).__name__ == "OutOfMemoryError":
+            callback(exc)
+        return None
+
+    monitoring.use_tool_id(free[0], "oomsight")
+    monitoring.register_callback(free[0], monitoring.events.RAISE, on_raise)
+    monitoring.set_events(free[0], monitoring.events.RAISE)
+    return free[0]
+
+
+def unwatch_raised(tool: int) -> None:
+    monitoring = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+    monitoring.set_events(tool, 0)
+    monitoring.free_tool_id(tool)
+
+
 class OomContext:
     """What the rest of the hook knows at an OOM: the step rows, the job's setup, the model states.
     The runtime passes one built from its parts; the default knows nothing."""
@@ -397,12 +433,13 @@ class OuterModule(NamedTuple):
     training: Optional[bool]
     """The module is in training mode (``model.eval()`` makes it False); None: no such flag."""
     frozen: bool
-    """None of its parameters trains: a frozen teacher, reference or reward model."""
+    """None of its parameters trains (``layout.trained_by``): a frozen teacher, reference or reward model."""
 
 
-def _outer_module() -> Optional[OuterModule]:
+def _outer_module(optimizers: Sequence[Any] = (), models: Sequence[Any] = ()) -> Optional[OuterModule]:
     """The outermost ``nn.Module`` being called on this thread's stack (the model whose forward
-    failed): its training flag and whether it is frozen; None when no module is being called. Read
+    failed): its training flag and whether it is frozen (``models``: the models known, whose parameters
+    the optimizers hold); None when no module is being called. Read
     from the frames of ``Module.__call__``, at the OOM only."""
     found = None
     frame: Optional[FrameType] = sys._getframe(1)
@@ -416,7 +453,8 @@ def _outer_module() -> Optional[OuterModule]:
     if found is None:
         return None
     training = getattr(found, "training", None)
-    flags = [bool(p.requires_grad) for p in found.parameters()]
+    trains = trained_by(optimizers, [*models, found])
+    flags = [trains(p) for p in found.parameters()]
     return OuterModule(training if isinstance(training, bool) else None, bool(flags) and not any(flags))
 
 

@@ -29,7 +29,7 @@ from oomsight.hook.identity import describe_process
 from oomsight.hook.jobsetup import JobProbe, dominant_dtype
 from oomsight.hook.leakscan import scan
 from oomsight.hook.nvml import Nvml
-from oomsight.hook.oom import OomContext, OomRecorder, is_oom
+from oomsight.hook.oom import OomContext, OomRecorder, is_oom, unwatch_raised, watch_raised
 from oomsight.hook.prediction import EXPECTED, from_setting, from_value
 from oomsight.hook.profiler import Profiler
 from oomsight.hook.sampler import Sampler
@@ -84,6 +84,8 @@ class Hook:
             "profiler": False,  # windows can open: the step hook runs and nothing forbade them at start
         }
         self.uncaught: Optional[BaseException] = None
+        self._watching: Optional[int] = None
+        """The ``sys.monitoring`` tool id watching raised OOMs, where no observer could be attached."""
         self.leak: Optional[LeakFinding] = None
         self.batch_advice: Optional[BatchAdvice] = None
         self.prediction: Optional[PeakPrediction] = None
@@ -154,6 +156,9 @@ class Hook:
             self.sampler.main_device = self._guarded("cuda_init", self.cuda.current_device, None)
             if self.settings.oom.observer:
                 self.sources["oom_observer"] = self.cuda.attach_oom_observer(self.oom.observe)
+                if not self.sources["oom_observer"]:  # another allocator back-end: OOMs as they are raised
+                    self._watching = watch_raised(self.oom.observe_exception)
+                    self.sources["oom_exceptions"] = self._watching is not None
             history = self.settings.history
             if history.record:
                 self.sources["history"] = self.oom.history = self.cuda.start_history(history.max_entries, history.mode)
@@ -264,6 +269,9 @@ class Hook:
         self._stopped = True
         self.oom.at_exit(self.uncaught if reason != "stopped" else None)
         self.oom.active = False
+        if self._watching is not None:
+            self._guarded("oom_exceptions", lambda: unwatch_raised(self._watching or 0), None)
+            self._watching = None
         if self.steps is not None:
             self._guarded("step_hook", self.steps.unregister, None)
         self.sampler.stop_thread()
