@@ -106,6 +106,8 @@ class OomRecorder:
         never raise."""
         if not self.active or not is_oom(exc) or id(exc) in self._excepted:
             return
+        if len(self._excepted) >= 64:
+            self._excepted.clear()  # ids only (a kept exception would keep its frames' tensors alive)
         self._excepted.add(id(exc))
         try:
             text = str(exc)
