@@ -46,7 +46,7 @@ ACCEPT = (
 )
 """Accept headers: text 0.0.4, text 1.0.0 and OpenMetrics 1.0.0 in every escaping, OpenMetrics 2.0.0."""
 
-_BUILD = re.compile(rb'^(oomsight_build_info\{[^\n]*)$', re.M)
+_BUILD = re.compile(rb"^((?:U__)?oomsight_+build_+info\{[^\n]*)$", re.M)
 _VERSION = re.compile(rb'(python_version|version)="[^"]*"')
 
 Render = Callable[[SpoolCollector, str], bytes]
@@ -60,7 +60,8 @@ def served(collector: SpoolCollector, accept: str) -> bytes:
 
 
 def normal(text: bytes) -> bytes:
-    """``text`` with the build info's versions blanked: oomsight's and Python's differ between machines."""
+    """``text`` with the build info's versions blanked, in every escaping: oomsight's and Python's differ
+    between machines (idempotent: the recorded texts are compared through it too)."""
     return _BUILD.sub(lambda m: _VERSION.sub(rb'\1=""', m.group(1)), text)
 
 

@@ -147,7 +147,6 @@ class SpoolWriter:
             evicted.append(path)
         return evicted
 
-
     def settle_artifact(self, path: str, max_bytes: int) -> bool:
         """After ``path`` was written into the artifacts folder: the folder back within ``max_bytes``,
         the oldest other artifacts evicted first, and ``path`` itself removed when it alone is larger
