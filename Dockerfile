@@ -27,10 +27,13 @@ LABEL org.opencontainers.image.title="oomsight" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/oomsight/oomsight"
 COPY --from=build /opt/oomsight /opt/oomsight
+# In a container the sidecar listens on every interface of its own network namespace
+# (`oomsight sidecar` run by hand elsewhere defaults to 127.0.0.1; the webhook sets it too).
 ENV PATH=/opt/oomsight/bin:${PATH} \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    OOMSIGHT_DIR=/var/run/oomsight
+    OOMSIGHT_DIR=/var/run/oomsight \
+    OOMSIGHT_SIDECAR_HOST=0.0.0.0
 # A fixed non-root user (the chart and the webhook run everything as 65532:65532).
 USER 65532:65532
 EXPOSE 21400 21401 21443
