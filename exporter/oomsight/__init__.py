@@ -49,6 +49,9 @@ start.__signature__ = _signature(_HOOK)  # type: ignore[attr-defined]  # the set
 del _signature, _HOOK
 
 
+# The functions below spell out the parameters of what they call, so that help() and editors show
+# them without importing the tools (and, through them, torch) with the package; a test
+# (tests/test_cli_first_hour.py) checks that each signature is its implementation's.
 def probe_batch_size(
     step_fn: Callable[[int], None],
     start: int = 8,
