@@ -46,22 +46,22 @@ def test_idle_connections_are_closed_after_the_idle_timeout(tmp_path):
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
 
 
-def test_over_the_cap_the_connection_waiting_longest_is_closed_and_the_newcomer_is_served(tmp_path):
+def test_over_the_cap_the_idlest_connection_is_closed_and_the_newcomer_is_served(tmp_path):
     env = sidecar_env(max_connections=4, idle_timeout_seconds=10)
     with sidecar(str(tmp_path), env=env) as (_, port):
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200)
         held = []
         for _ in range(4):
             held.append(socket.create_connection(("127.0.0.1", port)))
-            time.sleep(0.05)  # an order of waiting the server can tell
-        held[1].sendall(b"GET /metrics HTTP/1.1\r\n")  # a partial head is still waiting
+            time.sleep(0.05)  # an order of idleness the server can tell
+        held[0].sendall(b"GET /metrics HTTP/1.1\r\n")  # a partial head: now the least idle
         time.sleep(0.2)
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # the newcomer, over the cap
-        assert closed_by_server(held[0], within=2)  # the oldest wait went first
-        assert not any(closed_by_server(s, within=0.1) for s in held[2:])
+        assert closed_by_server(held[1], within=2)  # the idlest went first
+        assert not any(closed_by_server(s, within=0.1) for s in (held[0], *held[2:]))
         held += [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # over the cap again
-        assert not closed_by_server(held[-1], within=0.2)  # the newcomer stays; a partial head is no help:
-        assert closed_by_server(held[1], within=2)
+        assert closed_by_server(held[2], within=2)
+        assert not any(closed_by_server(s, within=0.1) for s in (held[0], held[3], *held[4:]))
         for s in held:
             s.close()
         metrics = http_get(f"http://127.0.0.1:{port}/metrics")[1]

@@ -6,8 +6,10 @@ only waits costs a descriptor and its bytes so far, never a thread, so thousands
 or slow clients cannot keep Prometheus, the kubelet or the API server from being answered
 (docs/kubernetes.md, "Server limits", has the decision and its measurements):
 
-* a **connection cap** (``max_connections``): over it, the connection that has waited
-  longest for its request is closed, never the newcomer; only when every connection holds
+* a **connection cap** (``max_connections``): over it, a waiting connection is closed,
+  not the newcomer refused: the idlest (longest without a byte) of the client address that
+  holds the most, so a client flooding connections only ever loses its own, and one with
+  a few (Prometheus, the kubelet, the API server) keeps them; only when every one holds
   a whole request is a newcomer refused (``503`` on plain HTTP, closed on TLS);
 * an **idle timeout** (a connection silent that long is closed) and a **request
   deadline** (a request, TLS handshake, head and body, that takes longer in all to arrive
@@ -60,8 +62,8 @@ class ServerLimits:
     """Limits of one HTTP server; read from ``<PREFIX>_MAX_CONNECTIONS`` and friends."""
 
     max_connections: int = 1024
-    """Connections held open at once; over it, the one waiting longest for its request is
-    closed. An idle connection costs a descriptor and at most ``max_head_bytes``."""
+    """Connections held open at once; over it, the idlest of the client holding the most is
+    closed. A waiting connection costs a descriptor and at most ``max_head_bytes``."""
 
     workers: int = 4
     """Requests answered at once (one thread each); more wait, whole, for a free worker."""
@@ -171,14 +173,12 @@ class ConnectionReader:
 class Connection:
     """One client connection: its socket, what it sent so far, its clock."""
 
-    __slots__ = ("address", "buffer", "cut", "due", "events", "last_byte", "since", "sock", "tls_done")
+    __slots__ = ("address", "buffer", "cut", "due", "events", "last_byte", "sock", "tls_done")
 
     def __init__(self, sock: socket.socket, address: Any, now: float, due: float) -> None:
         self.sock = sock
         self.address = address
         self.buffer = bytearray()
-        self.since = now
-        """When it began waiting for its request (accepted, or its last answer sent)."""
         self.last_byte = now
         self.due = due
         """When its request must have arrived whole (the request deadline)."""
@@ -254,7 +254,8 @@ class BoundedServer:
         self.limits = limits
         self.errors = errors or ServerErrors()
         self.cap = DESCRIPTORS.claim(limits.max_connections)
-        self._waiting: OrderedDict[Connection, None] = OrderedDict()  # oldest wait first
+        self._waiting: dict[Connection, None] = {}  # waiting for their request, in the loop
+        self._peers: dict[str, OrderedDict[Connection, None]] = {}  # the same by client address, idlest first
         self._busy: set[Connection] = set()  # queued for or in a worker
         self._lingering: OrderedDict[Connection, None] = OrderedDict()  # answered, draining before close
         self._back: deque[tuple[Connection, bool]] = deque()
@@ -366,19 +367,20 @@ class BoundedServer:
         now = time.monotonic()
         sock.setblocking(False)
         conn = Connection(sock, address, now, now + self.limits.request_timeout_seconds)
-        self._waiting[conn] = None
-        self._selector.register(sock, selectors.EVENT_READ, conn)
+        self._hold(conn)
 
     def _evict_idlest(self) -> bool:
-        """Close the connection that has waited longest for its request (one already answered
-        and closing goes first, uncounted); False if none waits."""
+        """Close a connection to make room: one already answered and closing (uncounted), else
+        the idlest (longest without a byte) of the client that holds the most waiting
+        connections; False if none waits."""
         if self._lingering:
             self._close(next(iter(self._lingering)))
             return True
-        if not self._waiting:
+        if not self._peers:
             return False
         self.count("over_capacity")
-        self._close(next(iter(self._waiting)))
+        most = max(self._peers.values(), key=len)  # the client holding most pays, never one with a few
+        self._close(next(iter(most)))
         return True
 
     def _refuse(self, sock: socket.socket) -> None:
@@ -390,6 +392,8 @@ class BoundedServer:
             sock.close()
 
     def _on_ready(self, conn: Connection) -> None:
+        conn.last_byte = time.monotonic()  # bytes arrived (a TLS handshake's too): it is the least idle now
+        self._peers[_peer(conn)].move_to_end(conn)
         if not conn.tls_done and not self._handshake(conn):
             return
         if self._receive(conn):
@@ -432,7 +436,6 @@ class BoundedServer:
                 self._close(conn)
                 return False
             conn.buffer += data
-            conn.last_byte = time.monotonic()
             room -= len(data)
             pending = getattr(conn.sock, "pending", None)
             if pending is None or not pending():
@@ -467,8 +470,7 @@ class BoundedServer:
         self._linger(conn)
 
     def _dispatch(self, conn: Connection) -> None:
-        del self._waiting[conn]
-        self._selector.unregister(conn.sock)
+        self._forget(conn)
         self._busy.add(conn)
         self._work.put(conn)
 
@@ -484,11 +486,10 @@ class BoundedServer:
                 self._linger(conn)
                 continue
             conn.sock.setblocking(False)
-            conn.since = conn.last_byte = now
+            conn.last_byte = now
             conn.due = now + self.limits.idle_timeout_seconds + self.limits.request_timeout_seconds
             conn.events = selectors.EVENT_READ
-            self._waiting[conn] = None
-            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+            self._hold(conn)
             pending = getattr(conn.sock, "pending", None)
             if pending is not None and pending():
                 self._on_ready(conn)
@@ -499,9 +500,7 @@ class BoundedServer:
         """Close after the answer without losing it: send FIN, then read and drop what the
         client still sends (an unread body) until it closes or :data:`LINGER_SECONDS` pass;
         closing with unread bytes would send a reset that can destroy the answer in flight."""
-        if conn in self._waiting:
-            del self._waiting[conn]
-            self._selector.unregister(conn.sock)
+        self._forget(conn)
         try:
             conn.sock.setblocking(False)
             conn.sock.shutdown(socket.SHUT_WR)  # an SSLSocket drops its TLS layer here: raw bytes follow
@@ -542,12 +541,28 @@ class BoundedServer:
     def _close(self, conn: Connection, reason: Optional[str] = None) -> None:
         if reason is not None:
             self.count(reason)
-        for held in (self._waiting, self._lingering):
-            if conn in held:
-                del held[conn]
-                self._selector.unregister(conn.sock)
+        self._forget(conn)
         with contextlib.suppress(OSError):
             conn.sock.close()
+
+    def _forget(self, conn: Connection) -> None:
+        """No longer held by the loop (closed, closing, or handed to a worker)."""
+        if conn in self._waiting:
+            del self._waiting[conn]
+            peer = self._peers[_peer(conn)]
+            del peer[conn]
+            if not peer:
+                del self._peers[_peer(conn)]
+            self._selector.unregister(conn.sock)
+        elif conn in self._lingering:
+            del self._lingering[conn]
+            self._selector.unregister(conn.sock)
+
+    def _hold(self, conn: Connection) -> None:
+        """Wait in the loop for its request; the newest activity of its client."""
+        self._waiting[conn] = None
+        self._peers.setdefault(_peer(conn), OrderedDict())[conn] = None
+        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # BlockingIOError: a wake is already pending
@@ -573,6 +588,12 @@ class BoundedServer:
             return False
         finally:
             self._local.conn = None
+
+
+def _peer(conn: Connection) -> str:
+    """The client's address without its port: what one client holds is counted together."""
+    address = conn.address
+    return str(address[0]) if isinstance(address, tuple) and address else str(address)
 
 
 def _request_line_ok(line: bytes) -> bool:
