@@ -183,13 +183,13 @@ def _quantized(torch: Any, p: Any, wrapper: bool) -> bool:
     return dtype in (torch.uint8, torch.int8) or "float8" in str(dtype)
 
 
-def trained_by(optimizers: Iterable[Any], roots: Iterable[Any]) -> Callable[[Any], bool]:
+def trained_by(optimizers: Iterable[Any], params: Iterable[Any]) -> Callable[[Any], bool]:
     """Whether a parameter trains: it requires grad and, where the optimizers hold the models' own
     parameters, one of them holds it. A teacher left with ``requires_grad`` on but in no optimizer is
     frozen all the same (its gradients, if autograd makes them, are waste). Where no optimizer holds
     any model parameter (ZeRO steps copies; no optimizer yet) ``requires_grad`` alone decides."""
     held = {id(p) for opt in optimizers for g in getattr(opt, "param_groups", []) for p in g.get("params", [])}
-    if not any(id(p) in held for root in roots for p in getattr(root, "parameters", lambda: [])()):
+    if not any(id(p) in held for p in params):  # the models' parameters
         return lambda p: bool(getattr(p, "requires_grad", False))
     return lambda p: bool(getattr(p, "requires_grad", False)) and id(p) in held
 
@@ -197,24 +197,30 @@ def trained_by(optimizers: Iterable[Any], roots: Iterable[Any]) -> Callable[[Any
 def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_type: str = "cuda") -> Layout:
     """The layout of ``roots`` (the outermost live modules) and ``optimizers``, per device of ``device_type``."""
     roots, optimizers = list(roots), list(optimizers)
-    trains = trained_by(optimizers, roots)
+    named = _named_parameters(roots, optimizers)  # one walk of the module trees, reused below
+    trains = trained_by(optimizers, (p for _root, _name, p in named if _root is not None))
     counter = _Counter(torch, device_type)
-    modules = [m for root in roots for m in _modules(root)]
+    distributed = _distributed(torch)
+    modules = [m for root in roots for m in _modules(root)] if distributed else []
     for m in modules:  # sharded wrappers first: their shards, and what they gathered
         _fsdp2_params(counter, m, trains)
         _fsdp1_params(counter, m, trains)
     for root in roots:
         _ddp_buckets(counter, root)
     dtypes: dict[str, int] = {}
-    adapters = False
-    for name, p in _named_parameters(roots, optimizers):
+    kinds: set[str] = set()
+    for _root, name, p in named:
         wrapper = type(p) not in counter.plain and counter.is_wrapper(p)
         device, size = counter.add(getattr(p, "ds_tensor", p), PARAMS)
-        if hasattr(p, "ds_tensor") and getattr(getattr(p, "ds_status", None), "name", "") != "NOT_AVAILABLE":
-            counter.add(p, UNSHARDED)  # a ZeRO-3 parameter gathered for its module
+        if hasattr(p, "ds_tensor"):
+            kinds.add("zero")
+            if getattr(getattr(p, "ds_status", None), "name", "") != "NOT_AVAILABLE":
+                counter.add(p, UNSHARDED)  # a ZeRO-3 parameter gathered for its module
+        if wrapper and "DTensor" in _names(p):
+            kinds.add("dtensor")
         if trains(p):
             if any(mark in name for mark in ADAPTER_MARKS):
-                adapters = True
+                kinds.add("adapters")
                 _bump(counter, device, "adapters", size)
         else:
             _bump(counter, device, "frozen", size)
@@ -229,10 +235,19 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
     return Layout(
         devices=counter.devices,
         dtypes=dtypes,
-        frozen_modules=frozen_modules(roots, trains),
-        parallelism=parallelism(torch, roots, modules),
-        adapters=adapters,
+        frozen_modules=frozen_modules(roots, named, trains),
+        parallelism=parallelism(torch, roots, modules, kinds),
+        adapters="adapters" in kinds,
     )
+
+
+def _distributed(torch: Any) -> bool:
+    """A process group exists: only then can a module be DDP, FSDP or FSDP2 (each needs one)."""
+    dist = getattr(torch, "distributed", None)
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:  # a group being torn down
+        return False
 
 
 def _bump(counter: _Counter, device: int, slot: str, size: int) -> None:
@@ -247,21 +262,24 @@ def _modules(root: Any) -> Iterator[Any]:
         yield from modules()
 
 
-def _named_parameters(roots: list[Any], optimizers: list[Any]) -> Iterator[tuple[str, Any]]:
-    """Every parameter once: the modules' (with their names), then any only an optimizer holds."""
+def _named_parameters(roots: list[Any], optimizers: list[Any]) -> list[tuple[Any, str, Any]]:
+    """Every parameter once, as (its root, its name, it): the modules', then any only an optimizer holds
+    (root None)."""
     seen: set[int] = set()
+    out: list[tuple[Any, str, Any]] = []
     for root in roots:
         named = getattr(root, "named_parameters", None)
         for name, p in named() if named is not None else ():
             if id(p) not in seen:
                 seen.add(id(p))
-                yield name, p
+                out.append((root, name, p))
     for opt in optimizers:
         for group in getattr(opt, "param_groups", []):
             for p in group.get("params", []):
                 if id(p) not in seen:
                     seen.add(id(p))
-                    yield "", p
+                    out.append((None, "", p))
+    return out
 
 
 def _optimizer_states(counter: _Counter, optimizers: list[Any]) -> None:
@@ -351,35 +369,31 @@ def _ddp_buckets(counter: _Counter, root: Any) -> None:
         totals.gradients += extra
 
 
-def frozen_modules(roots: list[Any], trains: Callable[[Any], bool]) -> list[str]:
+def frozen_modules(roots: list[Any], named: list[tuple[Any, str, Any]], trains: Callable[[Any], bool]) -> list[str]:
     """Roots with no trainable parameter (a teacher, a reference or reward model), and large frozen
-    children of a partly trained root; largest first."""
+    children of a partly trained root; largest first. ``named``: (root, name, parameter) of each."""
     found: list[tuple[int, str]] = []
     for root in roots:
-        total, trained = _param_bytes(root, trains)
-        name = type(root).__name__
-        if total and not trained:
-            found.append((total, name))
+        children: dict[str, list[int]] = {}  # child name -> [bytes, trained parameters]
+        for _root, name, p in named:
+            if _root is root:
+                child = children.setdefault(name.partition(".")[0], [0, 0])
+                child[0] += p.numel() * p.element_size()
+                child[1] += trains(p)
+        total = sum(c[0] for c in children.values())
+        if total and not any(c[1] for c in children.values()):
+            found.append((total, type(root).__name__))
             continue
-        for child_name, child in getattr(root, "named_children", lambda: [])():
-            size, child_trained = _param_bytes(child, trains)
-            if size and not child_trained and size >= FROZEN_CHILD_SHARE * total:
-                found.append((size, f"{name}.{child_name}"))
+        for child_name, (size, trained) in children.items():
+            if size and not trained and size >= FROZEN_CHILD_SHARE * total:
+                found.append((size, f"{type(root).__name__}.{child_name}"))
     found.sort(key=lambda x: -x[0])
     return [name for _size, name in found[:FROZEN_MODULES_MAX]]
 
 
-def _param_bytes(module: Any, trains: Callable[[Any], bool]) -> tuple[int, bool]:
-    """(logical parameter bytes, whether any parameter trains) of ``module``."""
-    total, trained = 0, False
-    for p in getattr(module, "parameters", lambda: [])():
-        total += p.numel() * p.element_size()
-        trained = trained or trains(p)
-    return total, trained
-
-
-def parallelism(torch: Any, roots: list[Any], modules: list[Any]) -> dict[str, Any]:
-    """The parallelism in use (the wire's ``Parallelism``), from the live modules."""
+def parallelism(torch: Any, roots: list[Any], modules: list[Any], kinds: set[str]) -> dict[str, Any]:
+    """The parallelism in use (the wire's ``Parallelism``), from the live modules (``modules``: every
+    module of the roots where a process group exists) and the kinds of parameters seen (``kinds``)."""
     found: dict[str, Any] = {
         "world_size": world_size(torch),
         "strategy": "none",
@@ -406,9 +420,9 @@ def parallelism(torch: Any, roots: list[Any], modules: list[Any]) -> dict[str, A
         offload = getattr(getattr(m, "cpu_offload", None), "offload_params", None)
         found.update(strategy="fsdp", sharding=strategy, shard_size=getattr(m, "world_size", None), offload=offload)
         return found
-    if any(hasattr(p, "ds_id") for root in roots for p in root.parameters()):
+    if "zero" in kinds:
         found.update(strategy="zero", zero_stage=3, shard_size=found["world_size"])
-    elif found["strategy"] == "none" and any("DTensor" in _names(p) for root in roots for p in root.parameters()):
+    elif found["strategy"] == "none" and "dtensor" in kinds:
         found["strategy"] = "dtensor"
     return found
 

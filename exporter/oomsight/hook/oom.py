@@ -162,12 +162,7 @@ class OomRecorder:
         job = self._job_at_oom(ctx.job(), phase)
         stack = _user_stack()
         model_states = self._guarded("model_states", lambda: ctx.model_states(device))
-        pools = self._guarded("private_pools", lambda: self.cuda.private_pools(device))
-        steps = self.steps
-        module = self._guarded(
-            "module_training", lambda: _outer_module(steps.optimizers, steps.roots) if steps else _outer_module()
-        )
-        return OomEvent(
+        event = OomEvent(
             schema_version=SCHEMA_VERSION,
             kind=KIND_OOM_EVENT,
             process=self.sampler.process,
@@ -196,17 +191,29 @@ class OomRecorder:
             grad_enabled=self._guarded("grad_enabled", self.cuda.grad_enabled),
             sampled_allocated=[list(x) for x in list(dev.recent)] if dev is not None else [],
             last_step_time=self.steps.last_step_wall if self.steps is not None else None,
-            module_training=module.training if module is not None else None,
-            module_frozen=module.frozen if module is not None else None,
-            private_pool_bytes=pools[0] if pools else None,
-            private_pool_free_bytes=pools[1] if pools else None,
-            captured_by=captured_by,
             steps_memory=steps_memory,
             phase=phase,
             largest_free_block_bytes=block,
             job=cast(Optional[JobSetup], job),
             model_states=model_states,
+            captured_by=captured_by,
+            **self._layout_at_oom(device),  # type: ignore[typeddict-item]
         )
+        return cast(OomEvent, event)
+
+    def _layout_at_oom(self, device: int) -> dict[str, Any]:
+        """What the failing model and the private pools say (wire 1.6)."""
+        pools = self._guarded("private_pools", lambda: self.cuda.private_pools(device))
+        steps = self.steps
+        module = self._guarded(
+            "module_training", lambda: _outer_module(steps.optimizers, steps.roots) if steps else _outer_module()
+        )
+        return {
+            "module_training": module.training if module is not None else None,
+            "module_frozen": module.frozen if module is not None else None,
+            "private_pool_bytes": pools[0] if pools else None,
+            "private_pool_free_bytes": pools[1] if pools else None,
+        }
 
     def _write(self, event: OomEvent) -> None:
         try:
@@ -455,7 +462,7 @@ def _outer_module(optimizers: Sequence[Any] = (), models: Sequence[Any] = ()) ->
     if found is None:
         return None
     training = getattr(found, "training", None)
-    trains = trained_by(optimizers, [*models, found])
+    trains = trained_by(optimizers, (p for m in [*models, found] for p in m.parameters()))
     flags = [trains(p) for p in found.parameters()]
     return OuterModule(training if isinstance(training, bool) else None, bool(flags) and not any(flags))
 
