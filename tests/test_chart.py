@@ -188,6 +188,15 @@ def test_the_code_accepts_the_settings_the_chart_gives_the_webhook(scenario):
     assert container["command"] == ["oomsight", "webhook"]
 
 
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "10.0.0.7"])
+def test_the_charts_listen_address_reaches_the_webhook_and_its_memory_limit_is_the_measured_one(address):
+    container = one(render(sets=(f"webhook.listenAddress={address}",)), "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert WebhookSettings.from_env({**env_map(container), "OOMSIGHT_WEBHOOK_NAMESPACE": NS}).host == address
+    assert container["resources"]["limits"]["memory"] == "192Mi"  # benchmarks/results/webhook_memory.json: 130 MiB
+
+
 def test_the_charts_spool_size_limit_bounds_the_artifacts_of_injected_pods_at_half_of_it():
     webhook = one(render(sets=("sidecar.spoolSizeLimit=1Gi",)), "Deployment")["spec"]["template"]["spec"]
     pod = fixture("job-pod.yaml")
