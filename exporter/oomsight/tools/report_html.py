@@ -338,5 +338,3 @@ def _bytes(value: object) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return fb(value)
     return "n/a"
-
-
