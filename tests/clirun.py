@@ -74,13 +74,16 @@ def oomsight(*args: str, tmp: str, env: Optional[dict[str, str]] = None, timeout
 
 
 def started(*args: str, tmp: str, env: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
-    """``oomsight ARGS`` running in the background, its output on pipes."""
+    """``oomsight ARGS`` running in the background, its output on pipes, in a session of its own:
+    no terminal, as under CI or a job runner, also when the tests run in one (a SIGINT sent to it
+    is then never taken for a terminal's Ctrl-C)."""
     return subprocess.Popen(
         [PY, "-m", "oomsight", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env or env_with_tmp(tmp),
+        start_new_session=True,
     )
 
 
