@@ -70,33 +70,6 @@ class Inventory:
     profiles: list[Profile] = dataclasses.field(default_factory=list)
 
 
-@dataclasses.dataclass
-class Ledger:
-    """What a long-lived reader (the sidecar's collector) remembers between reads, so that its
-    OOM counters never go backwards while it lives: the outcome each OOM was counted with once
-    it was decided, and the last tally of every (rank, local rank, device, GPU). Without it an
-    unreadable ``events/`` folder reads as no OOMs, and a pending OOM of a process that went
-    silent (fatal) turns pending again when the process publishes once more."""
-
-    outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
-    tallies: dict[DeviceKey, OomTally] = dataclasses.field(default_factory=dict)
-
-    def outcome(self, oom: str, found: str) -> str:
-        if found != OUTCOME_PENDING:
-            self.outcomes[oom] = found
-            return found
-        return self.outcomes.get(oom, found)
-
-    def floor(self, ooms: dict[DeviceKey, OomTally]) -> None:
-        """Raise every tally in ``ooms`` to at least the last one given (adding missing keys)."""
-        for key, last in self.tallies.items():
-            now = ooms.setdefault(key, OomTally())
-            now.events, now.fatal = max(now.events, last.events), max(now.fatal, last.fatal)
-            now.recovered = max(now.recovered, last.recovered)
-            now.last = now.last if now.last is not None else last.last
-        self.tallies = {k: OomTally(v.events, v.fatal, v.recovered, v.last) for k, v in ooms.items()}  # copies
-
-
 def device_key(rank: int, local_rank: int, device: int, uuid: str) -> DeviceKey:
     return str(rank), str(local_rank), str(device), uuid
 
@@ -106,7 +79,6 @@ def take_inventory(
     now: float,
     retention_seconds: float = DEFAULT_RETENTION_SECONDS,
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
-    ledger: Optional[Ledger] = None,
 ) -> Inventory:
     all_views = {s["process"]["id"]: _view(s, now, stale_after_seconds) for s in state.snapshots}
     processes = _latest_per_rank([v for v in all_views.values() if v.up or v.age_seconds <= retention_seconds])
@@ -117,8 +89,6 @@ def take_inventory(
     events = []
     for ev in sorted(state.events, key=lambda e: e["time"]):
         outcome = _effective_outcome(ev, all_views.get(ev["process"]["id"]), now, stale_after_seconds)
-        if ledger is not None:
-            outcome = ledger.outcome(f"{ev['process']['id']}.oom-{ev['seq']:05d}", outcome)
         events.append(EventView(ev, outcome))
         p = ev["process"]
         tally = ooms.setdefault(device_key(p["rank"], p["local_rank"], ev["device"], ev["gpu_uuid"]), OomTally())
@@ -126,8 +96,6 @@ def take_inventory(
         tally.fatal += outcome == OUTCOME_FATAL
         tally.recovered += outcome == OUTCOME_RECOVERED
         tally.last = ev
-    if ledger is not None:
-        ledger.floor(ooms)
     return Inventory(processes, ooms, events, state.skipped_total, state.readable, state.error, state.profiles)
 
 
