@@ -395,3 +395,51 @@ def test_an_address_that_cannot_be_served_is_said_in_words_and_the_command_still
     assert "oomsight: cannot serve /metrics on 192.0.2.1:0 (Cannot assign requested address); running without it\n" in (
         result.stderr
     )
+
+
+COUNTS_SIGINT = """
+import signal, sys, time
+seen = []
+signal.signal(signal.SIGINT, lambda *_: seen.append(1))
+print("ready", flush=True)
+deadline = time.time() + 30
+while not seen and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)  # a second SIGINT, if one were sent, would arrive by now
+print(f"SIGINTs: {len(seen)}", flush=True)
+sys.exit(130 if seen else 0)
+"""
+
+
+def test_a_ctrl_c_at_the_terminal_reaches_the_command_once_and_run_exits_130(tmp_path):
+    import os
+    import pty
+    import select
+    import time
+
+    child = write(tmp_path, "counts.py", COUNTS_SIGINT)
+    pid, fd = pty.fork()  # oomsight run in the foreground of a terminal of its own
+    if pid == 0:
+        os.environ["TMPDIR"] = str(tmp_path)
+        os.execv(PY, [PY, "-m", "oomsight", "run", "--port", "0", "--no-report", "--", PY, child])
+    seen, typed = b"", False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not select.select([fd], [], [], 0.1)[0]:
+            continue
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # the terminal closed: everything has exited
+            break
+        seen += data
+        if b"ready" in seen and not typed:
+            os.write(fd, b"\x03")  # Ctrl-C: the terminal signals the foreground process group
+            typed = True
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    text = seen.decode(errors="replace")
+    said_well(text)
+    assert "SIGINTs: 1" in text  # from the terminal only: oomsight did not send a second one
+    assert "oomsight run: interrupted (SIGINT); the command exited with 130" in text
+    assert os.waitstatus_to_exitcode(status) == 130
+    assert [n for n in os.listdir(tmp_path) if n.startswith(("oomsight-run-", "oomsight-startup-"))] == []
