@@ -244,6 +244,11 @@ HEADROOM_HELP = (
     "allocator, or the per-process cap of set_per_process_memory_fraction() where that is smaller, minus the "
     "window peak of reserved bytes; 0 when none is left."
 )
+CATEGORY_HELP = (
+    "Device memory by category: parameters (every parameter of the models, trainable and frozen), gradients "
+    "and optimizer state, each tensor by its local storage on this device (a shard for a sharded one); "
+    "activations = peak allocated minus those (a lower bound unless OOMSIGHT_STEP_PEAKS is on)."
+)
 SLOPE_HELP = (
     "Slope of the between-steps floor of allocated memory in bytes per optimizer step, not bytes (least squares "
     "over the judged step rows; negative while it falls, 0 when not known); absent before enough steps."
@@ -506,8 +511,7 @@ FAMILIES: tuple[Family, ...] = (
     info("oomsight_gpu", "The GPU behind a (rank, device): model name.", DEVICE, lambda d: {"name": d.get("name", "")}),
     gauge(
         "oomsight_memory_by_category_bytes",
-        "Device memory by category: parameters, gradients and optimizer state summed from the optimizers' tensors; "
-        "activations = peak allocated minus those (a lower bound unless OOMSIGHT_STEP_PEAKS is on).",
+        CATEGORY_HELP,
         DEVICE,
         lambda d: (
             [(name, d["categories"].get(f"{name}_bytes")) for name in CATEGORIES] if d.get("categories") else None
