@@ -253,23 +253,20 @@ class BoundedServer:
     def init_limits(self, limits: ServerLimits, errors: Optional[ServerErrors] = None) -> None:
         self.limits = limits
         self.errors = errors or ServerErrors()
-        self.cap = DESCRIPTORS.claim(limits.max_connections)
+        self.cap = 0  # claimed when serving starts (a server that fails to bind claims nothing)
         self._waiting: dict[Connection, None] = {}  # waiting for their request, in the loop
         self._peers: dict[str, OrderedDict[Connection, None]] = {}  # the same by client address, idlest first
         self._busy: set[Connection] = set()  # queued for or in a worker
         self._lingering: OrderedDict[Connection, None] = OrderedDict()  # answered, draining before close
         self._back: deque[tuple[Connection, bool]] = deque()
         self._work: queue.SimpleQueue[Optional[Connection]] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._wake_r: Optional[socket.socket] = None
+        self._wake_w: Optional[socket.socket] = None
         self._selector = selectors.DefaultSelector()
         self._stopping, self._stopped = threading.Event(), threading.Event()
         self._stopped.set()
         self._backoff, self._paused_until, self._swept = 0.0, 0.0, 0.0
         self._local = threading.local()
-        for i in range(limits.workers):
-            threading.Thread(target=self._work_loop, name=f"oomsight-http-{i}", daemon=True).start()
 
     def count(self, reason: str) -> None:
         self.errors.count(reason)
@@ -288,6 +285,12 @@ class BoundedServer:
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self._stopped.clear()
+        self.cap = DESCRIPTORS.claim(self.limits.max_connections)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        for i in range(self.limits.workers):
+            threading.Thread(target=self._work_loop, name=f"oomsight-http-{i}", daemon=True).start()
         self.socket.setblocking(False)
         self._selector.register(self.socket, selectors.EVENT_READ, _LISTENER)
         self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
@@ -306,11 +309,17 @@ class BoundedServer:
         self._stopped.wait(10.0)
 
     def close_limits(self) -> None:
+        """Stop the workers, give back the descriptors claimed (after :meth:`shutdown`)."""
+        if self._wake_r is None:
+            return  # never served
         for _ in range(self.limits.workers):
             self._work.put(None)
         DESCRIPTORS.release(self.cap)
+        self.cap = 0
         for sock in (self._wake_r, self._wake_w):
-            sock.close()
+            if sock is not None:
+                sock.close()
+        self._wake_r = self._wake_w = None
 
     def _turn(self) -> None:
         now = time.monotonic()
@@ -475,8 +484,8 @@ class BoundedServer:
         self._work.put(conn)
 
     def _take_back(self) -> None:
-        with contextlib.suppress(OSError):
-            while self._wake_r.recv(4096):
+        with contextlib.suppress(OSError, AttributeError):
+            while self._wake_r.recv(4096):  # type: ignore[union-attr]
                 pass
         now = time.monotonic()
         while self._back:
@@ -565,8 +574,8 @@ class BoundedServer:
         self._selector.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # BlockingIOError: a wake is already pending
-            self._wake_w.send(b"x")
+        with contextlib.suppress(OSError, AttributeError):  # a wake is already pending; or not serving
+            self._wake_w.send(b"x")  # type: ignore[union-attr]
 
     # --- the workers ---
 
