@@ -3,6 +3,8 @@ each labelled by construction with its true cause and the remedy that truly fixe
 
     torchrun --standalone --nproc_per_node=N benchmarks/corpus/multigpu.py NAME [--remedy]    # N GPUs, NCCL
     torchrun --standalone --nproc_per_node=2 benchmarks/corpus/multigpu.py --all --cpu-smoke  # gloo, tiny
+    torchrun --standalone --nproc_per_node=2 benchmarks/corpus/multigpu.py --all --cpu-measure  # gloo, the
+        # needs the caps come from, measured: every storage's bytes at mid-sized shapes (peak_live_bytes)
     python benchmarks/corpus/multigpu.py --list                      # name, true cause, remedy key
     PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/corpus/run.py --script multigpu --nproc N --out DIR
 
@@ -16,16 +18,20 @@ checked by the CPU test) and, once every rank has finished, ``FITS``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
 import sys
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import GIB, SMOKE, Facts, blocks, building, cap, nbytes, pick, scenario
@@ -44,11 +50,58 @@ class Group:
     cap_gib: Optional[float] = None
     """Set by ``--cap-gib``: replaces the scenario's own cap."""
 
-    def limit(self, need_without: float, need_with: float, activations: float) -> float:
-        """Cap this rank half-way between the remedy's need and the plain run's (bytes), plus activations."""
+    def limit(self, need_without: float, need_with: float, activations: float) -> int:
+        """Cap this rank half-way between the remedy's need and the plain run's (bytes), plus activations;
+        the cap in bytes."""
         gib = self.cap_gib or ((need_without + need_with) / 2 + activations) / GIB
         cap(gib)
-        return gib
+        return int(gib * GIB)
+
+
+class _Measure:
+    on = False
+    """``--cpu-measure``: gloo on the CPU at shapes between the smoke's and the GPU's, every storage's
+    bytes tracked (LiveBytes), so the need each cap is derived from can be checked on a CPU."""
+
+
+MEASURE = _Measure()
+
+
+def shape(gpu: tuple[int, ...], measured: tuple[int, ...], smoke: tuple[int, ...]) -> tuple[int, ...]:
+    return measured if MEASURE.on else pick(gpu, smoke)  # type: ignore[no-any-return]
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak over ATen calls of the bytes every storage they returned holds, read at each call: a
+    storage freed in place (``resize_(0)``, as FSDP frees unsharded parameters) counts 0 from then on;
+    a tensor subclass (DTensor) counts by its inner tensors. CPU only, slow: for ``--cpu-measure``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self.peak_bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        todo = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        while todo:
+            t = todo.pop()
+            if is_traceable_wrapper_subclass(t):
+                todo.extend(
+                    x for x in (getattr(t, a) for a in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)
+                )
+            else:
+                storage = t.untyped_storage()
+                self.storages.setdefault(storage._cdata, weakref.ref(storage))
+        held = 0
+        for key, ref in list(self.storages.items()):
+            storage = ref()
+            if storage is None:
+                del self.storages[key]
+            else:
+                held += storage.nbytes()
+        self.peak_bytes = max(self.peak_bytes, held)
+        return out
 
 
 def setup(cap_gib: Optional[float]) -> Group:
@@ -84,10 +137,10 @@ def ddp_buckets_no_room(remedy: bool, group: Group) -> Facts:
     bytes, unless ``gradient_as_bucket_view=True`` makes the gradients views of the buckets. With fp32
     parameters P (4 GiB here, replicated on every rank) and AdamW (2P): 5P at the first optimizer step
     without, 4P with; the cap sits between (~19 GiB a rank, any world size)."""
-    width, depth, batch = pick((8192, 16, 512), (32, 2, 8))
+    width, depth, batch = shape((8192, 16, 512), (512, 16, 16), (32, 2, 8))
     model = blocks(width, depth)
     params = nbytes(model.parameters())
-    gib = group.limit(5 * params, 4 * params, 2 * depth * batch * width * 4)
+    limit = group.limit(5 * params, 4 * params, 2 * depth * batch * width * 4)
     ids = None if SMOKE.on else [group.device.index]
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=remedy)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4, foreach=False)
@@ -99,7 +152,7 @@ def ddp_buckets_no_room(remedy: bool, group: Group) -> Facts:
         return {"grads": len(gs), "grad_storages": len({g.untyped_storage().data_ptr() for g in gs})}
 
     facts = steps(ddp, opt, torch.randn(batch, width, device=group.device), pick(3, 2), grads)
-    return {**facts, "gradient_as_bucket_view": ddp.gradient_as_bucket_view, "cap_gib": round(gib, 2)}
+    return {**facts, "gradient_as_bucket_view": ddp.gradient_as_bucket_view, "cap_bytes": limit}
 
 
 # ---------------------------------------------------------------- FSDP2
@@ -115,7 +168,7 @@ def fsdp2_unsharded_kept(remedy: bool, group: Group) -> Facts:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    width, depth, batch = pick((4096, 96, 256), (32, 4, 8))
+    width, depth, batch = shape((4096, 96, 256), (256, 64, 16), (32, 4, 8))
     mesh = init_device_mesh(group.device.type, (group.world,))
     with torch.device("meta"):
         model = Blocks(width, depth)
@@ -128,7 +181,9 @@ def fsdp2_unsharded_kept(remedy: bool, group: Group) -> Facts:
             p.to_local().normal_(0, width**-0.5)  # type: ignore[operator]
     full = width * (width + 1) * depth * 4
     block = full // depth
-    gib = group.limit(3 * full / group.world + full, 4 * full / group.world + 6 * block, 2 * depth * batch * width * 4)
+    limit = group.limit(
+        3 * full / group.world + full, 4 * full / group.world + 6 * block, 2 * depth * batch * width * 4
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
 
     def unsharded(stage: str) -> Optional[Facts]:
@@ -136,7 +191,7 @@ def fsdp2_unsharded_kept(remedy: bool, group: Group) -> Facts:
         return {"unsharded_after_forward": kept} if stage == "forward" else None
 
     facts = steps(model, opt, torch.randn(batch, width, device=group.device), pick(3, 2), unsharded)
-    return {**facts, "parameters": len(list(model.parameters())), "cap_gib": round(gib, 2)}
+    return {**facts, "parameters": len(list(model.parameters())), "cap_bytes": limit}
 
 
 # ---------------------------------------------------------------- DeepSpeed ZeRO
@@ -170,7 +225,7 @@ def zero2_full_params(remedy: bool, group: Group) -> Facts:
     width, depth, batch = pick((8192, 24, 256), (32, 2, 8))
     count = width * (width + 1) * depth
     layer = width * (width + 1)
-    gib = group.limit(
+    limit = group.limit(
         2 * count + 18 * count / group.world,
         18 * count / group.world + 4 * layer,
         2 * depth * batch * width * 2 + 4 * count / group.world,
@@ -188,7 +243,7 @@ def zero2_full_params(remedy: bool, group: Group) -> Facts:
         loss = engine(x).float().square().mean()
         engine.backward(loss)
         engine.step()
-    return {"zero_stage": engine.zero_optimization_stage(), "cap_gib": round(gib, 2)}
+    return {"zero_stage": engine.zero_optimization_stage(), "cap_bytes": limit}
 
 
 if HAS_DEEPSPEED:
@@ -196,7 +251,11 @@ if HAS_DEEPSPEED:
 
 
 def run(name: str, remedy: bool, group: Group) -> None:
-    facts = MULTI[name][2](remedy, group)
+    live = LiveBytes() if MEASURE.on else contextlib.nullcontext()
+    with live:
+        facts = MULTI[name][2](remedy, group)
+    if isinstance(live, LiveBytes):
+        facts["peak_live_bytes"] = live.peak_bytes
     if not SMOKE.on:
         torch.cuda.synchronize()
         facts["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -214,6 +273,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--all", action="store_true", help="every scenario, plain then with its remedy")
     ap.add_argument("--remedy", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true", help="gloo on the CPU, tiny shapes, two steps")
+    ap.add_argument("--cpu-measure", action="store_true", help="gloo, mid-sized, every storage's bytes tracked")
     ap.add_argument("--cap-gib", type=float, default=None, help="cap each rank here instead")
     args = ap.parse_args(argv)
     if args.list or not (args.name or args.all):
@@ -225,7 +285,8 @@ def main(argv: list[str]) -> int:
     if args.name and args.name not in MULTI:
         print(f"unknown scenario {args.name!r}; --list names them", file=sys.stderr)
         return 2
-    SMOKE.on = args.cpu_smoke
+    MEASURE.on = args.cpu_measure
+    SMOKE.on = args.cpu_smoke or args.cpu_measure
     group = setup(args.cap_gib)
     skip = "deepspeed is not installed" if not HAS_DEEPSPEED else "it needs a GPU" if SMOKE.on else None
     names = [n for n in MULTI if not (skip and n == "zero2_full_params")]
