@@ -80,8 +80,14 @@ WEBHOOK_UP_SELECTOR = 'container="webhook", service=~".*oomsight.*"'
 named after the release)."""
 WEBHOOK_SEEN = "oomsight_webhook_admissions_total"
 DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
-"""dcgm-exporter's framebuffer used, in MiB, labelled ``UUID`` (the GPU's), ``gpu`` (the host's index)
-and ``device`` (``nvidia0``: the device node, not the CUDA index oomsight's ``device`` is)."""
+"""dcgm-exporter's framebuffer used up to 4.8.x, in MiB, labelled ``UUID`` (the GPU's), ``gpu`` (the host's index)
+and ``device`` (``nvidia0``: the device node, not the CUDA index oomsight's ``device`` is). Verified in
+``etc/default-counters.csv`` at every stored tag up to ``4.5.3-4.8.2`` (docs/alerts.md, "dcgm-exporter")."""
+DCGM_FB_USED_BYTES = '{__name__=~"DCGM_FI_DEV_FB_USED_.+", __name__!~".*_(PERCENT|RATIO)"}'
+"""dcgm-exporter 4.9+'s framebuffer used, in bytes (4.9.0 renamed the fields DCGM 4.7 deprecates and moved GPU
+memory from MiB to bytes). Its exact new name was not in the stored copies (they end at 4.8.2; the release
+notes read name only the new ``DCGM_FI_DEV_FB_CAPACITY_BYTES``), so this matches any renamed framebuffer-used
+field but DCGM's ``DCGM_FI_DEV_FB_USED_PERCENT`` ratio; docs/alerts.md says what was verified."""
 MIB = 1 << 20
 OOM_LOOKBACK = "10m"
 """Recorded OOM events and pod owners outlive a pod this long, so a pod that dies right after its

@@ -96,14 +96,22 @@ def timeseries(
     )
 
 
-def stat(title: str, description: str, queries: Sequence[Query], unit: str, thresholds: list[dict[str, Any]]) -> Panel:
+def stat(
+    title: str,
+    description: str,
+    queries: Sequence[Query],
+    unit: str,
+    thresholds: list[dict[str, Any]],
+    no_value: str = "0",
+) -> Panel:
+    """``no_value``: what the panel says when its query returns nothing."""
     return g.Stat(
         **{**_common(title, description, queries), "thresholds": thresholds},
         format=unit,
         reduceCalc="lastNotNull",
         graphMode="none",
         colorMode="value",
-        noValue="0",
+        noValue=no_value,
         extraJson=required("stat"),
     )
 

@@ -223,16 +223,30 @@ oom_table = p.oom_table(
 
 dcgm = [
     (
+        p.stat(
+            "dcgm-exporter GPUs",
+            "GPUs in this Prometheus for which dcgm-exporter serves framebuffer used, in either form: "
+            "DCGM_FI_DEV_FB_USED (MiB, up to 4.8) or the bytes field of 4.9+ (docs/alerts.md, 'dcgm-exporter'). "
+            "A note instead of a number: neither form is here, so the panels beside it stay empty.",
+            q.DCGM_GPUS,
+            "none",
+            p.steps((p.GREEN, None)),
+            no_value="neither DCGM_FI_DEV_FB_USED (MiB) nor a 4.9+ bytes field: dcgm-exporter not scraped",
+        ),
+        4,
+    ),
+    (
         p.timeseries(
             "dcgm-exporter framebuffer used and PyTorch reserved",
             "Per GPU of the selected pods, where NVIDIA dcgm-exporter runs: its framebuffer used "
-            "(DCGM_FI_DEV_FB_USED, MiB, in bytes; every process on the GPU, the CUDA context included) next to "
+            "(DCGM_FI_DEV_FB_USED in MiB up to 4.8, its 4.9+ bytes field, in bytes; every process on the GPU, "
+            "the CUDA context included) next to "
             "the bytes PyTorch's caching allocators hold on it, joined on the GPU's UUID (dcgm's UUID label, "
             "oomsight's gpu_uuid). Empty without dcgm-exporter, and on MIG slices (dcgm labels them with the "
             "parent GPU's UUID).",
             q.DCGM_VS_RESERVED,
         ),
-        16,
+        12,
     ),
     (
         p.timeseries(

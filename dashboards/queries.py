@@ -236,6 +236,10 @@ DCGM_VS_RESERVED = [
         "PyTorch reserved {{pod}} {{gpu_uuid}}",
     ),
 ]
+DCGM_GPUS = [
+    Query(f"count(\n{r.dcgm_used_bytes(CL)}\n)", "GPUs with dcgm framebuffer used", instant=True),
+]
+"""GPUs for which dcgm-exporter serves framebuffer used in either form: none means the note of the panel."""
 DCGM_OUTSIDE = [
     Query(
         f"{peak(r.GPU_DCGM_FB_USED + GPU_SEL)}\n- on ({r.GPU_LEVEL}) {peak(r.GPU_RESERVED + GPU_SEL)}",

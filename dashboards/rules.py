@@ -27,8 +27,8 @@ GPU_USED = "namespace_workload_pod_gpu:oomsight_gpu_memory_used_bytes:max"
 GPU_TOTAL = "namespace_workload_pod_gpu:oomsight_gpu_memory_total_bytes:max"
 GPU_HEADROOM = "namespace_workload_pod_gpu:oomsight_gpu_headroom_bytes_per_capacity_bytes:min"
 GPU_DCGM_FB_USED = "namespace_workload_pod_gpu:dcgm_fi_dev_fb_used_bytes:max"
-"""dcgm-exporter's framebuffer used (``DCGM_FI_DEV_FB_USED``, MiB) in bytes, per GPU of each pod that
-oomsight sees, joined on the GPU's UUID (dcgm's ``UUID`` = oomsight's ``gpu_uuid``)."""
+"""dcgm-exporter's framebuffer used (``DCGM_FI_DEV_FB_USED`` in MiB up to 4.8, the bytes field of 4.9+) in
+bytes, per GPU of each pod that oomsight sees, joined on the GPU's UUID (dcgm's ``UUID`` = oomsight's ``gpu_uuid``)."""
 POD_PEAK_RESERVED = "namespace_workload_pod:oomsight_torch_window_peak_reserved_bytes:max"
 POD_HEADROOM = "namespace_workload_pod:oomsight_gpu_headroom_bytes_per_capacity_bytes:min"
 WL_RESERVED = "namespace_workload:oomsight_torch_reserved_bytes:sum"
@@ -105,15 +105,22 @@ def oom_event_expr() -> str:
     return with_remedy(joined)
 
 
+def dcgm_used_bytes(matcher: str = "") -> str:
+    """dcgm-exporter's framebuffer used per GPU in bytes, labelled ``gpu_uuid``: the 4.9+ bytes field where
+    the GPU has it, else the MiB field of older exporters times 2^20 (``or on``: never both). ``matcher``:
+    one more label matcher for both forms (the dashboards' cluster)."""
+    extra = f", {matcher}" if matcher else ""
+    new = c.DCGM_FB_USED_BYTES[:-1] + extra + "}"
+    old = f"{c.DCGM_FB_USED}{{{matcher}}}" if matcher else c.DCGM_FB_USED
+    by_gpu = 'max by (cluster, gpu_uuid) (label_replace({}, "gpu_uuid", "$1", "UUID", "(.+)"))'
+    return f"{by_gpu.format(new)}\nor on (cluster, gpu_uuid)\n{by_gpu.format(old)} * {c.MIB}"
+
+
 def dcgm_expr() -> str:
     """Each pod's GPUs (from oomsight) with dcgm-exporter's framebuffer used of that GPU. The right
     side is one series per GPU, so pods sharing a GPU (time-slicing) each get its value."""
-    return promql(f"""
-        group by ({GPU_LEVEL}) ({GPU_RESERVED})
-        * on (cluster, gpu_uuid) group_left ()
-        max by (cluster, gpu_uuid) (
-          label_replace({c.DCGM_FB_USED}, "gpu_uuid", "$1", "UUID", "(.+)")
-        ) * {c.MIB}""")
+    used = textwrap.indent(dcgm_used_bytes(), "  ")
+    return f"group by ({GPU_LEVEL}) ({GPU_RESERVED})\n* on (cluster, gpu_uuid) group_left ()\n(\n{used}\n)"
 
 
 def gpu_rule(record: str, metric: str, how: str) -> dict[str, str]:

@@ -128,8 +128,16 @@ def test_the_dcgm_row_is_collapsed_last_and_joins_on_the_gpu_uuid() -> None:
     board = load(BOARDS["oomsight-pod.json"])
     last = board["panels"][-1]
     assert last["type"] == "row" and last["collapsed"] is True and "dcgm" in last["title"]
-    inner = last["panels"]
+    note, *inner = last["panels"]
     assert inner and all(rules.GPU_DCGM_FB_USED in t["expr"] for p in inner for t in p["targets"][:1])
+    assert note["type"] == "stat" and config.DCGM_FB_USED in note["targets"][0]["expr"]
+
+
+def test_the_dcgm_note_reads_both_forms_and_says_so_when_neither_is_there() -> None:
+    note = load(BOARDS["oomsight-pod.json"])["panels"][-1]["panels"][0]
+    expr = note["targets"][0]["expr"]
+    assert "DCGM_FI_DEV_FB_USED{" in expr and "DCGM_FI_DEV_FB_USED_.+" in expr and "* 1048576" in expr
+    assert "neither" in note["fieldConfig"]["defaults"]["noValue"]
 
 
 def test_the_cluster_overview_reads_only_recorded_series() -> None:
