@@ -102,3 +102,8 @@ class KubernetesFields:
 
     events_max: int = 100
     """Events per pod at most; later OOMs are counted as ``suppressed``, not posted (``OOMSIGHT_EVENTS_MAX``)."""
+
+    resource_claims: bool = False
+    """Read the GPU memory budget of the pod's DRA ResourceClaims (``oomsight_gpu_memory_budget_bytes``; needs the
+    chart's ``rbac.resourceClaims`` grant to list ResourceClaims in the pod's namespace)
+    (``OOMSIGHT_RESOURCE_CLAIMS``)."""

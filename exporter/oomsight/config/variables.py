@@ -278,6 +278,11 @@ SIDECAR = (
         "events_max", "pod", "events_max", 100, functools.partial(parse_count, minimum=0),
         "Events per pod at most; later OOMs are counted as `suppressed`, not posted",
     ),
+    Setting(
+        "resource_claims", "pod", "resource_claims", False, parse_bool,
+        "read the GPU memory budget of the pod's DRA ResourceClaims (`oomsight_gpu_memory_budget_bytes`; needs "
+        "the chart's `rbac.resourceClaims` grant to list ResourceClaims in the pod's namespace)",
+    ),
 )
 """Every variable of the sidecar, in the order of ``docs/configuration.md``."""
 
