@@ -134,6 +134,19 @@ def test_mutate_answers_within_a_second_while_2000_connections_are_silent_or_slo
     assert peak < WEBHOOK_LIMIT_KIB, f"webhook peak {peak / 1024:.0f} MiB"
 
 
+def test_mutate_answers_within_a_second_while_400_tls_connections_trickle_their_heads(tmp_path):
+    with webhook_process(str(tmp_path)) as webhook:
+        tls = webhook.client_context
+        with Attack("127.0.0.1", webhook.port, 400, mode="slow", seconds=8, tls=tls) as attack:
+            time.sleep(1.0)  # each has sent a byte or two of its head, inside TLS
+            probes = probe_mutate(webhook)
+            held = attack.peak_open
+        peak = status_kib(webhook.proc.pid, "VmHWM")
+    assert_all_answered_in_time(probes)
+    assert held > WEBHOOK_CAP
+    assert peak < WEBHOOK_LIMIT_KIB, f"webhook peak {peak / 1024:.0f} MiB"
+
+
 def test_an_http_0_9_request_on_the_tls_port_is_answered_or_closed_at_once(tmp_path):
     with webhook_process(str(tmp_path)) as webhook:
         raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=3)

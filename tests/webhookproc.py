@@ -97,32 +97,37 @@ def webhook_process(
         fh.write(serving.cert_pem)
     with open(key, "wb") as fh:
         fh.write(serving.key_pem)
-    port, metrics_port = free_port(), free_port()
-    full_env = {
-        **os.environ,
-        "OOMSIGHT_WEBHOOK_HOST": host,
-        "OOMSIGHT_WEBHOOK_PORT": str(port),
-        "OOMSIGHT_WEBHOOK_METRICS_PORT": str(metrics_port),
-        "OOMSIGHT_WEBHOOK_TLS_MODE": "files",
-        "OOMSIGHT_WEBHOOK_CERT_FILE": cert,
-        "OOMSIGHT_WEBHOOK_KEY_FILE": key,
-        "OOMSIGHT_WEBHOOK_CERT_DIR": os.path.join(folder, "loaded"),
-        "OOMSIGHT_INJECT_IMAGE": "ghcr.io/oomsight/oomsight:0.1.0",
-        "OOMSIGHT_INJECT_NATIVE_SIDECAR": "true",
-        **(env or {}),
-    }
     log = open(os.path.join(folder, "webhook.log"), "wb")  # noqa: SIM115 - a file, never a pipe that fills; closed below
-    proc = subprocess.Popen([sys.executable, "-m", "oomsight", "webhook"], env=full_env, stdout=log, stderr=log)
+    proc = None
     try:
-        try:
-            wait_for(lambda: http_get(f"http://{host}:{metrics_port}/metrics")[0] == 200, timeout=30)
-        except TimeoutError:
+        for _attempt in range(3):  # a free port can be taken by another test's client before the webhook binds it
+            port, metrics_port = free_port(), free_port()
+            env_now = {
+                **os.environ,
+                "OOMSIGHT_WEBHOOK_HOST": host,
+                "OOMSIGHT_WEBHOOK_PORT": str(port),
+                "OOMSIGHT_WEBHOOK_METRICS_PORT": str(metrics_port),
+                "OOMSIGHT_WEBHOOK_TLS_MODE": "files",
+                "OOMSIGHT_WEBHOOK_CERT_FILE": cert,
+                "OOMSIGHT_WEBHOOK_KEY_FILE": key,
+                "OOMSIGHT_WEBHOOK_CERT_DIR": os.path.join(folder, "loaded"),
+                "OOMSIGHT_INJECT_IMAGE": "ghcr.io/oomsight/oomsight:0.1.0",
+                "OOMSIGHT_INJECT_NATIVE_SIDECAR": "true",
+                **(env or {}),
+            }
+            proc = subprocess.Popen([sys.executable, "-m", "oomsight", "webhook"], env=env_now, stdout=log, stderr=log)
+            url = f"http://{host}:{metrics_port}/metrics"
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda: proc.poll() is not None or http_get(url)[0] == 200, timeout=30)  # noqa: B023
+            if proc.poll() is None:
+                break
+        if proc.poll() is not None or http_get(url)[0] != 200:
             log.flush()
             with open(log.name, "rb") as fh:
-                raise AssertionError(f"the webhook did not start: {fh.read()[-2000:]!r}") from None
+                raise AssertionError(f"the webhook did not start: {fh.read()[-2000:]!r}")
         yield WebhookProcess(proc, host, port, metrics_port, ca.cert_pem)
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(10)
@@ -148,9 +153,10 @@ class Attack:
         seconds: float = 20.0,
         trickle_seconds: float = 0.5,
         source: str = "127.0.0.2",
+        tls: Optional[ssl.SSLContext] = None,
     ) -> None:
         self.address, self.connections, self.mode, self.source = (host, port), connections, mode, source
-        self.seconds, self.trickle_seconds = seconds, trickle_seconds
+        self.seconds, self.trickle_seconds, self.tls = seconds, trickle_seconds, tls
         self.opened = self.reopened = self.peak_open = 0
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -174,7 +180,10 @@ class Attack:
         self._thread.join(15)
 
     def _connect(self, sel: selectors.BaseSelector) -> bool:
-        """A non-blocking connect: a server whose backlog is full never stalls the attack."""
+        """A non-blocking connect: a server whose backlog is full never stalls the attack.
+        With ``tls``, a whole TLS handshake first (blocking, 2 s at most), then the same."""
+        if self.tls is not None:
+            return self._connect_tls(sel)
         try:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         except OSError:
@@ -190,6 +199,26 @@ class Attack:
         self.opened += 1
         return True
 
+    def _connect_tls(self, sel: selectors.BaseSelector) -> bool:
+        try:
+            raw = socket.create_connection(self.address, timeout=2, source_address=(self.source, 0))
+            sock = self.tls.wrap_socket(raw, server_hostname="localhost")  # type: ignore[union-attr]
+        except OSError:
+            return False
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ, [0])
+        self.opened += 1
+        return True
+
+    def _closed(self, sock: Any) -> bool:
+        """Readable: closed by the server (or answered); a TLS session ticket is neither."""
+        try:
+            return not sock.recv(65536) or True
+        except (ssl.SSLWantReadError, BlockingIOError):
+            return False
+        except OSError:
+            return True
+
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
         end = time.monotonic() + self.seconds
@@ -201,10 +230,9 @@ class Attack:
             next_trickle = time.monotonic()
             while time.monotonic() < end and not self._stop.is_set():
                 for key, _ in sel.select(0.05):  # readable: the server answered or closed
-                    with contextlib.suppress(OSError):
-                        key.fileobj.recv(65536)  # type: ignore[union-attr]
-                    sel.unregister(key.fileobj)
-                    key.fileobj.close()
+                    if self._closed(key.fileobj):
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
                 missing = self.connections - len(sel.get_map())
                 for _ in range(min(missing, self.REOPEN_PER_TURN)):  # bounded: loopback's ports are shared
                     self.reopened += self._connect(sel)
