@@ -116,6 +116,17 @@ def test_save_on_cpu_leaves_the_ctx_activations_and_reentrant_checkpointing_keep
     assert fixed["ctx_kept_bytes"] == 0
 
 
+def test_the_runner_loads_by_path_without_a_module_as_the_held_out_runner_loads_it():
+    spec = importlib.util.spec_from_file_location("corpus_run", os.path.join(CORPUS, "run.py"))
+    runner = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(runner)  # type: ignore[union-attr]  (not in sys.modules, as benchmarks/heldout/run.py)
+    command = runner.scenario_command(
+        "ddp_buckets_no_room", True, runner.Launch("multigpu.py", nproc=2, cpu_smoke=True)
+    )
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert command[5:] == ["multigpu.py", "ddp_buckets_no_room", "--remedy", "--cpu-smoke"]
+
+
 def test_the_runner_sets_the_async_back_end_before_torch_loads_and_records_facts(tmp_path):
     out = tmp_path / "runs"
     cmd = [sys.executable, os.path.join(CORPUS, "run.py"), "--script", "cluster", "--cpu-smoke", "--bare"]

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "scenarios.py")
@@ -37,9 +36,9 @@ def scenarios(script: str = SCRIPT) -> list[tuple[str, str, str]]:
     return [tuple(line.split()) for line in out.stdout.splitlines() if line.strip()]  # type: ignore[misc]
 
 
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """How each scenario run starts."""
+class Launch(NamedTuple):
+    """How each scenario run starts (a named tuple, not a dataclass: heldout/run.py loads this file
+    by path, without a module in sys.modules, which a dataclass needs)."""
 
     script: str = SCRIPT
     bare: bool = False
