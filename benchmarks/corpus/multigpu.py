@@ -136,7 +136,7 @@ def ddp_buckets_no_room(remedy: bool, group: Group) -> Facts:
     """DDP keeps a flat gradient bucket per ~25 MiB of gradients beside ``param.grad``: 2x the gradient
     bytes, unless ``gradient_as_bucket_view=True`` makes the gradients views of the buckets. With fp32
     parameters P (4 GiB here, replicated on every rank) and AdamW (2P): 5P at the first optimizer step
-    without, 4P with; the cap sits between (~19 GiB a rank, any world size)."""
+    without, 4P with; the cap sits between (~18.5 GiB a rank, any world size)."""
     width, depth, batch = shape((8192, 16, 512), (512, 16, 16), (32, 2, 8))
     model = blocks(width, depth)
     params = nbytes(model.parameters())
