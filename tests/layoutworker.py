@@ -120,7 +120,51 @@ def fsdp1(rank: int, out: str, orig_params: bool) -> dict[str, Any]:
     return found
 
 
-BODIES = {"ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1}
+def hooked(rank: int, out: str, reshard: bool) -> dict[str, Any]:
+    """The real hook in an FSDP2 job (the CPU's tensors counted as device 0's, the allocator a fake
+    whose capacity is this small model's): an OOM inside a forward, recorded and diagnosed."""
+    import sys
+
+    from torch.distributed.fsdp import fully_shard
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from fakes import FakeCuda
+
+    from oomsight.config import Settings
+    from oomsight.hook.runtime import Hook
+    from oomsight.wire.spool import SpoolReader
+
+    kib = 1024
+    cuda = FakeCuda(total=64 * kib)
+    cuda.set(0, allocated=40 * kib, reserved=48 * kib, peak_allocated=56 * kib, peak_reserved=60 * kib)
+    spool = os.path.join(out, f"spool{rank}")
+    hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), cuda, None, torch)
+    assert hook.steps is not None
+    hook.steps.device_type = "cpu"
+    hook.start()
+    hook.sampler.tick()
+    m = model()
+    for layer in m:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, reshard_after_forward=reshard)
+    fully_shard(m, reshard_after_forward=reshard)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(6):  # the job probe's window (after the third step) sees the model called
+        step(m, opt)
+    shards = storages(m.parameters())  # between steps every group is resharded: the registered parameters are shards
+    m[2].register_forward_pre_hook(lambda module, args: cuda.observer(0, 30 * kib, 64 * kib, 0))
+    m(torch.randn(8, 40))
+    hook.stop()
+    (event,) = SpoolReader(spool).read().events
+    return {
+        "parallelism": event["job"]["parallelism"],
+        "model_states": event["model_states"],
+        "truth": {"parameters": shards},
+        "diagnosis": event["diagnosis"],
+    }
+
+
+BODIES = {"ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1, "hooked": hooked}
 
 
 def run(rank: int, world: int, out: str, body: str, flag: bool) -> None:

@@ -93,6 +93,26 @@ def test_zero3_partitions_count_and_a_gathered_parameter_counts_as_unsharded() -
     assert layout.parallelism["strategy"] == "zero" and layout.parallelism["zero_stage"] == 3
 
 
+@pytest.mark.parametrize("reshard", [False, True])
+def test_the_real_hook_records_an_fsdp2_job_s_oom_with_its_layout_and_never_says_shard(
+    tmp_path: Path, reshard: bool
+) -> None:
+    for found in ranks(tmp_path, 2, "hooked", reshard):
+        p, states, d = found["parallelism"], found["model_states"], found["diagnosis"]
+        assert (p["strategy"], p["shard_size"], p["reshard_after_forward"]) == ("fsdp2", 2, reshard)
+        assert states["parameters_bytes"] == found["truth"]["parameters"]  # this rank's shards
+        assert states["unsharded_parameters_bytes"] > 0  # the layers gathered for the failing forward
+        # a gathered parameter stands for its shard, which the optimizer trains: nothing is frozen
+        assert (states["frozen_parameters_bytes"], states["frozen_modules"]) == (0, [])
+        assert states["param_dtype"] == "float32"
+        remedies = d["facts"]["remedies"]
+        assert "shard" not in remedies, d["summary"]
+        if not reshard:
+            assert remedies[0] == "reshard_after_forward", d["summary"]
+        else:
+            assert "reshard_after_forward" not in remedies, d["summary"]
+
+
 def test_frozen_base_with_adapters_counts_the_frozen_weights_as_parameters() -> None:
     class Lora(nn.Module):
         def __init__(self, base: nn.Linear, r: int) -> None:

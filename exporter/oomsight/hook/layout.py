@@ -115,6 +115,10 @@ class _Counter:
         self.device_type = device_type
         self.devices: dict[int, Totals] = {}
         self.seen: set[tuple[int, int]] = set()
+        self.dtypes: dict[str, int] = {}
+        """Parameter bytes by dtype name (``float32``, ``bfloat16``)."""
+        self.aliases: dict[int, Any] = {}
+        """id of a gathered (unsharded) parameter -> the sharded one it stands for during a forward."""
         dispatch = getattr(getattr(torch, "utils", None), "_python_dispatch", None)
         self.is_wrapper = getattr(dispatch, "is_traceable_wrapper_subclass", lambda t: False)
         self.plain = (torch.Tensor, torch.nn.Parameter)
@@ -135,6 +139,9 @@ class _Counter:
             device, size = index, size + nbytes
             totals = self.totals(index)
             setattr(totals, slot, getattr(totals, slot) + nbytes)
+        if slot == PARAMS and size:
+            name = str(getattr(t, "dtype", "unknown")).replace("torch.", "")
+            self.dtypes[name] = self.dtypes.get(name, 0) + size
         return device, size
 
     def _storages(self, t: Any, depth: int) -> Iterator[tuple[int, tuple[int, int], int]]:
@@ -198,16 +205,21 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
     """The layout of ``roots`` (the outermost live modules) and ``optimizers``, per device of ``device_type``."""
     roots, optimizers = list(roots), list(optimizers)
     named = _named_parameters(roots, optimizers)  # one walk of the module trees, reused below
-    trains = trained_by(optimizers, (p for _root, _name, p in named if _root is not None))
     counter = _Counter(torch, device_type)
     distributed = _distributed(torch)
     modules = [m for root in roots for m in _modules(root)] if distributed else []
+    for m in modules:  # FSDP2's gathered parameters stand for their shards, which the optimizers hold
+        _fsdp2_aliases(counter, m)
+    held = trained_by(optimizers, (counter.aliases.get(id(p), p) for _root, _name, p in named if _root is not None))
+
+    def trains(p: Any) -> bool:
+        return held(counter.aliases.get(id(p), p))
+
     for m in modules:  # sharded wrappers first: their shards, and what they gathered
         _fsdp2_params(counter, m, trains)
         _fsdp1_params(counter, m, trains)
     for root in roots:
         _ddp_buckets(counter, root)
-    dtypes: dict[str, int] = {}
     kinds: set[str] = set()
     for _root, name, p in named:
         wrapper = type(p) not in counter.plain and counter.is_wrapper(p)
@@ -224,17 +236,14 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
                 _bump(counter, device, "adapters", size)
         else:
             _bump(counter, device, "frozen", size)
-        if size:
-            if _quantized(torch, p, wrapper):
-                _bump(counter, device, "quantized", size)
-            key = str(getattr(p, "dtype", "unknown")).replace("torch.", "")
-            dtypes[key] = dtypes.get(key, 0) + size
+        if size and _quantized(torch, p, wrapper):
+            _bump(counter, device, "quantized", size)
         if p.grad is not None:
             counter.add(p.grad, GRADS)
     _optimizer_states(counter, optimizers)
     return Layout(
         devices=counter.devices,
-        dtypes=dtypes,
+        dtypes=counter.dtypes,
         frozen_modules=frozen_modules(roots, named, trains),
         parallelism=parallelism(torch, roots, modules, kinds),
         adapters="adapters" in kinds,
@@ -307,14 +316,26 @@ def _optimizer_states(counter: _Counter, optimizers: list[Any]) -> None:
                     counter.add(value, STATE)
 
 
+def _fsdp_params(module: Any) -> list[Any]:
+    """FSDP2's ``FSDPParam`` s of ``module`` (none for another module)."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None or "FSDPModule" not in _names(module):
+        return []
+    group = getattr(get_state(), "_fsdp_param_group", None)
+    return list(getattr(group, "fsdp_params", None) or [])
+
+
+def _fsdp2_aliases(counter: _Counter, module: Any) -> None:
+    for fp in _fsdp_params(module):
+        gathered, sharded = getattr(fp, "_unsharded_param", None), getattr(fp, "sharded_param", None)
+        if gathered is not None and sharded is not None:
+            counter.aliases[id(gathered)] = sharded
+
+
 def _fsdp2_params(counter: _Counter, module: Any, trains: Callable[[Any], bool]) -> None:
     """FSDP2 (``fully_shard``): each parameter's padded local shard, and its all-gathered buffers
     while they are alive (0 bytes once resharded)."""
-    get_state = getattr(module, "_get_fsdp_state", None)
-    if get_state is None or "FSDPModule" not in _names(module):
-        return
-    group = getattr(get_state(), "_fsdp_param_group", None)
-    for fp in getattr(group, "fsdp_params", None) or []:
+    for fp in _fsdp_params(module):
         shard = getattr(fp, "_sharded_param_data", None)
         sharded = getattr(fp, "sharded_param", None)
         if shard is not None:

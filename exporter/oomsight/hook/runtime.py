@@ -316,7 +316,7 @@ class _Context(OomContext):
         steps, torch = self.hook.steps, self.hook.torch
         if steps is None or torch is None:
             return None
-        return model_states(steps.optimizers, steps.roots, torch, device, gc)
+        return model_states(steps.optimizers, steps.roots, torch, device, gc, steps.device_type)
 
 
 def _safe(fn: Any, default: Any) -> Any:

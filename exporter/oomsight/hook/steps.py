@@ -184,7 +184,7 @@ def find_live(gc_module: Any, optimizer_type: Any, module_type: Any) -> tuple[li
 
 
 def model_states(
-    optimizers: list[Any], roots: list[Any], torch: Any, device: int, gc_module: Any
+    optimizers: list[Any], roots: list[Any], torch: Any, device: int, gc_module: Any, device_type: str = "cuda"
 ) -> Optional[dict[str, Any]]:
     """At an OOM: parameters (trainable and frozen), gradients and optimizer state on ``device``
     (``ModelStates``), from the models and optimizers seen, else from the live ones found through the
@@ -193,7 +193,7 @@ def model_states(
         live_optimizers, modules = find_live(gc_module, torch.optim.Optimizer, torch.nn.Module)
         optimizers = optimizers or live_optimizers
         roots = roots or roots_of(modules)
-    found = layout.measure(torch, roots, optimizers)
+    found = layout.measure(torch, roots, optimizers, device_type)
     if not found.devices:
         return None
     states = found.states(device)
