@@ -62,6 +62,7 @@ class FakeKube:
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.configs: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
+        self.claims: list[dict[str, Any]] = []
         self.fail: dict[str, list[KubeError]] = {}
         self.version = version
         self._rv = 0
@@ -122,6 +123,11 @@ class FakeKube:
     def server_version(self) -> str:
         self._record("server_version")
         return self.version
+
+    def list_resource_claims(self, namespace: str) -> dict[str, Any]:
+        self._record("list_resource_claims", namespace)
+        items = [c for c in self.claims if c.get("metadata", {}).get("namespace") == namespace]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList", "items": copy.deepcopy(items)}
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -222,6 +228,7 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     import datetime
     import tempfile
 
+    from oomsight_sidecar.claims import Budget, ClaimCollector, ClaimReader
     from oomsight_sidecar.kubemetrics import KubernetesCollector
     from oomsight_sidecar.listener import ServerErrors
     from oomsight_sidecar.owner import Owner
@@ -237,7 +244,10 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     context.loaded = make_serving(make_ca("doc-ca", now), ["localhost"], now)
     reconciler = Reconciler(FileCertificates("tls.crt", "tls.key"), context)
     admitter = Admitter(InjectionSettings(image="x"))
+    claims = ClaimReader(FakeKube, "ml", "uid")
+    claims._budgets = [Budget("train-gpu", "gpu", "gpu.nvidia.com", "node-1/gpu-0", 16 << 30)]
     return [
+        ClaimCollector(claims),
         KubernetesCollector(None, Owner("Job", "train")),
         WebhookCollector(admitter, reconciler, None),
         ServerCollector(ServerErrors()),

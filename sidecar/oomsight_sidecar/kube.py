@@ -1,6 +1,7 @@
 """Every call oomsight makes to the Kubernetes API server, behind one small interface.
 
-The sidecar posts Events; the webhook keeps its TLS Secret and the ``caBundle`` of its
+The sidecar posts Events and, where asked to, lists its namespace's ResourceClaims
+(``oomsight_sidecar.claims``); the webhook keeps its TLS Secret and the ``caBundle`` of its
 own MutatingWebhookConfiguration and asks for the server version. Nothing else. The
 chart's RBAC grants exactly these calls (``docs/kubernetes.md``, "RBAC"), and the
 tests check that against the rendered chart.
@@ -48,6 +49,8 @@ class KubeApi(Protocol):
 
     def server_version(self) -> str: ...
 
+    def list_resource_claims(self, namespace: str) -> Json: ...
+
 
 class KubeClient:
     """:class:`KubeApi` over ``kubernetes.client``; build with :meth:`in_cluster`."""
@@ -59,6 +62,7 @@ class KubeClient:
         self._events = client.EventsV1Api(api_client)
         self._admission = client.AdmissionregistrationV1Api(api_client)
         self._version = client.VersionApi(api_client)
+        self._resource = client.ResourceV1Api(api_client)
         self._timeout = timeout_seconds
 
     @classmethod
@@ -94,6 +98,9 @@ class KubeClient:
 
     def server_version(self) -> str:
         return str(self._call(self._version.get_code).get("gitVersion", ""))
+
+    def list_resource_claims(self, namespace: str) -> Json:
+        return self._call(self._resource.list_namespaced_resource_claim, namespace)
 
     def _call(self, method: Callable[..., Any], *args: Any) -> Json:
         from kubernetes.client.exceptions import ApiException

@@ -16,6 +16,7 @@ from oomsight.config import ConfigError
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.wire.spool import TEMP_MAX_AGE_SECONDS, SpoolReader
 from oomsight_sidecar.admin import AdminApp, ensure_token
+from oomsight_sidecar.claims import ClaimCollector, ClaimReader, start_refresh
 from oomsight_sidecar.events import STATE_DIR, EventPoster
 from oomsight_sidecar.kube import KubeApi, KubeClient
 from oomsight_sidecar.kubemetrics import KubernetesCollector
@@ -41,7 +42,10 @@ freeing the rare cyclic garbage, by at most 50,000 allocations."""
 
 
 def build_app(
-    settings: SidecarSettings, kube: Optional[KubernetesCollector] = None, errors: Optional[ServerErrors] = None
+    settings: SidecarSettings,
+    kube: Optional[KubernetesCollector] = None,
+    errors: Optional[ServerErrors] = None,
+    claims: Optional[ClaimReader] = None,
 ) -> MetricsApp:
     collector = SpoolCollector(
         settings.spool_dir,
@@ -55,6 +59,8 @@ def build_app(
         others.register(kube)
     if errors is not None:
         others.register(ServerCollector(errors))
+    if claims is not None:
+        others.register(ClaimCollector(claims))
     return MetricsApp(collector, others, CollectWatch(settings.hung_after_seconds))
 
 
@@ -71,6 +77,16 @@ def build_poster(
     return EventPoster(settings.spool_dir, kube, client_factory)
 
 
+def build_claims(kube: KubernetesSettings, client_factory: Callable[[], KubeApi]) -> Optional[ClaimReader]:
+    """The reader of the pod's ResourceClaims, when asked for (off by default) and the pod is known."""
+    if not kube.resource_claims:
+        return None
+    if not kube.in_pod:
+        logger.warning("oomsight sidecar: pod namespace and uid are needed to find the pod's ResourceClaims; none read")
+        return None
+    return ClaimReader(client_factory, kube.pod_namespace, kube.pod_uid)
+
+
 def run(
     settings: SidecarSettings,
     stop: Optional[threading.Event] = None,
@@ -83,7 +99,8 @@ def run(
     poster = build_poster(settings, kube, client_factory)
     collector = KubernetesCollector(poster, pod_owner(kube)) if kube.pod_name else None
     errors = ServerErrors()
-    app = build_app(settings, collector, errors)
+    claims = build_claims(kube, client_factory)
+    app = build_app(settings, collector, errors, claims)
     try:
         server = serve(app, settings.host, settings.port, settings.limits, errors)
     except OSError as exc:  # a busy port: the command line names it (oomsight.tools.cli)
@@ -96,6 +113,8 @@ def run(
             "oomsight sidecar: spool %s not readable yet; /readyz answers 503 until it is", settings.spool_dir
         )
     loop = _start_event_loop(poster, kube.events_interval_seconds, stop)
+    if claims is not None:
+        start_refresh(claims, stop)
     while not stop.wait(0.5):
         pass  # a timed wait: a SIGTERM the kernel hands to another thread is seen here within 0.5 s
     if loop is not None and poster is not None:

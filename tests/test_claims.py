@@ -1,0 +1,180 @@
+"""The GPU memory budget of a pod's DRA ResourceClaims (issue 29): claims built with the kubernetes
+client's own ``resource.k8s.io/v1`` models (as Kubernetes 1.35/1.36 serve them), served by a
+recording stub to the real ``KubeClient``, read by the sidecar's reader and exposed by its collector."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Optional
+
+import pytest
+from kubernetes import client as k8s
+from prometheus_client import CollectorRegistry, generate_latest
+
+from oomsight_sidecar import main as sidecar_main
+from oomsight_sidecar.claims import ClaimCollector, ClaimReader, claim_budgets, parse_memory, start_refresh
+from oomsight_sidecar.kube import KubeError
+from oomsight_sidecar.settings import KubernetesSettings, SidecarSettings
+
+from kubetools import FakeKube, kube_stub, rbac_request
+
+POD_UID = "5a1d7c1e-0000-4000-8000-000000000001"
+CLAIMS_PATH = r"/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims"
+
+
+def claim(
+    name: str, pod_uid: str, memory: Optional[str] = "16Gi", device: str = "gpu-0", share: Optional[str] = None
+) -> dict[str, Any]:
+    """A ResourceClaim as the API server serves it once the scheduler allocated it for a pod."""
+    capacity = {"memory": memory} if memory is not None else None
+    obj = k8s.ResourceV1ResourceClaim(
+        api_version="resource.k8s.io/v1",
+        kind="ResourceClaim",
+        metadata=k8s.V1ObjectMeta(name=name, namespace="ml", uid=f"claim-{name}"),
+        spec=k8s.V1ResourceClaimSpec(
+            devices=k8s.V1DeviceClaim(
+                requests=[
+                    k8s.V1DeviceRequest(
+                        name="gpu",
+                        exactly=k8s.V1ExactDeviceRequest(
+                            device_class_name="gpu.nvidia.com",
+                            capacity=k8s.V1CapacityRequirements(requests=capacity) if capacity else None,
+                        ),
+                    )
+                ]
+            )
+        ),
+        status=k8s.V1ResourceClaimStatus(
+            allocation=k8s.V1AllocationResult(
+                devices=k8s.V1DeviceAllocationResult(
+                    results=[
+                        k8s.V1DeviceRequestAllocationResult(
+                            request="gpu",
+                            driver="gpu.nvidia.com",
+                            pool="node-1",
+                            device=device,
+                            share_id=share,
+                            consumed_capacity=capacity,
+                        )
+                    ]
+                )
+            ),
+            reserved_for=[k8s.V1ResourceClaimConsumerReference(resource="pods", name="train-0", uid=pod_uid)],
+        ),
+    )
+    return k8s.ApiClient().sanitize_for_serialization(obj)  # type: ignore[no-any-return]
+
+
+def listing(*claims: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList", "metadata": {}, "items": list(claims)}
+
+
+def exposition(reader: ClaimReader) -> str:
+    registry = CollectorRegistry()
+    registry.register(ClaimCollector(reader))
+    return generate_latest(registry).decode()
+
+
+def test_the_claim_objects_have_the_fields_the_1_35_api_serves() -> None:
+    doc = claim("train-gpu", POD_UID, share="5a1d7c1e-aaaa-4000-8000-000000000002")
+    result = doc["status"]["allocation"]["devices"]["results"][0]
+    assert result["consumedCapacity"] == {"memory": "16Gi"} and result["shareID"].startswith("5a1d")
+    assert doc["status"]["reservedFor"][0] == {"resource": "pods", "name": "train-0", "uid": POD_UID}
+
+
+def test_the_budget_of_the_pods_own_claim_is_read_through_the_real_client() -> None:
+    answers = {
+        ("GET", CLAIMS_PATH): (
+            200,
+            listing(
+                claim("train-gpu", POD_UID, "16Gi", share="s-1"),
+                claim("neighbour-gpu", "other-pod-uid", "40Gi", share="s-2"),
+                claim("whole-gpu", POD_UID, None, device="gpu-1"),
+            ),
+        )
+    }
+    with kube_stub(answers) as (client, server):
+        reader = ClaimReader(lambda: client, "ml", POD_UID)
+        reader.refresh()
+    [budget] = reader.budgets()
+    assert (budget.claim, budget.request, budget.driver, budget.dra_device) == (
+        "train-gpu",
+        "gpu",
+        "gpu.nvidia.com",
+        "node-1/gpu-0",
+    )
+    assert budget.memory_bytes == 16 * 2**30
+    text = exposition(reader)
+    assert (
+        'oomsight_gpu_memory_budget_bytes{claim="train-gpu",dra_device="node-1/gpu-0",driver="gpu.nvidia.com",'
+        'request="gpu"} 1.7179869184e+10' in text
+    )
+    assert 'oomsight_resource_claim_reads_total{result="read"} 1.0' in text
+    assert [rbac_request(r["method"], r["path"]) for r in server.requests] == [
+        ("get", "resource.k8s.io", "resourceclaims", "ml", "")  # a list: RBAC's verb is list (test_chart)
+    ]
+
+
+def test_quantities_are_read_as_kubernetes_writes_them() -> None:
+    assert parse_memory("16Gi") == 16 * 2**30
+    assert parse_memory("16G") == 16 * 10**9
+    assert parse_memory("17179869184") == 17179869184
+    assert parse_memory("lots") is None
+
+
+def test_a_result_with_a_memory_share_that_is_not_a_quantity_is_counted_not_raised() -> None:
+    budgets, malformed = claim_budgets(claim("bad", POD_UID, "sixteen gigs"))
+    assert budgets == [] and malformed == 1
+
+
+def test_without_a_claim_there_is_no_budget_series() -> None:
+    fake = FakeKube()
+    fake.claims = [claim("neighbour-gpu", "other-pod-uid")]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID)
+    reader.refresh()
+    assert reader.budgets() == []
+    assert "oomsight_gpu_memory_budget_bytes" not in exposition(reader)
+
+
+def test_a_refused_listing_is_counted_logged_once_and_keeps_the_last_budgets(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeKube()
+    fake.claims = [claim("train-gpu", POD_UID)]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID)
+    reader.refresh()
+    fake.fail["list_resource_claims"] = [KubeError(403, "forbidden"), KubeError(403, "forbidden")]
+    with caplog.at_level(logging.WARNING, logger="oomsight_sidecar.claims"):
+        reader.refresh()
+        reader.refresh()
+    assert [b.claim for b in reader.budgets()] == ["train-gpu"]
+    assert reader.counts() == {"read": 1, "failed": 2, "malformed": 0}
+    assert len([r for r in caplog.records if "rbac.resourceClaims" in r.getMessage()]) == 1
+
+
+def test_the_sidecar_reads_no_claims_unless_asked_to() -> None:
+    fake = FakeKube()
+    pod = {"pod_name": "train-0", "pod_namespace": "ml", "pod_uid": POD_UID}
+    assert sidecar_main.build_claims(KubernetesSettings(**pod), lambda: fake) is None
+    reader = sidecar_main.build_claims(KubernetesSettings(**pod, resource_claims=True), lambda: fake)
+    assert reader is not None and reader.namespace == "ml" and reader.pod_uid == POD_UID
+    assert fake.calls == []  # nothing is read before the refresh thread starts
+
+
+def test_the_refresh_thread_reads_at_start_and_stops(tmp_path: Any) -> None:
+    fake = FakeKube()
+    fake.claims = [claim("train-gpu", POD_UID, "24Gi")]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID)
+    stop = threading.Event()
+    thread = start_refresh(reader, stop, interval_seconds=0.05)
+    try:
+        for _ in range(100):
+            if reader.budgets():
+                break
+            threading.Event().wait(0.02)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert [b.memory_bytes for b in reader.budgets()] == [24 * 2**30]
+    app = sidecar_main.build_app(SidecarSettings(spool_dir=str(tmp_path)), claims=reader)
+    assert app is not None
