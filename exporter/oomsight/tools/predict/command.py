@@ -2,8 +2,10 @@
 
     oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB
     oomsight predict --module my_model.py:spec --batch 32 --json
+    oomsight predict --model llama:hidden_size=4096,num_hidden_layers=32 --dtype bf16 --lora 16 --gpu A100-80GB
 
-``--model`` names one of ``oomsight.tools.predict.models``; ``--module FILE:NAME`` loads a
+``--model`` names one of ``oomsight.tools.predict.models`` or a ``transformers`` configuration
+(``hfmodel``: a folder, a config.json, ``TYPE:KEY=VALUE,...``); ``--module FILE:NAME`` loads a
 function of the user's file that returns ``{"build": () -> nn.Module, "batch": (n, device) ->
 inputs}`` (and optionally ``"optimizer"``: params -> Optimizer, ``"step"``: (model, batch,
 optimizer) -> None). Nothing is downloaded and no GPU is used.
@@ -26,8 +28,12 @@ from oomsight.tools import exitcode
 
 EXAMPLE = (
     "examples:\n  oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB\n"
-    "  oomsight predict --module my_model.py:spec --batch 32 --json"
+    "  oomsight predict --module my_model.py:spec --batch 32 --json\n"
+    "  oomsight predict --model llama:hidden_size=2048,num_hidden_layers=16 --dtype bf16 --seq-len 2048\n"
+    "  oomsight predict --model ./Llama-2-7b/config.json --dtype bf16 --lora 16 --quantize 4bit --gpu L4\n"
+    "  oomsight predict --model llama --world-size 8 --parallel fsdp2 --gpu H100 --gpus-needed"
 )
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 UNITS.update({"kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12})
 """Size suffixes as written (IEC binary, SI decimal), case kept: ``Gb`` would be gigabits and
@@ -50,19 +56,43 @@ def add(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="a named model (see --list)")
+    what.add_argument(
+        "--model",
+        help="a named model (see --list), a transformers config folder or config.json, "
+        "or TYPE:KEY=VALUE,... (e.g. llama:hidden_size=2048,num_hidden_layers=16)",
+    )
     what.add_argument("--module", help="FILE.py:NAME, a function returning the model spec (docs/prediction.md)")
     what.add_argument("--list", action="store_true", help="list the named models")
     p.add_argument("--batch", type=int, default=8, help="batch size (micro-batch with --accumulation; default 8)")
     p.add_argument("--autocast", choices=("bf16", "fp16"), default=None, help="torch.autocast('cuda') dtype")
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step (default 1)")
-    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="default adamw")
+    p.add_argument("--optimizer", choices=("adamw", "sgd", "adamw8bit"), default="adamw",
+                   help="default adamw; adamw8bit: bitsandbytes' 8-bit state")  # fmt: skip
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="the parameters' dtype (default as built)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sample of a transformers config")
+    p.add_argument("--lora", default=None, help="RANK[:MODULE,...]: LoRA adapters (PEFT's where installed)")
+    p.add_argument("--quantize", choices=("4bit", "4bit-double", "8bit"), default=None,
+                   help="the frozen base's linear layers stored as bitsandbytes stores them")  # fmt: skip
+    p.add_argument("--gpu", default=None, help="A100-40GB, A100-80GB, H100, H200, L4, L40S, B200, ...: "
+                   "capacity (less CUDA context and NCCL) and compute capability")  # fmt: skip
+    _add_parallel_arguments(p)
     p.add_argument("--steps", type=int, default=3, help="training steps traced (default 3)")
     p.add_argument("--capacity", default=None, help="memory the process may use, e.g. 80GiB: search the largest batch")
     p.add_argument("--margin", type=float, default=0.10, help="share of --capacity kept free (default 0.10)")
     p.add_argument("--expandable-segments", action="store_true", help="model expandable_segments:True")
     p.add_argument("--json", action="store_true", help="print JSON instead of prose")
     p.set_defaults(handler=run)
+
+
+def _add_parallel_arguments(p: Any) -> None:
+    """The multi-GPU flags (``tools/predict/parallel.py`` computes their per-rank peak)."""
+    p.add_argument("--world-size", type=int, default=1, help="ranks (GPUs) the job runs on (default 1)")
+    p.add_argument("--parallel", choices=("ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3"), default=None,
+                   help="how the ranks share the model (needed with --world-size > 1)")  # fmt: skip
+    p.add_argument("--no-reshard", action="store_true", help="fsdp/fsdp2: keep units gathered after forward")
+    p.add_argument("--offload", choices=("optimizer", "params"), default=None, help="to the host")
+    p.add_argument("--bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
+    p.add_argument("--gpus-needed", action="store_true", help="the fewest GPUs of --gpu/--capacity that fit")
 
 
 def parse_bytes(text: str) -> int:
@@ -136,12 +166,87 @@ def _check(args: argparse.Namespace) -> Optional[str]:
             args.capacity_bytes = parse_bytes(args.capacity)
         except ValueError as exc:
             return f"--capacity: {exc}"
+    return _check_job(args)
+
+
+def _check_job(args: argparse.Namespace) -> Optional[str]:
+    """The flags of issue 28 (configs, adapters, several GPUs, --gpu): what is wrong, or None."""
+    from oomsight.tools.predict import adapter, gpu, parallel
+
+    if args.seq_len is not None and args.seq_len < 1:
+        return "--seq-len must be at least 1"
+    if args.lora:
+        try:
+            args.lora_rank, args.lora_targets = adapter.parse_lora(args.lora)
+        except ValueError as exc:
+            return str(exc)
+    if args.gpu:
+        try:
+            args.gpu_spec = gpu.get(args.gpu)
+        except KeyError as exc:
+            return str(exc.args[0])
+        if args.capacity is None:
+            args.capacity_bytes = args.gpu_spec.total_bytes
+    if args.gpus_needed and not ((args.gpu or args.capacity) and args.parallel):
+        return "--gpus-needed needs --parallel and --gpu or --capacity"
+    if args.world_size > 1 and not args.parallel:
+        return "--world-size above 1 needs --parallel ddp|fsdp|fsdp2|zero1|zero2|zero3"
+    if args.parallel:
+        return parallel.check(_layout(args))
     return None
 
 
-def _spec(args: argparse.Namespace) -> dict[str, Any]:
-    from oomsight.tools.predict import models
+def _layout(args: argparse.Namespace) -> Any:
+    from oomsight.tools.predict import parallel
 
+    return parallel.Layout(args.world_size, args.parallel, not args.no_reshard, args.offload, args.bucket_view)
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The model spec the flags describe: the named model, config or user file, then ``--dtype``,
+    ``--lora`` and ``--quantize`` applied to what its ``build()`` returns, in that order."""
+    found = _base_spec(args)
+    return {**found, "build": _adapted(args, found["build"])}
+
+
+def _adapted(args: argparse.Namespace, build: Any) -> Any:
+    import importlib.util
+
+    import torch
+
+    from oomsight.tools.predict import adapter
+
+    if args.dtype:
+        dtype = getattr(torch, DTYPES[args.dtype])
+        build = functools.partial(_built_as, build, dtype)
+    if args.lora:
+        peft = importlib.util.find_spec("peft") is not None
+        build = adapter.with_lora(build, args.lora_rank, args.lora_targets, peft)
+    if args.quantize:
+        build = adapter.with_quantized_base(build, args.quantize)
+    return build
+
+
+def _built_as(build: Any, dtype: Any) -> Any:
+    return build().to(dtype)
+
+
+def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
+    from oomsight.tools.predict import hfmodel, models
+
+    if args.model and args.model not in models.MODELS and hfmodel.is_config(args.model):
+        try:
+            config = hfmodel.load_config(args.model)
+        except hfmodel.ConfigError as exc:
+            raise SpecError(str(exc)) from None
+        except ImportError:
+            raise SpecError(
+                f"--model {args.model}: a configuration needs transformers (pip install transformers)"
+            ) from None
+        seq = hfmodel.seq_len_of(config, args.seq_len)
+        return {"build": hfmodel.builder(config), "batch": hfmodel.tokens(config, seq), "seq_len": seq}
+    if args.seq_len is not None:
+        raise SpecError("--seq-len applies to a transformers configuration (--model TYPE:... or a config.json)")
     if args.model:
         try:
             named = models.get(args.model)
@@ -190,33 +295,94 @@ def _in_user_file(exc: BaseException, path: str) -> str:
 
 
 def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
     from oomsight.tools.predict import largest_batch, predict_peak
 
-    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast or "")
-    optimizer = spec.get("optimizer") or (
-        functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9) if args.optimizer == "sgd" else torch.optim.AdamW
-    )
-    kwargs: dict[str, Any] = {
-        "autocast": autocast,
-        "accumulation": args.accumulation,
-        "steps": args.steps,
-        "expandable_segments": bool(args.expandable_segments) or None,
-    }
+    kwargs = _trace_settings(args)
+    optimizer = spec.get("optimizer") or _optimizer(args.optimizer)
 
     def batch(n: int) -> Any:
         return spec["batch"](n, "cpu")
 
     p = predict_peak(spec["build"], batch, args.batch, optimizer, spec.get("step"), **kwargs)
     out: dict[str, Any] = {"prediction": in_order(p.to_dict())}
-    if args.capacity is not None:
+    if "seq_len" in spec:
+        out["prediction"]["seq_len"] = spec["seq_len"]
+    if args.gpu:
+        out["gpu"] = _gpu_facts(args)
+    if args.parallel:
+        out["parallel"] = _per_rank(args, spec, out["prediction"])
+    if args.capacity is not None and not args.parallel:
         search = largest_batch(
-            spec["build"], batch, args.capacity_bytes, optimizer, spec.get("step"), margin=args.margin,
+            spec["build"], batch, _usable(args, 1), optimizer, spec.get("step"), margin=args.margin,
             start=args.batch, **kwargs,
         )  # fmt: skip
         out["largest_batch"] = {k: v for k, v in search.to_dict().items() if k != "prediction"}
     return out
+
+
+def _trace_settings(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    return {
+        "autocast": {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast or ""),
+        "accumulation": args.accumulation,
+        "steps": args.steps,
+        "expandable_segments": bool(args.expandable_segments) or None,
+        "capability": args.gpu_spec.capability if args.gpu else (9, 0),
+    }
+
+
+def _optimizer(name: str) -> Any:
+    import torch
+
+    from oomsight.tools.predict import adapter
+
+    if name == "sgd":
+        return functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9)
+    return adapter.AdamW8bit if name == "adamw8bit" else torch.optim.AdamW
+
+
+def _usable(args: argparse.Namespace, world: int) -> int:
+    """The allocator's share of the capacity: with ``--gpu``, less the CUDA context and NCCL."""
+    from oomsight.tools.predict import gpu
+
+    return gpu.usable_bytes(args.capacity_bytes, world, counted=bool(args.gpu))
+
+
+def _gpu_facts(args: argparse.Namespace) -> dict[str, Any]:
+    from oomsight.tools.predict import gpu
+
+    g = args.gpu_spec
+    return {
+        "name": g.name,
+        "total_bytes": g.total_bytes,
+        "capability": list(g.capability),
+        "attention_kernel": g.attention,
+        "outside_allocator_bytes": gpu.outside_allocator_bytes(args.world_size),
+        "usable_bytes": _usable(args, args.world_size),
+    }
+
+
+def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[str, Any]) -> dict[str, Any]:
+    """The peak per rank of the layout and, with ``--gpus-needed``, the fewest ranks that fit."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from oomsight.tools.predict import parallel
+
+    with unset_fake_temporarily(), torch.device("meta"):
+        model = spec["build"]()
+    layout = _layout(args)
+    found = parallel.per_rank(prediction, parallel.units(model, layout.world_size), layout)
+    if args.capacity is not None:
+        budget = int(_usable(args, layout.world_size) * (1.0 - args.margin))
+        found["usable_bytes"], found["fits"] = budget, found["per_rank_peak_allocated_bytes"] <= budget
+    if args.gpus_needed:
+        found["gpus_needed"] = parallel.gpus_needed(
+            prediction, lambda w: parallel.units(model, w), layout,
+            lambda w: int(_usable(args, w) * (1.0 - args.margin)),
+        )  # fmt: skip
+    return found
 
 
 def in_order(prediction: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +401,32 @@ def in_order(prediction: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _prose_job(result: dict[str, Any]) -> list[str]:
+    """The lines of --gpu and --parallel."""
+    lines = []
+    g = result.get("gpu")
+    if g:
+        outside = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in g["outside_allocator_bytes"].items())
+        lines.append(
+            f"{g['name']}: {format_bytes(g['total_bytes'])}, compute capability "
+            f"{g['capability'][0]}.{g['capability'][1]} ({g['attention_kernel']}); "
+            f"less {outside}: {format_bytes(g['usable_bytes'])} for the allocator"
+        )
+    par = result.get("parallel")
+    if par:
+        parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in par["parts_bytes"].items())
+        lines.append(
+            f"{par['parallel']} over {par['world_size']} ranks: peak allocated per rank "
+            f"{format_bytes(par['per_rank_peak_allocated_bytes'])} ({parts})"
+        )
+        if "fits" in par:
+            lines.append(f"per rank it {'fits' if par['fits'] else 'does not fit'} {format_bytes(par['usable_bytes'])}")
+        if "gpus_needed" in par:
+            needed = par["gpus_needed"]
+            lines.append(f"GPUs needed: {needed}" if needed else "GPUs needed: no count of these GPUs fits this job")
+    return lines
+
+
 def _prose(result: dict[str, Any]) -> str:
     p = result["prediction"]
     lines = [
@@ -247,6 +439,7 @@ def _prose(result: dict[str, Any]) -> str:
         "each, forward and backward, and cuBLASLt's own; a category at 0 has nothing alive at the peak)",
         "per step: " + ", ".join(format_bytes(v) for v in p["step_peak_allocated_bytes"]),
     ]
+    lines.extend(_prose_job(result))
     search = result.get("largest_batch")
     if search:
         lines.append(

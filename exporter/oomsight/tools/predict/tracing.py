@@ -145,7 +145,11 @@ class Recorder(TorchDispatchMode):
 
 def materialize(build: Callable[[], torch.nn.Module], recorder: Recorder) -> torch.nn.Module:
     """The model with fake parameters and buffers; a weight shared by two modules stays shared."""
-    with torch.device("meta"):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # built outside the fake mode: a ``model.to(dtype)`` inside ``build`` then converts meta
+    # tensors to meta tensors (under the mode it made fake ones, which cannot be swapped in)
+    with unset_fake_temporarily(), torch.device("meta"):
         model = build()
     made: dict[int, torch.Tensor] = {}
 

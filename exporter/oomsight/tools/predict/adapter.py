@@ -1,0 +1,195 @@
+"""LoRA adapters, a quantized frozen base and an 8-bit optimizer, as the tracer sees them.
+
+Each is applied to the model ``build()`` returns (on the meta device) and then traced like any
+other step, so their bytes come from the same allocator replay:
+
+- ``lora``: PEFT's ``get_peft_model`` where PEFT is installed; otherwise the same arithmetic by
+  ``LoraLinear`` (A: rank x in, B: out x rank, both trained, the base frozen).
+- ``quantize``: every ``nn.Linear`` but the output head (bitsandbytes' ``get_keys_to_not_convert``
+  keeps it) becomes ``QuantLinear``, holding the bytes bitsandbytes stores
+  (/work/shared/reference/distributed-memory.md §5.2-5.3): 4-bit ``ceil(n/2)`` packed bytes +
+  an fp32 absmax per 64 weights (double quantization: a uint8 absmax per 64, an fp32 one per 256
+  blocks and a 256-entry fp32 code); 8-bit ``n`` bytes + an fp32 scale per output row. Its forward
+  and backward make the dequantized weight they use and free it, as ``bnb.matmul_4bit`` does.
+- ``AdamW8bit``: bitsandbytes' 8-bit state (§5.5): uint8 ``state1``/``state2`` and an fp32 absmax
+  per 256 for a tensor of at least 4,096 elements, fp32 state below; one update in place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+QUANT_BLOCK = 64
+"""Weights per absmax of bitsandbytes' 4-bit quantization (``blocksize`` default)."""
+NESTED_BLOCK = 256
+"""Absmax values per second-level absmax under double quantization (``quantize_blockwise``)."""
+CODE_ENTRIES_4BIT = 16
+"""Entries of the NF4/FP4 code (fp32)."""
+CODE_ENTRIES_NESTED = 256
+"""Entries of the nested state's dynamic code (fp32)."""
+OPTIM_BLOCK = 256
+"""Elements per absmax of the 8-bit optimizer state (``blockwise`` updates)."""
+OPTIM_MIN_8BIT = 4096
+"""bitsandbytes' ``min_8bit_size``: smaller tensors keep fp32 state."""
+DEFAULT_TARGETS = ("q_proj", "v_proj")
+"""LoRA's target modules when none are given (PEFT's default for Llama-style models)."""
+QUANTIZE = ("4bit", "4bit-double", "8bit")
+
+
+def quantized_bytes(out_features: int, in_features: int, mode: str) -> dict[str, int]:
+    """The tensors bitsandbytes keeps for one weight, name → bytes."""
+    n = out_features * in_features
+    if mode == "8bit":
+        return {"data": n, "SCB": 4 * out_features}
+    blocks = math.ceil(n / QUANT_BLOCK)
+    found = {"data": (n + 1) // 2, "code": 4 * CODE_ENTRIES_4BIT}
+    if mode == "4bit-double":
+        found.update(absmax=blocks, offset=4, nested_absmax=4 * math.ceil(blocks / NESTED_BLOCK))
+        found["nested_code"] = 4 * CODE_ENTRIES_NESTED
+    else:
+        found["absmax"] = 4 * blocks
+    return found
+
+
+class _Dequantized(torch.autograd.Function):
+    """``x @ dequantize(W).T``: the full weight made for the product and freed after it, again in
+    backward for the input's gradient; only the input is kept, never the weight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shape: tuple[int, int], int8: bool) -> torch.Tensor:
+        ctx.shape = shape
+        if int8:  # LLM.int8: int8 rows of the input and their scales, an int32 product
+            rows = x.numel() // shape[1]
+            quantized = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+            scales = torch.empty(rows, dtype=torch.float32, device=x.device)
+            product = torch.empty((*x.shape[:-1], shape[0]), dtype=torch.int32, device=x.device)
+            out = product.to(x.dtype)
+            del quantized, scales, product
+            return out
+        weight = torch.empty(shape, dtype=x.dtype, device=x.device)
+        return nn.functional.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], None, None]:
+        weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
+        return grad @ weight, None, None
+
+
+class QuantLinear(nn.Module):
+    """A frozen ``nn.Linear`` stored as bitsandbytes stores it (``quantized_bytes``)."""
+
+    def __init__(self, linear: nn.Linear, mode: str) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.mode = linear.in_features, linear.out_features, mode
+        for name, size in quantized_bytes(linear.out_features, linear.in_features, mode).items():
+            stored = torch.empty(size, dtype=torch.uint8, device=linear.weight.device)
+            self.register_parameter(name, nn.Parameter(stored, requires_grad=False))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _Dequantized.apply(x, (self.out_features, self.in_features), self.mode == "8bit")
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+class LoraLinear(nn.Module):
+    """PEFT's LoRA arithmetic without PEFT: ``base(x) + B(A(dropout(x))) * alpha / rank``."""
+
+    def __init__(self, base: nn.Module, rank: int) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False, device=base.weight.device)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False, device=base.weight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_B(self.lora_A(x))
+
+
+def parse_lora(text: str) -> tuple[int, tuple[str, ...]]:
+    """``16`` or ``16:q_proj,k_proj,v_proj,o_proj`` → (rank, target module names); ``ValueError`` otherwise."""
+    rank_text, _, targets = text.partition(":")
+    if not rank_text.isdigit() or int(rank_text) < 1:
+        raise ValueError(f"--lora {text}: give RANK[:MODULE,...], e.g. 16:q_proj,v_proj")
+    names = tuple(t.strip() for t in targets.split(",") if t.strip()) or DEFAULT_TARGETS
+    return int(rank_text), names
+
+
+def with_lora(
+    build: Callable[[], nn.Module], rank: int, targets: tuple[str, ...], peft: bool
+) -> Callable[[], nn.Module]:
+    """``build`` with LoRA adapters of ``rank`` on the ``targets`` (PEFT's if ``peft``), the base frozen."""
+
+    def build_adapted() -> nn.Module:
+        model = build()
+        if peft:
+            import peft as peft_lib
+
+            config = peft_lib.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(targets))
+            return peft_lib.get_peft_model(model, config).train()
+        model.requires_grad_(False)
+        found = _replace(model, lambda name, m: isinstance(m, nn.Linear) and name.split(".")[-1] in targets,
+                         lambda m: LoraLinear(m, rank))  # fmt: skip
+        if not found:
+            raise ValueError(f"--lora: no nn.Linear named {', '.join(targets)} in the model")
+        return model
+
+    return build_adapted
+
+
+def with_quantized_base(build: Callable[[], nn.Module], mode: str) -> Callable[[], nn.Module]:
+    """``build`` with each frozen ``nn.Linear`` but the output head stored quantized (``QuantLinear``)."""
+
+    def build_quantized() -> nn.Module:
+        model = build()
+        head = _output_head(model)
+        _replace(model, lambda name, m: type(m) is nn.Linear and m is not head and not m.weight.requires_grad,
+                 lambda m: QuantLinear(m, mode))  # fmt: skip
+        return model
+
+    return build_quantized
+
+
+def _output_head(model: nn.Module) -> Optional[nn.Module]:
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
+def _replace(model: nn.Module, pick: Callable[[str, nn.Module], bool], make: Callable[[Any], nn.Module]) -> int:
+    """Swap every submodule ``pick`` selects for ``make(it)``; how many were swapped."""
+    chosen = [(name, m) for name, m in model.named_modules() if name and pick(name, m)]
+    for name, m in chosen:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, make(m))
+    return len(chosen)
+
+
+class AdamW8bit(torch.optim.Optimizer):
+    """bitsandbytes' ``AdamW8bit`` as memory: its state tensors, one in-place update, no temporaries."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(self._state_for(p))
+                p.add_(p.grad, alpha=-group["lr"])
+
+    def _state_for(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        if p.numel() < OPTIM_MIN_8BIT:
+            return {k: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for k in ("state1", "state2")}
+        if "qmap" not in self.state:  # name2qmap: one signed and one unsigned map per device, shared
+            self.state["qmap"] = {k: torch.zeros(256, dtype=torch.float32, device=p.device) for k in ("1", "2")}
+        blocks = math.ceil(p.numel() / OPTIM_BLOCK)
+        found = {k: torch.zeros(p.shape, dtype=torch.uint8, device=p.device) for k in ("state1", "state2")}
+        found.update({k: torch.zeros(blocks, dtype=torch.float32, device=p.device) for k in ("absmax1", "absmax2")})
+        return found

@@ -1,0 +1,206 @@
+"""The peak per rank of a step sharded over ``world_size`` GPUs, computed from the model's layout.
+
+The single-GPU trace gives the peak and what is alive at it by category. Per rank, the model states
+are laid out as each framework lays them out (/work/shared/reference/distributed-memory.md §1-4),
+and the rest of the peak (activations, temporaries, workspaces, buffers: the same micro-batch on
+every rank) is kept as traced:
+
+| layout | parameters | gradients | optimizer state | what the layout adds |
+| --- | --- | --- | --- | --- |
+| ddp | full | full | full | buckets = trained gradient bytes (0 with a bucket view, grads then always alive) |
+| zero1 | full | full | 1/N (+ fp32 master 1/N for 16-bit params) | one IPG bucket |
+| zero2 | full | 1/N | as zero1 | one IPG bucket |
+| zero3 | 1/N | 1/N | as zero1 | the unit in flight + one prefetched, gathered; one IPG bucket |
+| fsdp, fsdp2 | padded shards | 1/N | 1/N | the unit in flight + one prefetched; the reduce-scatter input of
+  the largest unit; fsdp2's root unit stays gathered (its ``reshard_after_forward`` is False) |
+
+``--no-reshard`` keeps every unit gathered from its forward to its backward (FSDP2
+``reshard_after_forward=False``, FSDP1 ``SHARD_GRAD_OP``). ``--offload optimizer`` puts optimizer
+state, fp32 master and (ZeRO-2/3) the gradient partition on the host; ``--offload params`` (FSDP's
+``CPUOffloadPolicy``, ZeRO-3's ``offload_param``) also the parameter shards and, for FSDP, the
+gradients. A unit is a module whose class is in ``_no_split_modules`` (transformers' own list of
+the blocks FSDP wraps: ``LlamaDecoderLayer``...), else each module holding parameters directly;
+the root unit is every parameter left over.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+PARALLEL = ("ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3")
+OFFLOAD = ("optimizer", "params")
+ZERO_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's ``reduce_bucket_size`` default (``runtime/zero/config.py``): elements of one IPG bucket."""
+GATHERED_UNITS = 2
+"""Units gathered at once: the one computing and one prefetched (FSDP1's limiter allows 2 all-gathers
+in flight; FSDP2 prefetches one; ZeRO-3's prefetch bucket is of the same order)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the job is spread: ``parallel`` over ``world_size`` ranks."""
+
+    world_size: int
+    parallel: str
+    reshard: bool = True
+    offload: Optional[str] = None
+    bucket_view: bool = False
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One wrapped module's parameters: full bytes, this rank's padded shard, the trained part."""
+
+    name: str
+    param_bytes: int
+    shard_bytes: int
+    flat_shard_bytes: int
+    trained_bytes: int
+    trained_numel: int
+
+
+def units(model: nn.Module, world_size: int) -> list[Unit]:
+    """The units FSDP/ZeRO would wrap, each parameter once (a tied weight in its first unit), root last."""
+    wrapped = _wrapped_modules(model)
+    seen: set[int] = set()
+    found = []
+    for name, module in [*wrapped, ("", model)]:
+        params = [p for p in module.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        if params or not name:
+            found.append(_unit(name or "(root)", params, world_size))
+    return found
+
+
+def _wrapped_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    blocks: set[str] = set()
+    for m in model.modules():
+        blocks.update(getattr(m, "_no_split_modules", None) or ())
+    chosen = [(n, m) for n, m in model.named_modules() if n and type(m).__name__ in blocks]
+    if chosen:
+        return chosen
+    return [(n, m) for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))]
+
+
+def _unit(name: str, params: list[torch.Tensor], world: int) -> Unit:
+    def shard(p: torch.Tensor) -> int:  # FSDP2: dim 0 padded to a multiple of the world
+        rows = p.shape[0] if p.dim() else 1
+        return math.ceil(rows / world) * (p.numel() // max(rows, 1)) * p.element_size()
+
+    numel_bytes = [(p.numel(), p.element_size()) for p in params]
+    flat = sum(math.ceil(n / world) * size for n, size in numel_bytes)  # FSDP1/ZeRO: one flat padded buffer
+    trained = [p for p in params if p.requires_grad]
+    return Unit(
+        name=name,
+        param_bytes=sum(n * size for n, size in numel_bytes),
+        shard_bytes=sum(shard(p) for p in params),
+        flat_shard_bytes=flat,
+        trained_bytes=sum(p.numel() * p.element_size() for p in trained),
+        trained_numel=sum(p.numel() for p in trained),
+    )
+
+
+def check(layout: Layout) -> Optional[str]:
+    """What is wrong with the layout, in one line, or None."""
+    if layout.world_size < 1:
+        return "--world-size must be at least 1"
+    if layout.offload and layout.parallel == "ddp":
+        return "--offload needs fsdp, fsdp2 or zero1-3 (DDP keeps everything on the GPU)"
+    if layout.offload == "params" and layout.parallel in ("zero1", "zero2"):
+        return "--offload params needs zero3, fsdp or fsdp2 (ZeRO-1/2 keep the full parameters)"
+    if not layout.reshard and layout.parallel not in ("fsdp", "fsdp2"):
+        return "--no-reshard applies to fsdp and fsdp2"
+    if layout.bucket_view and layout.parallel != "ddp":
+        return "--bucket-view applies to ddp"
+    return None
+
+
+def per_rank(prediction: dict[str, Any], model_units: list[Unit], layout: Layout) -> dict[str, Any]:
+    """The peak allocated bytes of one rank, and its parts (see the module's table)."""
+    cats = prediction["by_category_bytes"]
+    params_c, grads_c, opt_c = (int(cats.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state"))
+    rest = int(prediction["peak_allocated_bytes"]) - params_c - grads_c - opt_c
+    kind = layout.parallel
+    trained = sum(u.trained_bytes for u in model_units)
+    trained_numel = sum(u.trained_numel for u in model_units)
+    grad_itemsize = trained // trained_numel if trained_numel else 4
+    parts: dict[str, int] = {"rest_of_step": rest}
+    if kind == "ddp":
+        parts.update(parameters=params_c, optimizer_state=opt_c)
+        parts["gradients"] = trained if layout.bucket_view else grads_c
+        parts["ddp_buckets"] = 0 if layout.bucket_view else trained
+    elif kind.startswith("zero"):
+        parts.update(_zero(kind, params_c, grads_c, opt_c, model_units, layout, trained_numel, grad_itemsize))
+    else:
+        parts.update(_fsdp(kind, grads_c, opt_c, model_units, layout))
+    peak = sum(parts.values())
+    return {**asdict(layout), "per_rank_peak_allocated_bytes": peak, "parts_bytes": parts,
+            "units": len(model_units), "largest_unit_bytes": max(u.param_bytes for u in model_units)}  # fmt: skip
+
+
+def _gathered(model_units: list[Unit], count: int = GATHERED_UNITS) -> list[Unit]:
+    return sorted(model_units, key=lambda u: u.param_bytes, reverse=True)[:count]
+
+
+def _zero(kind: str, params_c: int, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout,
+          trained_numel: int, grad_itemsize: int) -> dict[str, int]:  # fmt: skip
+    w, off = layout.world_size, layout.offload
+    sixteen_bit = grad_itemsize < 4
+    parts = {
+        "optimizer_state": 0 if off else math.ceil(opt_c / w),
+        "fp32_master": 0 if off or not sixteen_bit else 4 * math.ceil(trained_numel / w),
+        "ipg_bucket": min(ZERO_REDUCE_BUCKET_ELEMENTS, trained_numel) * grad_itemsize,
+        "gradients": grads_c if kind == "zero1" else (0 if off else math.ceil(grads_c / w)),
+    }
+    if kind == "zero3":
+        parts["parameters"] = 0 if off == "params" else sum(u.flat_shard_bytes for u in model_units)
+        parts["gathered_parameters"] = sum(u.param_bytes for u in _gathered(model_units))
+    else:
+        parts["parameters"] = params_c
+    return parts
+
+
+def _fsdp(kind: str, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout) -> dict[str, int]:
+    w, offloaded = layout.world_size, layout.offload == "params"
+    shards = sum((u.shard_bytes if kind == "fsdp2" else u.flat_shard_bytes) for u in model_units)
+    if layout.reshard:
+        gathered = _gathered(model_units)
+        root = model_units[-1]
+        extra_root = kind == "fsdp2" and root not in gathered
+        gathered_bytes = sum(u.param_bytes for u in gathered) + (root.param_bytes if extra_root else 0)
+    else:
+        gathered_bytes = sum(u.param_bytes for u in model_units)
+    return {
+        "parameters": 0 if offloaded else shards,
+        "gathered_parameters": gathered_bytes,
+        "gradients": 0 if offloaded else math.ceil(grads_c / w),
+        "optimizer_state": 0 if layout.offload else math.ceil(opt_c / w),
+        "reduce_scatter_buffer": max(u.trained_bytes for u in model_units),
+    }
+
+
+def gpus_needed(
+    prediction: dict[str, Any], model_units_of: Any, layout: Layout, usable_of: Any, limit: int = 1024
+) -> Optional[int]:
+    """The fewest ranks (1, 2, 4, 8, then multiples of 8 up to ``limit``) whose per-rank peak fits
+    ``usable_of(world)`` bytes; ``model_units_of(world)`` gives the units laid out over ``world``."""
+    for world in [1, 2, 4, *range(8, limit + 1, 8)]:
+        if world == 1:  # one GPU: nothing is sharded, nothing is bucketed
+            found = int(prediction["peak_allocated_bytes"])
+        elif layout.parallel == "ddp":
+            return None  # DDP replicates: more GPUs never lower a rank's peak
+        else:
+            laid = per_rank(prediction, model_units_of(world), _with_world(layout, world))
+            found = laid["per_rank_peak_allocated_bytes"]
+        if found <= usable_of(world):
+            return world
+    return None
+
+
+def _with_world(layout: Layout, world: int) -> Layout:
+    return Layout(world, layout.parallel, layout.reshard, layout.offload, layout.bucket_view)
