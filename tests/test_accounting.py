@@ -204,3 +204,81 @@ def test_the_failing_model_is_frozen_when_no_optimizer_trains_it() -> None:
     teacher(torch.zeros(1, 4))
     student(torch.zeros(1, 4))
     assert [m.frozen for m in seen] == [True, False]
+
+
+def hooked_oom(tmp_path: Path, roots: list[nn.Module], opt: torch.optim.Optimizer, train: Any, fail: Any) -> Any:
+    """The real hook over a fake allocator whose capacity is these small models' (the CPU's tensors
+    counted as device 0's): six training steps, then an OOM raised where ``fail`` says; the event."""
+    from fakes import FakeCuda
+
+    from oomsight.config import Settings
+    from oomsight.hook.runtime import Hook
+    from oomsight.wire.spool import SpoolReader
+
+    kib = 1024
+    cuda = FakeCuda(total=256 * kib)
+    cuda.set(0, allocated=200 * kib, reserved=220 * kib, peak_allocated=230 * kib, peak_reserved=240 * kib)
+    spool = str(tmp_path / "spool")
+    hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), cuda, None, torch)
+    assert hook.steps is not None
+    hook.steps.device_type = "cpu"
+    hook.start()
+    try:
+        hook.sampler.tick()
+        for _ in range(6):
+            train()
+        fail(lambda: cuda.observer(0, 64 * kib, 256 * kib, 0))
+    finally:
+        hook.stop()
+    (event,) = SpoolReader(spool).read().events
+    return event
+
+
+def test_the_real_hook_counts_a_lora_base_as_frozen_weights_and_never_advises_checkpointing_for_them(
+    tmp_path: Path,
+) -> None:
+    peft = pytest.importorskip("peft")
+    base = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 128))
+    net = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["0", "2"]))
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad])
+
+    def train() -> None:
+        net(torch.randn(4, 128)).sum().backward()
+        opt.step()
+
+    def fail(oom: Any) -> None:  # inside the model's forward
+        handle = net.base_model.model[2].register_forward_pre_hook(lambda m, a: oom())
+        net(torch.randn(4, 128))
+        handle.remove()
+
+    event = hooked_oom(tmp_path, [net], opt, train, fail)
+    ms = event["model_states"]
+    assert ms["frozen_parameters_bytes"] == 2 * (128 * 128 + 128) * 4
+    assert ms["adapter_parameters_bytes"] == 2 * 2 * 4 * 128 * 4
+    assert event["job"]["adapters"] is True
+    d = event["diagnosis"]
+    assert d["cause"] != "model_states" or d["facts"]["remedies"][0] == "quantize_base", d["summary"]
+
+
+def test_the_real_hook_tells_a_frozen_teacher_s_forward_from_an_evaluation(tmp_path: Path) -> None:
+    student, teacher = nn.Linear(32, 32), nn.Sequential(nn.Linear(32, 512), nn.Linear(512, 32)).eval()
+    opt = torch.optim.AdamW(student.parameters())  # the teacher keeps requires_grad on: no optimizer holds it
+
+    def train() -> None:
+        x = torch.randn(8, 32)
+        (student(x) - teacher(x)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def fail(oom: Any) -> None:
+        handle = teacher[1].register_forward_pre_hook(lambda m, a: oom())
+        teacher(torch.randn(8, 32))
+        handle.remove()
+
+    event = hooked_oom(tmp_path, [student, teacher], opt, train, fail)
+    assert event["module_frozen"] is True and event["module_training"] is False
+    assert event["model_states"]["frozen_modules"] == ["Sequential"]
+    remedies = event["diagnosis"]["facts"]["remedies"]
+    # the teacher took gradients in every step (requires_grad on): freezing it comes first
+    assert event["model_states"]["untrained_gradients_bytes"] == (32 * 512 + 512 + 512 * 32 + 32) * 4
+    assert remedies[0] == "freeze_untrained" and "eval_batch" not in remedies, event["diagnosis"]["summary"]

@@ -514,10 +514,6 @@ AS_RECORDED: dict[str, Any] = {
     ),
 }
 """Each labelled scenario's OOM as a wire-1.6 hook should record it (the layout its docstring describes)."""
-REMEDY_KEY_DIFFERS = {"extension_memory_grows": "outside_leak"}
-"""Scenarios whose label names another remedy key than the rules' first: the label's ``leak`` is the
-advice for tensors kept across steps; an extension's own allocations get ``outside_leak`` (free what it
-allocates, create communicators once), which is what its ``--remedy`` run does."""
 
 
 @pytest.fixture(scope="module")
@@ -538,4 +534,4 @@ def test_each_labelled_cluster_scenario_as_recorded_is_judged_as_labelled(cluste
     label, key = cluster_labels[name]
     d, keys = judged(AS_RECORDED[name]())
     assert d["cause"] == label, d["summary"]
-    assert keys[0] == REMEDY_KEY_DIFFERS.get(name, key), keys
+    assert keys[0] == key, keys

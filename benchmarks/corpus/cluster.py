@@ -354,7 +354,7 @@ class OutsideMemory:
             self._free(self.held.pop())
 
 
-@scenario("non_pytorch_memory", "leak")
+@scenario("non_pytorch_memory", "outside_leak")
 def extension_memory_grows(remedy: bool) -> Facts:
     """A native extension takes a 2 GiB workspace each step with its own cudaMalloc and never frees it:
     memory outside the allocator grows step after step until a step's activations (~6 GiB, re-reserved

@@ -193,11 +193,16 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
     gathered = f", {fb(ev.unsharded)} of them all-gathered parameters" if ev.unsharded else ""
     return ev.result(
         Cause.MODEL_STATES,
-        [*_layout_first(ev), *_model_states_order(ev)],
+        [*_untrained_first(ev), *_layout_first(ev), *_model_states_order(ev)],
         f"Parameters, gradients and optimizer state need {fb(states)} of the {fb(ev.total)} capacity{gathered} "
         f"(the OOM came{where} at {fb(ev.allocated)} allocated){_frozen_part(ev)}: no batch size or activation "
         "remedy can make room.",
     )
+
+
+def _untrained_first(ev: Evidence) -> list[str]:
+    """Gradients of a model no optimizer trains are pure waste: freezing it comes first."""
+    return ["freeze_untrained"] if ev.untrained_grads else []
 
 
 def _frozen_weights(ev: Evidence, states: int) -> Diagnosis:
@@ -205,7 +210,7 @@ def _frozen_weights(ev: Evidence, states: int) -> Diagnosis:
     moving them is the remedy; checkpointing saves activations, never weights."""
     return ev.result(
         Cause.MODEL_STATES,
-        ["quantize_base", "offload_frozen", "smaller_base", "light_optimizer"],
+        [*_untrained_first(ev), "quantize_base", "offload_frozen", "smaller_base", "light_optimizer"],
         f"Frozen weights{_modules(ev)} take {fb(ev.frozen)} of the {fb(states)} of parameters, gradients and "
         f"optimizer state, against a {fb(ev.total)} capacity (the OOM came at {fb(ev.allocated)} allocated): "
         "no activation remedy makes room for weights; shrink or move the frozen model.",
@@ -217,7 +222,10 @@ def _modules(ev: Evidence) -> str:
 
 
 def _frozen_part(ev: Evidence) -> str:
-    return f"; {fb(ev.frozen)} of the parameters are frozen{_modules(ev)}" if ev.frozen else ""
+    part = f"; {fb(ev.frozen)} of the parameters are frozen{_modules(ev)}" if ev.frozen else ""
+    if ev.untrained_grads:
+        part += f", yet {fb(ev.untrained_grads)} of gradients were computed for parameters no optimizer trains"
+    return part
 
 
 def _model_states_order(ev: Evidence) -> list[str]:
@@ -259,6 +267,7 @@ def _frozen_forward_rule(ev: Evidence) -> Optional[Diagnosis]:
         return None
     recording = bool(ev.f.get("grad_enabled"))
     keys = ["frozen_no_grad", "precompute_frozen", "frozen_half"] if recording else ["precompute_frozen", "frozen_half"]
+    keys = [*_untrained_first(ev), *keys]
     weights = f" Frozen weights{_modules(ev)}: {fb(ev.frozen)}." if ev.frozen else ""
     return ev.result(
         Cause.ACTIVATIONS,

@@ -110,6 +110,8 @@ class Evidence:
         self.frozen_modules = frozen_modules(f)
         self.unsharded = layout(f, "unsharded_parameters_bytes")
         self.buckets = layout(f, "gradient_buckets_bytes")
+        self.untrained_grads = layout(f, "untrained_gradients_bytes")
+        """Gradients of a model no optimizer trains (left with requires_grad on): bytes kept for nothing."""
         self.no_allocator_detail = f.get("allocator_backend") in ("cudaMallocAsync", "pluggable")
         """A back-end without block sizes, split or retry counts: fragmentation cannot be seen."""
 

@@ -27,6 +27,7 @@ class ModelStates(_ModelStatesBase, total=False):
     quantized_parameters_bytes: int
     adapter_parameters_bytes: int
     gradient_buckets_bytes: int  # ... of gradients_bytes: DDP's bucket copies
+    untrained_gradients_bytes: int  # ... of gradients_bytes: of parameters no optimizer trains
     unsharded_parameters_bytes: int  # FSDP all-gathered parameters alive at the OOM, not in parameters_bytes
     frozen_modules: list[str]
 

@@ -63,6 +63,8 @@ REMEDY = {
     "offload_frozen": "Offload the frozen weights to the CPU and bring them in layer by layer (accelerate's "
     "device_map / cpu_offload, FSDP CPUOffload), or put the frozen model on a GPU of its own.",
     "smaller_base": "Use a smaller frozen model (base, teacher or reference): its weights are most of the memory.",
+    "freeze_untrained": "Freeze the model no optimizer trains (model.requires_grad_(False), and run it under "
+    "torch.no_grad()): autograd computes and keeps its gradients, and its activations for them, for nothing.",
     "frozen_no_grad": "Run the frozen model's forward under torch.no_grad() (or torch.inference_mode()) and "
     "use its outputs as constants: it needs no gradient, so autograd need keep none of its activations.",
     "precompute_frozen": "Precompute the frozen model's outputs (teacher logits, reference log-probabilities) "

@@ -73,6 +73,8 @@ class Totals:
     quantized: int = 0
     adapters: int = 0
     buckets: int = 0
+    untrained_grads: int = 0
+    """Gradients of parameters no optimizer trains: a model left with ``requires_grad`` on (waste)."""
     unsharded: int = 0
     """Gathered (all-gathered) parameters alive now, besides their shards."""
 
@@ -87,6 +89,7 @@ class Totals:
             "quantized_parameters_bytes": self.quantized,
             "adapter_parameters_bytes": self.adapters,
             "gradient_buckets_bytes": self.buckets,
+            "untrained_gradients_bytes": self.untrained_grads,
             "unsharded_parameters_bytes": self.unsharded,
         }
 
@@ -230,7 +233,8 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
                 counter.add(p, UNSHARDED)  # a ZeRO-3 parameter gathered for its module
         if wrapper and "DTensor" in _names(p):
             kinds.add("dtensor")
-        if trains(p):
+        trained = trains(p)
+        if trained:
             if any(mark in name for mark in ADAPTER_MARKS):
                 kinds.add("adapters")
                 _bump(counter, device, "adapters", size)
@@ -239,7 +243,9 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
         if size and _quantized(torch, p, wrapper):
             _bump(counter, device, "quantized", size)
         if p.grad is not None:
-            counter.add(p.grad, GRADS)
+            device, size = counter.add(p.grad, GRADS)
+            if not trained:
+                _bump(counter, device, "untrained_grads", size)
     _optimizer_states(counter, optimizers)
     return Layout(
         devices=counter.devices,

@@ -149,6 +149,9 @@ class Categories(TypedDict):
     unsharded_parameters_bytes: NotRequired[int]
     #: of the parameters, adapter (LoRA) weights (since 1.6)
     adapter_parameters_bytes: NotRequired[int]
+    #: of the gradients, those of parameters no optimizer trains (a model left with requires_grad on) (since
+    #: 1.6)
+    untrained_gradients_bytes: NotRequired[int]
     #: top-level modules whose parameters are all frozen, largest first (at most 8) (since 1.6)
     frozen_modules: NotRequired[list[str]]
 
@@ -405,6 +408,9 @@ class ModelStates(TypedDict):
     unsharded_parameters_bytes: NotRequired[int]
     #: of the parameters, adapter (LoRA) weights (since 1.6)
     adapter_parameters_bytes: NotRequired[int]
+    #: of the gradients, those of parameters no optimizer trains (a model left with requires_grad on) (since
+    #: 1.6)
+    untrained_gradients_bytes: NotRequired[int]
     #: top-level modules whose parameters are all frozen, largest first (at most 8) (since 1.6)
     frozen_modules: NotRequired[list[str]]
 

@@ -104,6 +104,11 @@ STATES_LAYOUT = (
         ),
         opt("adapter_parameters_bytes", "int", "of the parameters, adapter (LoRA) weights", default=0, since=LAYOUT),
         opt(
+            "untrained_gradients_bytes", "int",
+            "of the gradients, those of parameters no optimizer trains (a model left with requires_grad on)",
+            default=0, since=LAYOUT,
+        ),
+        opt(
             "frozen_modules", "list", "top-level modules whose parameters are all frozen, largest first (at most 8)",
             items="str", since=LAYOUT,
         ),
