@@ -95,9 +95,10 @@ def main() -> None:
     args = parser.parse_args()
     cases = [case(32, False), case(32, True), case(80, False), case(80, True)]
     for c in cases:
+        share = 100 * c["share_of_interval"]
         print(
             f"{c['parameters']:5d} parameters (teacher {c['teacher']}): measure {c['measure']['median_ms']:.2f} ms, "
-            f"old walk {c['old_walk']['median_ms']:.2f} ms, {100 * c['share_of_interval']:.4f} % of {INTERVAL_SECONDS} s"
+            f"old walk {c['old_walk']['median_ms']:.2f} ms, {share:.4f} % of {INTERVAL_SECONDS} s"
         )
     write(args.out, "layout_walk.json", {"interval_seconds": INTERVAL_SECONDS, "cases": cases})
 
