@@ -128,11 +128,11 @@ def hooked(rank: int, out: str, reshard: bool) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from fakes import FakeCuda
-
     from oomsight.config import Settings
     from oomsight.hook.runtime import Hook
     from oomsight.wire.spool import SpoolReader
+
+    from fakes import FakeCuda
 
     kib = 1024
     cuda = FakeCuda(total=64 * kib)

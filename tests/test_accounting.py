@@ -209,11 +209,11 @@ def test_the_failing_model_is_frozen_when_no_optimizer_trains_it() -> None:
 def hooked_oom(tmp_path: Path, roots: list[nn.Module], opt: torch.optim.Optimizer, train: Any, fail: Any) -> Any:
     """The real hook over a fake allocator whose capacity is these small models' (the CPU's tensors
     counted as device 0's): six training steps, then an OOM raised where ``fail`` says; the event."""
-    from fakes import FakeCuda
-
     from oomsight.config import Settings
     from oomsight.hook.runtime import Hook
     from oomsight.wire.spool import SpoolReader
+
+    from fakes import FakeCuda
 
     kib = 1024
     cuda = FakeCuda(total=256 * kib)
