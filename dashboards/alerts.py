@@ -1,6 +1,7 @@
 """Alerting rules: before an OOM (near capacity, forecast, leak, fragmentation, retries), at
-it (a CUDA OOM happened), about oomsight itself (sidecar down, hook silent or missing, the
-webhook's certificate, errors and availability) and about waste (GPU memory badly underused).
+it (a CUDA OOM happened), past a pod's DRA memory budget, about oomsight itself (sidecar down,
+hook silent or missing, the webhook's certificate, errors and availability) and about waste
+(GPU memory badly underused).
 
 Every name starts with ``Oomsight`` so it cannot collide with another rule set's alerts (dcgm,
 kubernetes-mixin). Every alert gets ``runbook_url`` from :func:`add_runbook_links`;
@@ -243,6 +244,22 @@ def webhook_alerts() -> list[Alert]:
     ]
 
 
+def budget_alerts() -> list[Alert]:
+    return [
+        Alert(
+            "OomsightGpuMemoryBudgetExceeded",
+            f"{r.GPU_PEAK_PER_BUDGET} > {T.budget_exceeded_ratio:g}",
+            T.budget_exceeded_for,
+            "warning",
+            "A pod uses more GPU memory than it claimed through DRA.",
+            "The PyTorch processes of {{ $labels.namespace }}/{{ $labels.pod }} peak at "
+            "{{ $value | humanizePercentage }} of the GPU memory the pod claimed (its ResourceClaim's "
+            "consumedCapacity) on GPU {{ $labels.gpu_uuid }}: the excess is memory promised to the GPU's other "
+            "claims, and nothing inside CUDA stops it. Its neighbours run out of memory first.",
+        ),
+    ]
+
+
 def waste_alerts() -> list[Alert]:
     w = knob("underused_window")
     return [
@@ -269,6 +286,7 @@ def all_alerts() -> list[Alert]:
         *allocator_alerts(),
         *self_alerts(),
         *webhook_alerts(),
+        *budget_alerts(),
         *waste_alerts(),
     ]
 

@@ -62,6 +62,12 @@ class Thresholds:
     """Admission requests answered with an error (a bug: the pod was admitted without the sidecar)."""
     webhook_errors_for: str = "5m"
     webhook_down_for: str = "10m"
+    budget_exceeded_ratio: float = 1.0
+    """A pod's peak reserved bytes on a GPU above this share of the GPU memory it claimed through DRA
+    (ResourceClaim consumedCapacity): past 1 it uses memory promised to the GPU's other claims, which
+    nothing inside CUDA stops (docs/alerts.md, "GPU memory budgets")."""
+    budget_exceeded_for: str = "5m"
+    """Several window peaks above the share, not one spike: the neighbours' own peaks may not coincide."""
 
 
 THRESHOLDS = Thresholds()

@@ -31,6 +31,15 @@ GPU_DCGM_FB_USED = "namespace_workload_pod_gpu:dcgm_fi_dev_fb_used_bytes:max"
 bytes, per GPU of each pod that oomsight sees, joined on the GPU's UUID (dcgm's ``UUID`` = oomsight's ``gpu_uuid``)."""
 POD_PEAK_RESERVED = "namespace_workload_pod:oomsight_torch_window_peak_reserved_bytes:max"
 POD_HEADROOM = "namespace_workload_pod:oomsight_gpu_headroom_bytes_per_capacity_bytes:min"
+POD_BUDGET = "namespace_workload_pod:oomsight_gpu_memory_budget_bytes:min"
+"""The smallest GPU memory share the pod claimed through DRA (a claim names no GPU UUID, so a pod's
+GPUs are each measured against the tightest of its shares); absent without a claimed share."""
+GPU_PEAK_PER_BUDGET = "namespace_workload_pod_gpu:oomsight_torch_window_peak_reserved_bytes_per_budget_bytes:max"
+"""Each GPU's peak reserved bytes (all the pod's processes on it) over the pod's claimed share: above 1
+the pod uses memory promised to another claim."""
+GPU_BUDGET_FORECAST = "namespace_workload_pod_gpu:budget_forecast_seconds:min"
+"""Seconds until that peak reaches the claimed share at its growth over ``forecast_lookback``; only
+where it grows and is still below the share."""
 WL_RESERVED = "namespace_workload:oomsight_torch_reserved_bytes:sum"
 WL_ALLOCATED = "namespace_workload:oomsight_torch_allocated_bytes:sum"
 WL_USED = "namespace_workload:oomsight_gpu_memory_used_bytes:sum"
@@ -123,6 +132,23 @@ def dcgm_expr() -> str:
     return f"group by ({GPU_LEVEL}) ({GPU_RESERVED})\n* on (cluster, gpu_uuid) group_left ()\n(\n{used}\n)"
 
 
+def budget_rules() -> list[dict[str, str]]:
+    """Headroom and the forecast against the pod's DRA memory budget, where it claimed one."""
+    lookback = c.THRESHOLDS.forecast_lookback
+    per_pod = f"on ({c.POD}) group_left () {POD_BUDGET}"
+    return [
+        {"record": POD_BUDGET, "expr": f"min by ({POD_LEVEL}) (\n  {owned('oomsight_gpu_memory_budget_bytes')}\n)"},
+        {"record": GPU_PEAK_PER_BUDGET, "expr": f"{GPU_PEAK_RESERVED}\n/ {per_pod}"},
+        {
+            "record": GPU_BUDGET_FORECAST,
+            "expr": promql(f"""
+                (({POD_BUDGET}) - on ({c.POD}) group_right () {GPU_PEAK_RESERVED})
+                / (deriv({GPU_PEAK_RESERVED}[{lookback}]) > 0)
+                > 0"""),
+        },
+    ]
+
+
 def gpu_rule(record: str, metric: str, how: str) -> dict[str, str]:
     return {"record": record, "expr": f"{how} by ({GPU_LEVEL}) (\n  {owned(live(metric))}\n)"}
 
@@ -141,6 +167,7 @@ def recording_rules() -> list[dict[str, str]]:
         {"record": GPU_DCGM_FB_USED, "expr": dcgm_expr()},
         {"record": POD_PEAK_RESERVED, "expr": f"max by ({POD_LEVEL}) ({GPU_PEAK_RESERVED})"},
         {"record": POD_HEADROOM, "expr": f"min by ({POD_LEVEL}) ({GPU_HEADROOM})"},
+        *budget_rules(),
         {"record": WL_RESERVED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_RESERVED})"},
         {"record": WL_ALLOCATED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_ALLOCATED})"},
         {"record": WL_USED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_USED})"},

@@ -39,7 +39,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_rule_file_passes_promtool_check_rules() -> None:
     result = promtool("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 30 rules found" in result.stdout + result.stderr
+    assert "SUCCESS: 34 rules found" in result.stdout + result.stderr
 
 
 @pytest.mark.e2e
@@ -126,7 +126,13 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
     ratio of two (``a_per_b``); operations: the last aggregation."""
     records = [r["record"] for g in rule_file()["groups"] for r in g["rules"] if "record" in r]
     assert records
-    known = exported_metrics() | {"dcgm_fi_dev_fb_used_bytes", "capacity_bytes"}  # capacity: config.CAPACITY
+    # capacity: config.CAPACITY; budget: oomsight_gpu_memory_budget_bytes (rules.POD_BUDGET)
+    known = exported_metrics() | {
+        "dcgm_fi_dev_fb_used_bytes",
+        "capacity_bytes",
+        "budget_bytes",
+        "budget_forecast_seconds",
+    }
     for name in records:
         level, metric, operations = name.split(":")
         assert set(level.split("_")) <= LEVEL_LABELS, name
