@@ -118,3 +118,21 @@ def test_a_step_row_carries_the_memory_outside_the_allocator_where_nvml_sees_the
     assert outside_bytes(seen, r) == 1 << 30  # context, NCCL, an extension's own cudaMalloc
     assert outside_bytes({"process_visible": False, "process_used_bytes": None}, r) == -1
     assert outside_bytes(None, r) == -1
+
+
+def test_the_text_report_says_the_parallelism_and_the_frozen_part_of_the_parameters(spool):
+    from oomsight.analysis.inventory import take_inventory
+    from oomsight.tools import report
+    from oomsight.wire.spool import SpoolReader
+
+    from fakes import GIB
+    from spoolmaker import hooked_process
+
+    hook, _cuda = hooked_process(spool)
+    hook.steps.layout_states = {0: {"frozen_parameters_bytes": GIB // 2, "frozen_modules": ["LlamaForCausalLM"]}}
+    hook.job.setup["parallelism"] = {"world_size": 4, "strategy": "fsdp2", "sharding": "FULL_SHARD", "shard_size": 4}
+    hook.sampler.publish()
+    state = SpoolReader(spool).read()
+    text = report.render(take_inventory(state, state.snapshots[0]["time"]), spool)
+    assert "parallelism: fsdp2 over 4 ranks (sharding FULL_SHARD, shard size 4)" in text
+    assert "of these: 512.00 MiB frozen parameters; frozen models: LlamaForCausalLM" in text

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from oomsight.analysis import advice
 from oomsight.analysis.inventory import EventView, Inventory, ProcessView
@@ -49,6 +50,7 @@ def _process(view: ProcessView) -> list[str]:
         f"  torch {p.get('torch_version', '?')} CUDA {p.get('cuda_version', '?')}, allocator "
         f"{p.get('allocator_backend', '?')}, expandable_segments "
         f"{'on' if p.get('expandable_segments') else 'off'}",
+        *_layout(s.get("job")),
     ]
     for d in s["devices"]:
         out.extend(_device(d))
@@ -90,7 +92,35 @@ def _device(d: DeviceSnapshot) -> list[str]:
             f"optimizer state {fb(c['optimizer_state_bytes'])}, activations {fb(c['activations_bytes'])} "
             f"(from the {c['basis'].replace('_', ' ')})"
         )
+        layout: Mapping[str, Any] = c
+        parts = [f"{fb(layout.get(key))} {label}" for key, label in LAYOUT_PARTS if layout.get(key)]
+        if parts:
+            frozen = ", ".join(layout.get("frozen_modules") or [])
+            lines.append(f"    of these: {', '.join(parts)}" + (f"; frozen models: {frozen}" if frozen else ""))
     return lines
+
+
+LAYOUT_PARTS = (
+    ("frozen_parameters_bytes", "frozen parameters"),
+    ("adapter_parameters_bytes", "adapters"),
+    ("quantized_parameters_bytes", "quantised"),
+    ("gradient_buckets_bytes", "DDP bucket copies"),
+    ("untrained_gradients_bytes", "gradients of untrained parameters"),
+)
+"""The parts of a snapshot's categories worth a line when they are there (wire 1.6)."""
+
+
+def _layout(job: Optional[Mapping[str, Any]]) -> list[str]:
+    """The parallelism in use, as the hook found it in the live modules (wire 1.6)."""
+    par = (job or {}).get("parallelism")
+    if not par or par.get("strategy") in (None, "none"):
+        return []
+    details = [f"{k.replace('_', ' ')} {v}" for k in LAYOUT_DETAILS if (v := par.get(k)) is not None]
+    line = f"  parallelism: {par['strategy']} over {par.get('world_size')} ranks"
+    return [line + (f" ({', '.join(details)})" if details else "")]
+
+
+LAYOUT_DETAILS = ("zero_stage", "sharding", "shard_size", "reshard_after_forward", "gradient_as_bucket_view", "offload")
 
 
 def prediction_error(predicted: Optional[int], measured: int) -> Optional[float]:
