@@ -134,10 +134,11 @@ def test_mutate_answers_within_a_second_while_2000_connections_are_silent_or_slo
     assert peak < WEBHOOK_LIMIT_KIB, f"webhook peak {peak / 1024:.0f} MiB"
 
 
-def test_mutate_answers_within_a_second_while_400_tls_connections_trickle_their_heads(tmp_path):
+@pytest.mark.parametrize("mode", ["slow", "slow-body"])
+def test_mutate_answers_within_a_second_while_400_tls_connections_trickle_their_heads_or_bodies(tmp_path, mode):
     with webhook_process(str(tmp_path)) as webhook:
         tls = webhook.client_context
-        with Attack("127.0.0.1", webhook.port, 400, mode="slow", seconds=8, tls=tls) as attack:
+        with Attack("127.0.0.1", webhook.port, 400, mode=mode, seconds=8, tls=tls) as attack:
             time.sleep(1.0)  # each has sent a byte or two of its head, inside TLS
             probes = probe_mutate(webhook)
             held = attack.peak_open

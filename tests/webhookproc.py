@@ -141,8 +141,10 @@ class Attack:
     """Up to ``connections`` sockets to ``(host, port)`` from ``source`` (another loopback
     address than the probes', as another pod would be) held open by one thread: ``silent``
     ones send nothing; ``slow`` ones send a request head a byte at a time, one byte per
-    connection every ``trickle_seconds``. A connection the server closes is opened again,
-    so the pressure stays; everything stops after ``seconds`` or at :meth:`stop`."""
+    connection every ``trickle_seconds``; ``slow-body`` ones (with ``tls``) send a whole
+    ``POST /mutate`` head announcing 800,000 bytes, then trickle the body. A connection the
+    server closes is opened again, so the pressure stays; everything stops after ``seconds``
+    or at :meth:`stop`."""
 
     def __init__(
         self,
@@ -166,6 +168,8 @@ class Attack:
     """Reconnections per 50 ms turn (200 a second): pressure enough to keep the server over its
     cap, without cycling through the machine's ephemeral ports (TIME_WAIT)."""
     HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4000
+    BODY_HEAD = b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 800000\r\n\r\n"
+    """``slow-body``: this head at once, then the body a byte at a time."""
 
     def __enter__(self) -> Attack:
         self._thread.start()
@@ -205,6 +209,9 @@ class Attack:
             sock = self.tls.wrap_socket(raw, server_hostname="localhost")  # type: ignore[union-attr]
         except OSError:
             return False
+        if self.mode == "slow-body":
+            with contextlib.suppress(OSError):
+                sock.sendall(self.BODY_HEAD)
         sock.setblocking(False)
         sel.register(sock, selectors.EVENT_READ, [0])
         self.opened += 1
@@ -237,7 +244,7 @@ class Attack:
                 for _ in range(min(missing, self.REOPEN_PER_TURN)):  # bounded: loopback's ports are shared
                     self.reopened += self._connect(sel)
                 self.peak_open = max(self.peak_open, len(sel.get_map()))
-                if self.mode == "slow" and time.monotonic() >= next_trickle:
+                if self.mode in ("slow", "slow-body") and time.monotonic() >= next_trickle:
                     next_trickle = time.monotonic() + self.trickle_seconds
                     self._trickle(sel)
         finally:
@@ -249,9 +256,10 @@ class Attack:
     def _trickle(self, sel: selectors.BaseSelector) -> None:
         for key in list(sel.get_map().values()):
             sent = key.data
-            if sent[0] < len(self.HEAD):
+            byte = b" " if self.mode == "slow-body" else self.HEAD[sent[0] : sent[0] + 1]
+            if byte:
                 with contextlib.suppress(OSError):
-                    sent[0] += key.fileobj.send(self.HEAD[sent[0] : sent[0] + 1])  # type: ignore[union-attr]
+                    sent[0] += key.fileobj.send(byte)  # type: ignore[union-attr]
 
 
 def timed(call: Any) -> tuple[float, Any]:

@@ -32,6 +32,7 @@ import functools
 import logging
 import math
 import queue
+import re
 import resource
 import selectors
 import socket
@@ -162,7 +163,8 @@ class ConnectionReader:
         return self._take(size)
 
     def _take(self, n: int) -> bytes:
-        out = bytes(self.conn.buffer[:n])
+        with memoryview(self.conn.buffer) as view:  # one copy, not a slice and then its copy
+            out = bytes(view[:n])
         del self.conn.buffer[:n]
         return out
 
@@ -173,7 +175,7 @@ class ConnectionReader:
 class Connection:
     """One client connection: its socket, what it sent so far, its clock."""
 
-    __slots__ = ("address", "buffer", "cut", "due", "events", "last_byte", "sock", "tls_done")
+    __slots__ = ("address", "buffer", "cut", "due", "events", "last_byte", "need", "sock", "tls_done")
 
     def __init__(self, sock: socket.socket, address: Any, now: float, due: float) -> None:
         self.sock = sock
@@ -185,6 +187,8 @@ class Connection:
         self.events = selectors.EVENT_READ
         self.tls_done = not isinstance(sock, ssl.SSLSocket)
         self.cut = False
+        self.need = 0
+        """Bytes of head and body to receive before a worker gets it; 0 while the head arrives."""
 
 
 class DescriptorBudget:
@@ -245,6 +249,13 @@ class BoundedServer:
     limits: ServerLimits = ServerLimits()
     busy_response: Optional[bytes] = BUSY_RESPONSE
     accept_backoff_seconds = (0.05, 1.0)
+    body_buffer_bytes = 0
+    """A body (by its Content-Length) up to this size is received in the loop, before a worker
+    gets the request, so a client trickling its body holds no worker; larger ones are read by
+    the worker. 0: bodies are the worker's (the sidecar's requests have none)."""
+    body_budget_bytes = 0
+    """All the bytes the loop may hold for waiting requests; over it, the connection holding
+    the most is closed (``over_capacity``)."""
     tick_seconds = 0.1
     accepts_per_turn = 64
     socket: Any
@@ -266,6 +277,7 @@ class BoundedServer:
         self._stopping, self._stopped = threading.Event(), threading.Event()
         self._stopped.set()
         self._backoff, self._paused_until, self._swept = 0.0, 0.0, 0.0
+        self._buffered = 0  # bytes in the buffers of waiting connections
         self._local = threading.local()
 
     def count(self, reason: str) -> None:
@@ -431,8 +443,9 @@ class BoundedServer:
             self._selector.modify(conn.sock, events, conn)
 
     def _receive(self, conn: Connection) -> bool:
-        """Read what has arrived, up to one byte over the head cap; False if it closed."""
-        room = self.limits.max_head_bytes + 1 - len(conn.buffer)
+        """Read what has arrived, up to one byte over the head cap (or to the end of a body
+        received here); False if it closed."""
+        room = (conn.need or self.limits.max_head_bytes + 1) - len(conn.buffer)
         while room > 0:
             try:
                 data = conn.sock.recv(min(room, READ_BYTES))
@@ -445,6 +458,7 @@ class BoundedServer:
                 self._close(conn)
                 return False
             conn.buffer += data
+            self._buffered += len(data)
             room -= len(data)
             pending = getattr(conn.sock, "pending", None)
             if pending is None or not pending():
@@ -452,8 +466,17 @@ class BoundedServer:
         return True
 
     def _examine(self, conn: Connection) -> None:
-        """Hand a whole request head to a worker; answer a bad or oversized one and close."""
+        """Hand a whole request head (and a body of up to ``body_buffer_bytes``) to a worker;
+        answer a bad or oversized one and close."""
+        if self.body_budget_bytes and self._buffered > self.body_budget_bytes:
+            self._shed_bytes()
+            if conn not in self._waiting:
+                return
         buf, cap = conn.buffer, self.limits.max_head_bytes
+        if conn.need:
+            if len(buf) >= conn.need:
+                self._dispatch(conn)
+            return
         line_end = buf.find(b"\n")
         if line_end < 0:
             if len(buf) > cap:
@@ -468,7 +491,17 @@ class BoundedServer:
         if end < 0 or end > cap:
             self._answer(conn, b"431 Request Header Fields Too Large")
             return
+        length = _content_length(bytes(buf[:end])) if self.body_buffer_bytes else 0
+        if 0 < length <= self.body_buffer_bytes and len(buf) < end + length:
+            conn.need = end + length  # wait here for the body: a trickled one holds no worker
+            self._on_ready(conn)  # what already arrived past the head cap
+            return
         self._dispatch(conn)
+
+    def _shed_bytes(self) -> None:
+        """Over the body budget: close the waiting connection holding the most bytes."""
+        largest = max(self._waiting, key=lambda c: len(c.buffer))
+        self._close(largest, "over_capacity")
 
     def _answer(self, conn: Connection, status: bytes) -> None:
         text = status + b"\r\n"
@@ -479,6 +512,7 @@ class BoundedServer:
         self._linger(conn)
 
     def _dispatch(self, conn: Connection) -> None:
+        conn.need = 0
         self._forget(conn)
         self._busy.add(conn)
         self._work.put(conn)
@@ -557,6 +591,7 @@ class BoundedServer:
     def _forget(self, conn: Connection) -> None:
         """No longer held by the loop (closed, closing, or handed to a worker)."""
         if conn in self._waiting:
+            self._buffered -= len(conn.buffer)
             del self._waiting[conn]
             peer = self._peers[_peer(conn)]
             del peer[conn]
@@ -569,6 +604,7 @@ class BoundedServer:
 
     def _hold(self, conn: Connection) -> None:
         """Wait in the loop for its request; the newest activity of its client."""
+        self._buffered += len(conn.buffer)
         self._waiting[conn] = None
         self._peers.setdefault(_peer(conn), OrderedDict())[conn] = None
         self._selector.register(conn.sock, selectors.EVENT_READ, conn)
@@ -609,6 +645,15 @@ def _request_line_ok(line: bytes) -> bool:
     """``METHOD target HTTP/x.y``: HTTP/0.9's two words and anything else are refused."""
     words = line.split()
     return len(words) == 3 and words[2].startswith(b"HTTP/")
+
+
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r?\n")
+
+
+def _content_length(head: bytes) -> int:
+    """The first ``Content-Length`` of a request head, as the handler reads it; 0 if none."""
+    found = _CONTENT_LENGTH.search(head.lower())
+    return int(found.group(1)) if found else 0
 
 
 def _head_end(buf: bytearray, line_end: int) -> int:

@@ -2,9 +2,11 @@
 
 An HTTP/1.1 server on :mod:`oomsight_sidecar.listener`: its event loop does each TLS
 handshake and waits for each request head, under the request deadline, so silent, slow or
-plain-text clients hold no thread; a few workers read bodies and answer. A kept-alive
-connection goes back to the loop between reviews; over the connection cap the one that
-has waited longest is closed, so the API server's new connection is served. Request bodies
+plain-text clients hold no thread; it receives each body up to ``max_review_bytes`` too,
+so a client trickling its review holds no worker either; a few workers answer. A
+kept-alive connection goes back to the loop between reviews; over the connection cap a
+waiting connection of the client holding the most is closed, so the API server's new
+connection is served. Request bodies
 need a ``Content-Length`` and are refused unread above ``max_body_bytes``; a body over
 ``max_review_bytes`` is read through in chunks, only its head kept (fail-open answer).
 """
@@ -26,6 +28,9 @@ logger = logging.getLogger(__name__)
 
 MUTATE_PATH = "/mutate"
 READ_CHUNK_BYTES = 64 * 1024
+BODY_BUDGET_REVIEWS = 16
+"""Reviews of ``max_review_bytes`` the event loop may hold while their bodies arrive (16 MiB
+with the defaults); over it the connection holding the most is closed."""
 
 
 class AdmissionServer(BoundedServer, HTTPServer):
@@ -40,6 +45,8 @@ class AdmissionServer(BoundedServer, HTTPServer):
     ) -> None:
         self.address_family = address_family(address[0])
         self.init_limits(limits or ServerLimits(request_timeout_seconds=10.0, workers=4))
+        self.body_buffer_bytes = admitter.limits.max_review_bytes  # a trickled review holds no worker
+        self.body_budget_bytes = BODY_BUDGET_REVIEWS * admitter.limits.max_review_bytes
         super().__init__(address, _Handler)
         self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.admitter = admitter
