@@ -161,6 +161,19 @@ def test_a_missing_content_length_and_unknown_paths_are_answered_not_crashed(web
     assert conn.getresponse().status == 200
 
 
+def test_a_client_waiting_for_100_continue_gets_it_at_once_and_its_review_answered(webhook):
+    body = review(fixture("cpu-pod.yaml"))
+    raw = socket.create_connection(("localhost", webhook.port), timeout=5)
+    with webhook.client_context.wrap_socket(raw, server_hostname="localhost") as sock:
+        start = time.monotonic()
+        head = b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+        sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")  # not held until the body would arrive
+        assert time.monotonic() - start < 1.0
+        sock.sendall(body)
+        assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
+
+
 def test_plain_http_on_the_tls_port_is_counted_and_the_server_carries_on(webhook):
     handshakes = _sample(webhook, 'oomsight_webhook_errors_total{component="tls_handshake"}')
     injected = _sample(webhook, 'oomsight_webhook_admissions_total{result="injected"}')

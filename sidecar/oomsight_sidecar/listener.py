@@ -651,9 +651,11 @@ _CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r?\n"
 
 
 def _content_length(head: bytes) -> int:
-    """The first ``Content-Length`` of a request head, as the handler reads it; 0 if none."""
-    found = _CONTENT_LENGTH.search(head.lower())
-    return int(found.group(1)) if found else 0
+    """The first ``Content-Length`` of a request head, as the handler reads it; 0 if none, and
+    0 when the client waits for ``100 Continue`` before it sends the body (the handler says it)."""
+    lowered = head.lower()
+    found = _CONTENT_LENGTH.search(lowered)
+    return int(found.group(1)) if found and b"\nexpect:" not in lowered else 0
 
 
 def _head_end(buf: bytearray, line_end: int) -> int:
