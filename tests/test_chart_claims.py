@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from test_chart import bindings_for, env_map, find, granted, one, render
+
 from oomsight_sidecar.claims import ClaimReader
 
 from kubetools import kube_stub, rbac_allows, rbac_request
-from test_chart import bindings_for, find, granted, render
 
 CLAIMS = ("resource.k8s.io", "resourceclaims")
 
@@ -39,7 +40,9 @@ def test_without_the_option_no_claim_grant_is_rendered() -> None:
 def test_with_the_option_the_listed_namespaces_may_list_their_own_claims_and_nothing_more() -> None:
     docs = render("dra-values.yaml")
     (role,) = find(claim_grants(docs), "ClusterRole")
-    assert role["rules"] == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]}
+    ]
     assert sorted(b["metadata"]["namespace"] for b in find(claim_grants(docs), "RoleBinding")) == ["team-a", "team-b"]
     request = sidecar_claims_request("team-a")
     assert request == ("list", "resource.k8s.io", "resourceclaims", "team-a", "")
@@ -51,3 +54,12 @@ def test_with_the_option_the_listed_namespaces_may_list_their_own_claims_and_not
 def test_the_option_without_namespaces_grants_nothing() -> None:
     docs = render("default-values.yaml", sets=("rbac.resourceClaims=true",))
     assert claim_grants(docs) == []
+
+
+def test_the_option_reaches_the_webhook_that_tells_the_sidecars() -> None:
+    for scenario, expected in (("default-values.yaml", "false"), ("dra-values.yaml", "true")):
+        deployment = one(render(scenario), "Deployment")
+        assert (
+            env_map(deployment["spec"]["template"]["spec"]["containers"][0])["OOMSIGHT_INJECT_RESOURCE_CLAIMS"]
+            == expected
+        )

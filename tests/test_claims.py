@@ -178,3 +178,22 @@ def test_the_refresh_thread_reads_at_start_and_stops(tmp_path: Any) -> None:
     assert [b.memory_bytes for b in reader.budgets()] == [24 * 2**30]
     app = sidecar_main.build_app(SidecarSettings(spool_dir=str(tmp_path)), claims=reader)
     assert app is not None
+
+
+def test_the_webhook_tells_the_sidecar_to_read_claims_only_when_the_chart_grants_it() -> None:
+    from oomsight_webhook.injection import InjectionSettings
+    from oomsight_webhook.mutation import mutate
+
+    from kubetools import apply, fixture
+
+    def sidecar_env(settings: InjectionSettings) -> dict[str, Any]:
+        pod = fixture("job-pod.yaml")
+        patched = apply(pod, mutate(pod, settings).patch)
+        containers = patched["spec"].get("initContainers", []) + patched["spec"]["containers"]
+        (sidecar,) = [c for c in containers if c["name"] == "oomsight-sidecar"]
+        return {e["name"]: e.get("value") for e in sidecar["env"]}
+
+    assert "OOMSIGHT_RESOURCE_CLAIMS" not in sidecar_env(InjectionSettings(image="x"))
+    on = InjectionSettings.from_env({"OOMSIGHT_INJECT_IMAGE": "x", "OOMSIGHT_INJECT_RESOURCE_CLAIMS": "true"})
+    assert sidecar_env(on)["OOMSIGHT_RESOURCE_CLAIMS"] == "1"
+    assert KubernetesSettings.from_env({"OOMSIGHT_RESOURCE_CLAIMS": "1"}).resource_claims is True

@@ -42,6 +42,7 @@ ENV_MEMORY_LIMIT = "OOMSIGHT_INJECT_MEMORY_LIMIT"
 ENV_RUN_AS_USER = "OOMSIGHT_INJECT_RUN_AS_USER"
 ENV_SCRAPE_ANNOTATIONS = "OOMSIGHT_INJECT_SCRAPE_ANNOTATIONS"
 ENV_EVENTS = "OOMSIGHT_INJECT_EVENTS"
+ENV_RESOURCE_CLAIMS = "OOMSIGHT_INJECT_RESOURCE_CLAIMS"
 ENV_ZERO_CODE = "OOMSIGHT_INJECT_ZERO_CODE"
 ENV_DRAIN = "OOMSIGHT_INJECT_DRAIN_SECONDS"
 ENV_ADMIN_PORT = "OOMSIGHT_INJECT_ADMIN_PORT"
@@ -141,6 +142,10 @@ class InjectionSettings:
     events: bool = True
     """Let the sidecar post Kubernetes Events on OOM (it still needs the RBAC grant)."""
 
+    resource_claims: bool = False
+    """Let the sidecar read its pod's DRA memory budget from its ResourceClaims (the chart's
+    ``rbac.resourceClaims``, which also grants it); the sidecar gets ``OOMSIGHT_RESOURCE_CLAIMS=1``."""
+
     zero_code: bool = True
     """Honour ``oomsight.io/inject-python: "true"`` (the pod still has to opt in)."""
 
@@ -181,6 +186,7 @@ class InjectionSettings:
             run_as_user=env_setting(e, ENV_RUN_AS_USER, parse_count, d.run_as_user),
             scrape_annotations=env_setting(e, ENV_SCRAPE_ANNOTATIONS, parse_bool, d.scrape_annotations),
             events=env_setting(e, ENV_EVENTS, parse_bool, d.events),
+            resource_claims=env_setting(e, ENV_RESOURCE_CLAIMS, parse_bool, d.resource_claims),
             zero_code=env_setting(e, ENV_ZERO_CODE, parse_bool, d.zero_code),
             drain_seconds=env_setting(e, ENV_DRAIN, _drain_seconds, d.drain_seconds),
             admin_port=env_setting(e, ENV_ADMIN_PORT, parse_admin_port, d.admin_port),

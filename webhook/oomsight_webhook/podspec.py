@@ -24,6 +24,7 @@ from oomsight_sidecar.settings import (
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
     ENV_PORT,
+    ENV_RESOURCE_CLAIMS,
 )
 from oomsight_webhook.injection import InjectionSettings, PodOptions
 
@@ -81,6 +82,8 @@ def sidecar_container(
         *owner_env(owner),
         {"name": ENV_EVENTS, "value": "1" if opts.events else "0"},
     ]
+    if settings.resource_claims:  # only then: pods of a chart without the option stay as they were
+        env.append({"name": ENV_RESOURCE_CLAIMS, "value": "1"})
     if settings.drain_seconds:
         env.append({"name": ENV_DRAIN, "value": f"{settings.drain_seconds:g}"})
     env += admin_env(opts)
