@@ -260,6 +260,32 @@ dcgm = [
     ),
 ]
 
+budget = [
+    (
+        p.timeseries(
+            "Peak against the claimed GPU memory (DRA)",
+            "Per GPU of the selected pods that claimed a share of a GPU's memory through DRA (ResourceClaim "
+            "consumedCapacity, read by the sidecar with OOMSIGHT_RESOURCE_CLAIMS): the window peak of PyTorch "
+            "reserved bytes over the pod's smallest claimed share. Above 100 % the pod uses memory promised to "
+            "the GPU's other claims (OomsightGpuMemoryBudgetExceeded). Empty for pods without a claimed share.",
+            q.BUDGET_USE,
+            "percentunit",
+            thresholds=p.steps((p.GREEN, None), (p.RED, T.budget_exceeded_ratio)),
+        ),
+        14,
+    ),
+    (
+        p.timeseries(
+            "Time until the claimed share is reached",
+            "At the growth of that peak over the last 30 minutes, the seconds until it reaches the claimed share; "
+            "only while it grows and is still below the share.",
+            q.BUDGET_FORECAST,
+            "s",
+        ),
+        10,
+    ),
+]
+
 dashboard = p.dashboard(
     c.UID_POD,
     "oomsight / Workload and pod GPU memory",
@@ -288,7 +314,9 @@ dashboard = p.dashboard(
         (8, profiles),
         "CUDA out-of-memory errors",
         (6, [(oom_table, 24)]),
-        p.Collapsed("dcgm-exporter: GPU memory as the node sees it (open where dcgm-exporter runs)", [(8, dcgm)]),
+        p.Collapsed(
+            "Shared GPUs: dcgm-exporter's view and DRA memory budgets (open where they run)", [(8, dcgm), (8, budget)]
+        ),
     ],
     q.CLUSTERS,
 )

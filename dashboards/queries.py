@@ -236,6 +236,13 @@ DCGM_VS_RESERVED = [
         "PyTorch reserved {{pod}} {{gpu_uuid}}",
     ),
 ]
+# ------------------------------------------------------------------ DRA memory budget, where a pod claimed one
+BUDGET_USE = [
+    Query(peak(f"{r.GPU_PEAK_PER_BUDGET}{GPU_SEL}"), "{{pod}} {{gpu_uuid}}"),
+]
+BUDGET_FORECAST = [
+    Query(f"{r.GPU_BUDGET_FORECAST}{GPU_SEL}", "{{pod}} {{gpu_uuid}}"),
+]
 DCGM_GPUS = [
     Query(f"count(\n{r.dcgm_used_bytes(CL)}\n)", "GPUs with dcgm framebuffer used", instant=True),
 ]

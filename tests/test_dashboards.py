@@ -128,9 +128,18 @@ def test_the_dcgm_row_is_collapsed_last_and_joins_on_the_gpu_uuid() -> None:
     board = load(BOARDS["oomsight-pod.json"])
     last = board["panels"][-1]
     assert last["type"] == "row" and last["collapsed"] is True and "dcgm" in last["title"]
-    note, *inner = last["panels"]
+    note, *inner = [p for p in last["panels"] if "dcgm" in p["title"] or "dcgm" in p["description"]]
     assert inner and all(rules.GPU_DCGM_FB_USED in t["expr"] for p in inner for t in p["targets"][:1])
     assert note["type"] == "stat" and config.DCGM_FB_USED in note["targets"][0]["expr"]
+
+
+def test_the_budget_panels_read_the_recorded_budget_series_and_mark_the_claimed_share() -> None:
+    last = load(BOARDS["oomsight-pod.json"])["panels"][-1]
+    budget = [p for p in last["panels"] if "DRA" in p["title"] or "claimed share" in p["title"]]
+    exprs = [t["expr"] for p in budget for t in p["targets"]]
+    assert any(rules.GPU_PEAK_PER_BUDGET in e for e in exprs) and any(rules.GPU_BUDGET_FORECAST in e for e in exprs)
+    steps = budget[0]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1]["value"] == config.THRESHOLDS.budget_exceeded_ratio
 
 
 def test_the_dcgm_note_reads_both_forms_and_says_so_when_neither_is_there() -> None:
