@@ -38,6 +38,8 @@ OPTIM_MIN_8BIT = 4096
 """bitsandbytes' ``min_8bit_size``: smaller tensors keep fp32 state."""
 DEFAULT_TARGETS = ("q_proj", "v_proj")
 """LoRA's target modules when none are given (PEFT's default for Llama-style models)."""
+LORA_ALPHA_PER_RANK = 2
+"""``lora_alpha = 2 x rank`` (a common choice; the scaling multiplies, it holds no memory)."""
 QUANTIZE = ("4bit", "4bit-double", "8bit")
 
 
@@ -97,16 +99,21 @@ class QuantLinear(nn.Module):
 
 
 class LoraLinear(nn.Module):
-    """PEFT's LoRA arithmetic without PEFT: ``base(x) + B(A(dropout(x))) * alpha / rank``."""
+    """PEFT's LoRA arithmetic without PEFT (``peft/tuners/lora/layer.py``, ``Linear.forward``): the
+    input cast to the adapters' dtype, ``base(x) + B(A(x)) * alpha / rank`` cast back to the base's."""
 
     def __init__(self, base: nn.Module, rank: int) -> None:
         super().__init__()
         self.base_layer = base
         self.lora_A = nn.Linear(base.in_features, rank, bias=False, device=base.weight.device)
         self.lora_B = nn.Linear(rank, base.out_features, bias=False, device=base.weight.device)
+        self.scaling = LORA_ALPHA_PER_RANK
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base_layer(x) + self.lora_B(self.lora_A(x))
+        result = self.base_layer(x)
+        dtype = result.dtype
+        result = result + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scaling
+        return result.to(dtype)
 
 
 def parse_lora(text: str) -> tuple[int, tuple[str, ...]]:
@@ -128,7 +135,7 @@ def with_lora(
         if peft:
             import peft as peft_lib
 
-            config = peft_lib.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(targets))
+            config = peft_lib.LoraConfig(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, target_modules=list(targets))
             return peft_lib.get_peft_model(model, config).train()
         model.requires_grad_(False)
         found = _replace(model, lambda name, m: isinstance(m, nn.Linear) and name.split(".")[-1] in targets,

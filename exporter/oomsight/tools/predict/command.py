@@ -161,6 +161,7 @@ def _check(args: argparse.Namespace) -> Optional[str]:
         return "--batch and --accumulation must be at least 1, --steps 1 to 20"
     if not 0.0 <= args.margin < 0.5:
         return "--margin must be between 0 and 0.5"
+    args.capacity_bytes = None
     if args.capacity is not None:
         try:
             args.capacity_bytes = parse_bytes(args.capacity)
@@ -311,7 +312,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
         out["gpu"] = _gpu_facts(args)
     if args.parallel:
         out["parallel"] = _per_rank(args, spec, out["prediction"])
-    if args.capacity is not None and not args.parallel:
+    if args.capacity_bytes is not None and not args.parallel:
         search = largest_batch(
             spec["build"], batch, _usable(args, 1), optimizer, spec.get("step"), margin=args.margin,
             start=args.batch, **kwargs,
@@ -374,7 +375,7 @@ def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[s
         model = spec["build"]()
     layout = _layout(args)
     found = parallel.per_rank(prediction, parallel.units(model, layout.world_size), layout)
-    if args.capacity is not None:
+    if args.capacity_bytes is not None:
         budget = int(_usable(args, layout.world_size) * (1.0 - args.margin))
         found["usable_bytes"], found["fits"] = budget, found["per_rank_peak_allocated_bytes"] <= budget
     if args.gpus_needed:

@@ -1,0 +1,178 @@
+"""``oomsight predict`` for the jobs people size (issue 28): a transformers configuration, --dtype,
+--seq-len, LoRA (PEFT and without it), a quantized base, the 8-bit optimizer, --gpu. Each runs the
+real tracer on a small Llama-shaped configuration (a second or two) and checks bytes that follow
+from the model's shapes, not from the tracer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from oomsight.tools import exitcode  # noqa: E402
+from oomsight.tools.predict import adapter, command, gpu, hfmodel  # noqa: E402
+
+SMALL = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=512, max_position_embeddings=256,
+)  # fmt: skip
+MODEL = "llama:" + ",".join(f"{k}={v}" for k, v in SMALL.items())
+
+
+def predict(capsys: Any, *argv: str) -> tuple[int, Any]:
+    """Run ``oomsight predict ARGV --json`` in this process: (exit code, the JSON or stderr)."""
+    parser = argparse.ArgumentParser()
+    command.add(parser.add_subparsers())
+    args = parser.parse_args(["predict", *argv, "--json", "--steps", "2"])
+    code = args.handler(args)
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == exitcode.OK else err)
+
+
+def llama(dtype: Any = torch.float32) -> Any:
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).to(dtype)
+
+
+def numel(model: Any, trained: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trained)
+
+
+def test_a_model_type_with_overrides_predicts_its_exact_parameters_in_the_asked_dtype(capsys: Any) -> None:
+    with torch.device("meta"):
+        n = numel(llama())
+    code, fp32 = predict(capsys, "--model", MODEL, "--seq-len", "64", "--batch", "2")
+    assert code == exitcode.OK
+    assert fp32["prediction"]["by_category_bytes"]["parameters"] == 4 * n
+    assert fp32["prediction"]["seq_len"] == 64
+    _, bf16 = predict(capsys, "--model", MODEL, "--seq-len", "64", "--batch", "2", "--dtype", "bf16")
+    assert bf16["prediction"]["by_category_bytes"]["parameters"] == 2 * n
+    assert bf16["prediction"]["peak_allocated_bytes"] < fp32["prediction"]["peak_allocated_bytes"]
+
+
+def test_a_config_folder_and_its_config_json_predict_as_the_model_type_does(capsys: Any, tmp_path: Any) -> None:
+    transformers.LlamaConfig(**SMALL).save_pretrained(tmp_path)
+    found = [
+        predict(capsys, "--model", m, "--seq-len", "32", "--batch", "1")[1]["prediction"]["peak_allocated_bytes"]
+        for m in (str(tmp_path), str(tmp_path / "config.json"), MODEL)
+    ]
+    assert found[0] == found[1] == found[2]
+
+
+def test_the_sequence_length_moves_the_activations(capsys: Any) -> None:
+    short = predict(capsys, "--model", MODEL, "--seq-len", "32", "--batch", "2")[1]["prediction"]
+    long = predict(capsys, "--model", MODEL, "--seq-len", "128", "--batch", "2")[1]["prediction"]
+    assert long["by_category_bytes"]["activations"] > 3 * short["by_category_bytes"]["activations"]
+
+
+def test_model_to_bfloat16_inside_the_users_build_is_traced(capsys: Any, tmp_path: Any) -> None:
+    path = tmp_path / "bf16model.py"
+    path.write_text(
+        "import torch\n"
+        "def spec():\n"
+        "    build = lambda: torch.nn.Sequential(torch.nn.Embedding(100, 64), torch.nn.Linear(64, 8)).to(torch.bfloat16)\n"
+        "    return {'build': build, 'batch': lambda n, device: torch.randint(0, 100, (n, 16), device=device)}\n"
+    )
+    code, found = predict(capsys, "--module", f"{path}:spec", "--batch", "4")
+    assert code == exitcode.OK, found
+    assert found["prediction"]["by_category_bytes"]["parameters"] == 2 * (100 * 64 + 64 * 8 + 8)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--model", "nosuchtype:hidden_size=4"], "unknown model type 'nosuchtype'"),
+        (["--model", "llama:hidden_size"], "is not KEY=VALUE"),
+        (["--model", "gpt2", "--seq-len", "64"], "--seq-len applies to a transformers configuration"),
+        (["--model", MODEL, "--lora", "x"], "give RANK[:MODULE,...]"),
+        (["--model", MODEL, "--gpu", "Z80"], "unknown GPU"),
+        (["--model", MODEL, "--world-size", "2"], "needs --parallel"),
+        (["--model", MODEL, "--parallel", "ddp", "--offload", "optimizer"], "DDP keeps everything"),
+        (["--model", MODEL, "--parallel", "zero2", "--no-reshard"], "--no-reshard applies to fsdp"),
+    ],
+)
+def test_bad_job_flags_get_one_line_and_exit_2(capsys: Any, argv: list[str], said: str) -> None:
+    code, err = predict(capsys, *argv)
+    assert code == exitcode.USAGE
+    assert said in err and "Traceback" not in err
+
+
+def test_a_missing_config_folder_is_named(capsys: Any, tmp_path: Any) -> None:
+    code, err = predict(capsys, "--model", str(tmp_path))
+    assert code == exitcode.USAGE and "has no config.json" in err
+
+
+def test_bitsandbytes_storage_per_weight_is_half_a_byte_plus_its_absmax() -> None:
+    n = 4096 * 4096
+    assert sum(adapter.quantized_bytes(4096, 4096, "4bit").values()) == n // 2 + 4 * n // 64 + 64
+    double = sum(adapter.quantized_bytes(4096, 4096, "4bit-double").values())
+    assert double == n // 2 + 64 + n // 64 + 4 + 4 * math.ceil(n / 64 / 256) + 1024
+    assert 0.515 < double / n < 0.517  # the reference's ~0.516 B/param
+    assert sum(adapter.quantized_bytes(4096, 11008, "8bit").values()) == 4096 * 11008 + 4 * 4096
+
+
+def lora_argv(*extra: str) -> list[str]:
+    return ["--model", MODEL, "--seq-len", "32", "--batch", "2", "--dtype", "bf16", *extra]
+
+
+def test_lora_trains_only_the_adapters_with_peft_and_without_it(capsys: Any, monkeypatch: Any) -> None:
+    pytest.importorskip("peft")
+    rank, hidden, layers = 8, SMALL["hidden_size"], SMALL["num_hidden_layers"]
+    kv = hidden // SMALL["num_attention_heads"] * SMALL["num_key_value_heads"]
+    adapters = layers * rank * ((hidden + hidden) + (hidden + kv))  # q_proj: in->r->out, v_proj: in->r->kv
+    with_peft = predict(capsys, *lora_argv("--lora", f"{rank}:q_proj,v_proj"))[1]["prediction"]
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "peft" else object())
+    without = predict(capsys, *lora_argv("--lora", f"{rank}:q_proj,v_proj"))[1]["prediction"]
+    for found in (with_peft, without):  # fp32 adapters (PEFT's autocast_adapter_dtype), AdamW: 2 fp32 states
+        assert found["by_category_bytes"]["optimizer_state"] == 2 * 4 * adapters
+    assert with_peft["peak_allocated_bytes"] == without["peak_allocated_bytes"]
+
+
+def test_a_quantized_base_holds_bitsandbytes_bytes_and_its_head_unquantized(capsys: Any) -> None:
+    with torch.device("meta"):
+        model = llama(dtype=torch.bfloat16)
+    linears = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    quantized = sum(sum(adapter.quantized_bytes(m.out_features, m.in_features, "4bit").values()) for m in linears)
+    rest = 2 * (numel(model) - sum(m.weight.numel() for m in linears))
+    for mode, expected in (("4bit", quantized), ("8bit", None)):
+        found = predict(capsys, *lora_argv("--quantize", mode, "--lora", "4"))[1]["prediction"]
+        params = found["by_category_bytes"]["parameters"]
+        hidden = SMALL["hidden_size"]
+        lora = SMALL["num_hidden_layers"] * 4 * 4 * (2 * hidden + hidden + hidden // 2)  # fp32 A and B of q, v
+        if expected is not None:
+            assert params == expected + rest + lora
+        else:
+            assert params == sum(m.weight.numel() + 4 * m.out_features for m in linears) + rest + lora
+
+
+def test_the_8bit_optimizer_keeps_a_byte_per_state_and_an_absmax_per_256(capsys: Any) -> None:
+    found = predict(capsys, *lora_argv("--optimizer", "adamw8bit"))[1]["prediction"]
+    with torch.device("meta"):
+        sizes = [p.numel() for p in llama().parameters()]
+    eight = sum(2 * n + 2 * 4 * math.ceil(n / 256) for n in sizes if n >= adapter.OPTIM_MIN_8BIT)
+    small = sum(2 * 4 * n for n in sizes if n < adapter.OPTIM_MIN_8BIT)
+    assert found["by_category_bytes"]["optimizer_state"] == eight + small + 2 * 256 * 4
+
+
+def test_gpu_gives_capacity_less_context_and_nccl_and_its_capability_s_workspace(capsys: Any) -> None:
+    small = ["--model", MODEL, "--seq-len", "32", "--batch", "1", "--parallel", "fsdp2"]
+    found = predict(capsys, *small, "--gpu", "l4", "--world-size", "2")[1]
+    l4 = gpu.get("L4")
+    assert found["gpu"]["capability"] == [8, 9]
+    assert found["gpu"]["usable_bytes"] == l4.total_bytes - gpu.CUDA_CONTEXT_BYTES - gpu.NCCL_BYTES_2
+    assert found["parallel"]["usable_bytes"] == int(found["gpu"]["usable_bytes"] * 0.9)  # --margin 0.10
+    assert found["prediction"]["workspace_bytes"] == 4096 * 1024 * 2 + 16 * 1024 * 8  # not sm90's 32 MiB
+    h200 = predict(capsys, *small, "--gpu", "H200", "--world-size", "8")[1]
+    assert h200["prediction"]["workspace_bytes"] == 32 * 1024 * 1024
+    assert h200["gpu"]["outside_allocator_bytes"]["nccl"] == gpu.NCCL_BYTES_MORE
+
+
+def test_seq_len_defaults_to_1024_capped_by_the_model_s_positions() -> None:
+    assert hfmodel.seq_len_of(transformers.LlamaConfig(**SMALL), None) == 256
+    assert hfmodel.seq_len_of(transformers.GPT2Config(), None) == 1024
+    assert hfmodel.seq_len_of(transformers.GPT2Config(), 77) == 77
