@@ -169,3 +169,35 @@ def test_nvml_device_values_are_aggregated_with_max_never_sum() -> None:
 
 def test_every_diagnosed_cause_has_a_short_remedy() -> None:
     assert set(config.CAUSE_REMEDY) == set(CAUSES)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("factor", "fires_at_9m", "fires_at_18m"),
+    [(0.75, True, True), (1.0, False, True), (1.25, False, False)],
+    ids=["-25%", "as set", "+25%"],
+)
+def test_the_budget_alerts_verdicts_as_its_threshold_moves_by_a_quarter(
+    tmp_path: Any, factor: float, fires_at_9m: bool, fires_at_18m: bool
+) -> None:
+    """tests/rules/budget.test.yaml's pod peaks at 100 % of its share for 11 minutes, then 110 %: at 75 %
+    of the share the alert also fires on the 100 % stretch; at 125 % it never fires. The other cases
+    (the pod without a claim) never move."""
+    ratio = config.THRESHOLDS.budget_exceeded_ratio
+    doc = rule_file()
+    (alert,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "OomsightGpuMemoryBudgetExceeded"]
+    assert alert["expr"].endswith(f" > {ratio:g}")
+    alert["expr"] = alert["expr"][: -len(f"{ratio:g}")] + f"{ratio * factor:g}"
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
+    with open(os.path.join(ROOT, "tests", "rules", "budget.test.yaml")) as fh:
+        tests = yaml.safe_load(fh)
+    tests["rule_files"] = [str(tmp_path / "rules.yaml")]
+    (case,) = [t for t in tests["tests"] if t.get("alert_rule_test")]
+    case["alert_rule_test"] = [
+        {"eval_time": at, "alertname": "OomsightGpuMemoryBudgetExceeded", "exp_alerts": []} for at in ("9m", "18m")
+    ]
+    tests["tests"] = [case]
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(tests))
+    result = promtool("test", "rules", str(tmp_path / "t.yaml"))
+    failed = result.stdout + result.stderr
+    assert ("time: 9m" in failed) is fires_at_9m and ("time: 18m" in failed) is fires_at_18m, failed
