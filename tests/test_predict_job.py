@@ -74,8 +74,10 @@ def test_model_to_bfloat16_inside_the_users_build_is_traced(capsys: Any, tmp_pat
     path = tmp_path / "bf16model.py"
     path.write_text(
         "import torch\n"
+        "def build():\n"
+        "    net = torch.nn.Sequential(torch.nn.Embedding(100, 64), torch.nn.Linear(64, 8))\n"
+        "    return net.to(torch.bfloat16)\n"
         "def spec():\n"
-        "    build = lambda: torch.nn.Sequential(torch.nn.Embedding(100, 64), torch.nn.Linear(64, 8)).to(torch.bfloat16)\n"
         "    return {'build': build, 'batch': lambda n, device: torch.randint(0, 100, (n, 16), device=device)}\n"
     )
     code, found = predict(capsys, "--module", f"{path}:spec", "--batch", "4")

@@ -135,7 +135,9 @@ def with_lora(
         if peft:
             import peft as peft_lib
 
-            config = peft_lib.LoraConfig(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, target_modules=list(targets))
+            config = peft_lib.LoraConfig(
+                r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, lora_dropout=0.0, target_modules=list(targets)
+            )
             return peft_lib.get_peft_model(model, config).train()
         model.requires_grad_(False)
         found = _replace(model, lambda name, m: isinstance(m, nn.Linear) and name.split(".")[-1] in targets,

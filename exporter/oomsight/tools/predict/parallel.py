@@ -62,6 +62,8 @@ class Unit:
     flat_shard_bytes: int
     trained_bytes: int
     trained_numel: int
+    trained_shard_bytes: int
+    """The padded shards of the trained parameters: what a rank's gradients and optimizer state scale with."""
 
 
 def units(model: nn.Module, world_size: int) -> list[Unit]:
@@ -92,16 +94,17 @@ def _unit(name: str, params: list[torch.Tensor], world: int) -> Unit:
         rows = p.shape[0] if p.dim() else 1
         return math.ceil(rows / world) * (p.numel() // max(rows, 1)) * p.element_size()
 
-    numel_bytes = [(p.numel(), p.element_size()) for p in params]
-    flat = sum(math.ceil(n / world) * size for n, size in numel_bytes)  # FSDP1/ZeRO: one flat padded buffer
+    total = sum(p.numel() * p.element_size() for p in params)
+    itemsize = params[0].element_size() if params else 1  # FSDP1 flattens one dtype per unit
     trained = [p for p in params if p.requires_grad]
     return Unit(
         name=name,
-        param_bytes=sum(n * size for n, size in numel_bytes),
+        param_bytes=total,
         shard_bytes=sum(shard(p) for p in params),
-        flat_shard_bytes=flat,
+        flat_shard_bytes=math.ceil(math.ceil(total / itemsize) / world) * itemsize,  # FSDP1/ZeRO: one flat buffer
         trained_bytes=sum(p.numel() * p.element_size() for p in trained),
         trained_numel=sum(p.numel() for p in trained),
+        trained_shard_bytes=sum(shard(p) for p in trained),
     )
 
 
@@ -166,7 +169,9 @@ def _zero(kind: str, params_c: int, grads_c: int, opt_c: int, model_units: list[
 
 
 def _fsdp(kind: str, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout) -> dict[str, int]:
-    w, offloaded = layout.world_size, layout.offload == "params"
+    offloaded = layout.offload == "params"
+    trained = sum(u.trained_bytes for u in model_units)
+    share = sum(u.trained_shard_bytes for u in model_units) / trained if trained else 0.0
     shards = sum((u.shard_bytes if kind == "fsdp2" else u.flat_shard_bytes) for u in model_units)
     if layout.reshard:
         gathered = _gathered(model_units)
@@ -178,8 +183,8 @@ def _fsdp(kind: str, grads_c: int, opt_c: int, model_units: list[Unit], layout: 
     return {
         "parameters": 0 if offloaded else shards,
         "gathered_parameters": gathered_bytes,
-        "gradients": 0 if offloaded else math.ceil(grads_c / w),
-        "optimizer_state": 0 if layout.offload else math.ceil(opt_c / w),
+        "gradients": 0 if offloaded else math.ceil(grads_c * share),
+        "optimizer_state": 0 if layout.offload else math.ceil(opt_c * share),
         "reduce_scatter_buffer": max(u.trained_bytes for u in model_units),
     }
 

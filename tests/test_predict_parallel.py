@@ -1,0 +1,173 @@
+"""The per-rank arithmetic of ``oomsight predict --parallel`` (``tools/predict/parallel.py``) against
+real gloo ranks on the CPU: FSDP2's ``fully_shard`` (its padded local shards, the unit gathered in
+forward, gradients and optimizer state per rank), FSDP1's flat shard and DDP's buckets, each read
+off the storages the ranks really hold (as tests/test_accounting.py reads them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+from torch import nn  # noqa: E402
+
+from oomsight.tools.predict import parallel  # noqa: E402
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)  # Linear(64, 5): 5 rows over 2 ranks, so FSDP pads dim 0
+    return nn.Sequential(nn.Linear(40, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+
+
+def storages(tensors: Any) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            s = getattr(t, "_local_tensor", t).untyped_storage()
+            if s.nbytes():
+                seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def step(m: nn.Module, opt: Any) -> None:
+    m(torch.randn(8, 40)).sum().backward()
+    opt.step()
+
+
+def fsdp2(rank: int) -> dict[str, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    m = model()
+    for layer in m:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(m)
+    opt = torch.optim.AdamW(m.parameters())
+    step(m, opt)
+    seen: dict[str, int] = {}
+
+    def look(module: nn.Module, args: Any) -> None:  # FSDP's pre-forward hook has gathered this unit
+        seen["gathered"] = storages(module.parameters())
+
+    handle = m[2].register_forward_pre_hook(look)
+    m(torch.randn(8, 40))
+    handle.remove()
+    return {
+        "parameters": storages(m.parameters()),
+        "gradients": storages(p.grad for p in m.parameters()),
+        "state": storages(v for s in opt.state.values() for v in s.values() if v.dim()),
+        "gathered_unit": seen["gathered"],
+    }
+
+
+def fsdp1(rank: int) -> dict[str, Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    m = FullyShardedDataParallel(model(), device_id=torch.device("cpu"))
+    step(m, torch.optim.AdamW(m.parameters()))
+    return {"flat_shard": storages([m._handle.flat_param._local_shard])}
+
+
+def ddp(rank: int) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    m = DistributedDataParallel(model(), bucket_cap_mb=0.01)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):  # the buckets are rebuilt after the first iteration
+        step(m, opt)
+    buckets = m.reducer._get_zeros_like_grad_buckets()
+    return {"buckets": sum(b.buffer().numel() * b.buffer().element_size() for b in buckets)}
+
+
+def rank_body(rank: int, world: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world)
+    try:
+        found = {"fsdp2": fsdp2(rank), "fsdp1": fsdp1(rank), "ddp": ddp(rank)}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(found))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: Any) -> list[dict[str, Any]]:
+    out = str(tmp_path_factory.mktemp("gloo"))
+    torch.multiprocessing.spawn(rank_body, args=(2, out), nprocs=2, join=True)
+    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def single_gpu() -> dict[str, Any]:
+    """What one process holds for the same model after an AdamW step: the states of a prediction."""
+    m = model()
+    opt = torch.optim.AdamW(m.parameters())
+    step(m, opt)
+    params = storages(m.parameters())
+    state = storages(v for s in opt.state.values() for v in s.values() if v.dim())
+    cats = {"parameters": params, "gradients": params, "optimizer_state": state, "activations": 1000}
+    return {"peak_allocated_bytes": sum(cats.values()), "by_category_bytes": cats}
+
+
+def test_fsdp2_shards_are_the_padded_local_storages_and_the_gathered_unit_its_full_bytes(ranks: Any) -> None:
+    units = parallel.units(model(), 2)
+    assert [u.name for u in units] == ["0", "2", "4", "(root)"]
+    laid = parallel.per_rank(single_gpu(), units, parallel.Layout(2, "fsdp2"))["parts_bytes"]
+    for found in ranks:  # both ranks hold padded shards of the same size
+        assert laid["parameters"] == found["fsdp2"]["parameters"]
+        assert found["fsdp2"]["gathered_unit"] == units[1].param_bytes
+    assert laid["gathered_parameters"] >= units[0].param_bytes + units[1].param_bytes
+    for part in ("gradients", "optimizer_state"):  # exact on the rank holding the padded rows, never under
+        truth = [r["fsdp2"]["gradients" if part == "gradients" else "state"] for r in ranks]
+        assert laid[part] == max(truth)
+        assert all(t <= laid[part] for t in truth)
+
+
+def test_fsdp1_s_flat_shard_is_the_model_padded_to_the_world(ranks: Any) -> None:
+    whole = parallel._unit("(root)", list(model().parameters()), 2)
+    for found in ranks:
+        assert found["fsdp1"]["flat_shard"] == whole.flat_shard_bytes
+
+
+def test_ddp_buckets_hold_the_trained_gradient_bytes(ranks: Any) -> None:
+    single = single_gpu()
+    laid = parallel.per_rank(single, parallel.units(model(), 2), parallel.Layout(2, "ddp"))
+    for found in ranks:
+        assert laid["parts_bytes"]["ddp_buckets"] == found["ddp"]["buckets"]
+    assert laid["per_rank_peak_allocated_bytes"] == single["peak_allocated_bytes"] + found["ddp"]["buckets"]
+    view = parallel.per_rank(single, parallel.units(model(), 2), parallel.Layout(2, "ddp", bucket_view=True))
+    assert view["parts_bytes"]["ddp_buckets"] == 0
+
+
+def test_sharding_lowers_the_per_rank_peak_as_the_world_grows_and_offload_removes_state() -> None:
+    single = single_gpu()
+    peaks = [parallel.per_rank(single, parallel.units(model(), w), parallel.Layout(w, "zero3"))
+             for w in (2, 4, 8)]  # fmt: skip
+    assert [p["parts_bytes"]["optimizer_state"] for p in peaks] == sorted(
+        (p["parts_bytes"]["optimizer_state"] for p in peaks), reverse=True
+    )
+    off = parallel.per_rank(single, parallel.units(model(), 8), parallel.Layout(8, "zero3", offload="params"))
+    assert off["parts_bytes"]["optimizer_state"] == off["parts_bytes"]["parameters"] == 0
+    assert off["per_rank_peak_allocated_bytes"] < peaks[-1]["per_rank_peak_allocated_bytes"]
+
+
+def test_gpus_needed_is_the_fewest_ranks_that_fit_and_none_for_ddp_past_one() -> None:
+    single = single_gpu()
+    units_of = lambda w: parallel.units(model(), w)  # noqa: E731
+    per = {w: parallel.per_rank(single, units_of(w), parallel.Layout(w, "fsdp2"))["per_rank_peak_allocated_bytes"]
+           for w in (2, 4, 8)}  # fmt: skip
+    budget = per[4]
+    assert parallel.gpus_needed(single, units_of, parallel.Layout(2, "fsdp2"), lambda w: budget) == (
+        2 if per[2] <= budget else 4
+    )
+    assert parallel.gpus_needed(single, units_of, parallel.Layout(2, "ddp"), lambda w: budget) is None
+    roomy = single["peak_allocated_bytes"]
+    assert parallel.gpus_needed(single, units_of, parallel.Layout(2, "ddp"), lambda w: roomy) == 1
+
+
+def test_no_reshard_keeps_every_unit_gathered() -> None:
+    units = parallel.units(model(), 2)
+    kept = parallel.per_rank(single_gpu(), units, parallel.Layout(2, "fsdp2", reshard=False))
+    assert kept["parts_bytes"]["gathered_parameters"] == sum(u.param_bytes for u in units)
