@@ -27,11 +27,13 @@ from dashboards import config, rules
 from oomsight.tools import tape
 from oomsight.wire import schema
 from oomsight.wire.spool import write_atomic
+from oomsight_sidecar.claims import ClaimReader
 from oomsight_sidecar.main import build_app
 from oomsight_sidecar.server import serve
 from oomsight_sidecar.settings import SidecarSettings
 
-from fakes import ROOT
+from fakes import GIB, ROOT
+from kubetools import FakeKube
 from panelquery import Probe, all_probes, substitute
 from procs import exposition_server, http_get, owner_exposition, prometheus, promql_at, promql_range, wait_for
 
@@ -76,6 +78,23 @@ def dcgm_exposition(uuid: str) -> bytes:
     ).encode()
 
 
+BUDGET_BYTES = 150 * GIB
+"""The GPU memory share the pod claimed through DRA (more than the H200's 141 GiB, so the recorded peak
+stays below it and the forecast has a share to reach)."""
+
+
+def claims_reader() -> ClaimReader:
+    """The sidecar's real claim reader, over a fake API holding one claim reserved for the pod."""
+    from test_claims import claim
+
+    fake = FakeKube()
+    fake.claims = [claim("train-gpu", "pod-uid", f"{BUDGET_BYTES}")]
+    reader = ClaimReader(lambda: fake, "ml", "pod-uid")
+    reader.refresh()
+    assert reader.budgets()
+    return reader
+
+
 def tape_gpu_uuid(path: str) -> str:
     _, records = tape.read(path)
     return str(next(r["doc"]["devices"][0]["uuid"] for r in records if r["path"].startswith("snapshots/")))
@@ -110,7 +129,8 @@ def live(recording: str, tmp_path_factory: Any) -> Iterator[Live]:
     work = tmp_path_factory.mktemp("live")
     spool = str(work / "spool")
     os.makedirs(spool)
-    sidecar = serve(build_app(SidecarSettings(spool_dir=spool, host="127.0.0.1", port=0)), "127.0.0.1", 0)
+    app = build_app(SidecarSettings(spool_dir=spool, host="127.0.0.1", port=0), claims=claims_reader())
+    sidecar = serve(app, "127.0.0.1", 0)
     try:
         uuid = tape_gpu_uuid(recording)
         with (
@@ -374,3 +394,20 @@ def test_the_prediction_error_table_shows_each_ranks_error_of_its_prediction(liv
     _predicted, _measured, allocated, reserved = (at_end(q) for q in prediction_panels.ERRORS)
     assert allocated == {"0": pytest.approx(0.02, abs=1e-6), "1": pytest.approx(-0.10, abs=1e-6)}
     assert reserved == {"0": pytest.approx(-0.03, abs=1e-6)}  # rank 1's job gave a bare size: no reserved
+
+
+def test_the_claimed_budget_divides_the_pods_gpu_peak_on_the_real_prometheus(live: Live) -> None:
+    """The sidecar's budget series (read from a claim by the real reader) joins the pod's GPUs."""
+    at = live.end - 3
+    ratio = {
+        s["metric"]["gpu_uuid"]: float(s["value"][1])
+        for s in promql_at(live.url, rules.GPU_PEAK_PER_BUDGET, at)
+        if s["metric"]["pod"] == POD
+    }
+    peak = {
+        s["metric"]["gpu_uuid"]: float(s["value"][1])
+        for s in promql_at(live.url, rules.GPU_PEAK_RESERVED, at)
+        if s["metric"]["pod"] == POD
+    }
+    assert ratio and set(ratio) == set(peak)
+    assert all(math.isclose(ratio[g], peak[g] / BUDGET_BYTES) and 0 < ratio[g] < 1 for g in ratio)
