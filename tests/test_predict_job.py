@@ -178,3 +178,20 @@ def test_seq_len_defaults_to_1024_capped_by_the_model_s_positions() -> None:
     assert hfmodel.seq_len_of(transformers.LlamaConfig(**SMALL), None) == 256
     assert hfmodel.seq_len_of(transformers.GPT2Config(), None) == 1024
     assert hfmodel.seq_len_of(transformers.GPT2Config(), 77) == 77
+
+
+def test_the_attention_kernel_follows_the_gpu_s_capability(capsys: Any) -> None:
+    from oomsight.tools.predict import emulation
+
+    q = torch.empty(2, 4, 16, 64, dtype=torch.bfloat16)
+    assert emulation.sdpa_backend(q, None, 0.0, capability=(9, 0)) == "cudnn"
+    assert emulation.sdpa_backend(q, None, 0.0, gqa=True, capability=(8, 0)) == "flash"
+    assert emulation.sdpa_backend(q, torch.zeros(16, 16), 0.0, capability=(8, 9)) == "efficient"
+    assert emulation.sdpa_backend(q.float(), None, 0.0, capability=(8, 0)) == "efficient"
+    assert emulation.sdpa_backend(q, None, 0.0, capability=(7, 0)) == "math"
+    argv = ["--model", MODEL, "--seq-len", "128", "--batch", "2", "--autocast", "bf16", "--parallel", "ddp"]
+    peaks = {g: predict(capsys, *argv, "--gpu", g)[1]["prediction"] for g in ("H100", "A100-80GB", "V100-32GB")}
+    workspace = {g: p["workspace_bytes"] for g, p in peaks.items()}
+    rest = {g: p["peak_allocated_bytes"] - p["by_category_bytes"]["workspace"] for g, p in peaks.items()}
+    assert workspace["A100-80GB"] == workspace["V100-32GB"] < workspace["H100"]
+    assert rest["V100-32GB"] > rest["A100-80GB"]  # the math composite keeps the score matrix

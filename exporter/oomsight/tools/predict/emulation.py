@@ -28,6 +28,7 @@ verification (``benchmarks/bench_predict.py``) checks the outcome against real s
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import importlib.util
 import math
@@ -44,18 +45,34 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 FLASH_MAX_HEAD_DIM = 256
 
 
-def sdpa_backend(q: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float, gqa: bool = False) -> str:
-    """The kernel PyTorch picks on compute capability 9.0, as measured on the H200 with torch
-    2.11 (``benchmarks/results/predict.json``, "calibration"): cuDNN attention for fp16/bf16
+CAPABILITY: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("capability", default=(9, 0))
+"""The compute capability the trace emulates (``predict_peak(capability=...)``, ``--gpu``)."""
+
+
+def sdpa_backend(
+    q: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float, gqa: bool = False,
+    capability: Optional[tuple[int, int]] = None,
+) -> str:  # fmt: skip
+    """The kernel PyTorch picks. On compute capability 9.0 and later as measured on the H200 with
+    torch 2.11 (``benchmarks/results/predict.json``, "calibration"): cuDNN attention for fp16/bf16
     (with a mask and with fewer key/value heads too), memory-efficient for fp32 (not with
-    grouped-query attention), else the math composite."""
+    grouped-query attention), else the math composite. On 8.x (A100, L4, L40S; not measured by us)
+    PyTorch's order is FlashAttention-2 first, which takes fp16/bf16 without a mask, grouped-query
+    attention included (the ``scaled_dot_product_attention`` docstring: GQA "works only for
+    Flash_attention and math"); memory-efficient takes a mask and fp32. Below 8.0 no flash."""
+    cc = capability or CAPABILITY.get()
     if q.dim() != 4 or q.shape[-1] % 8 != 0:
         return "math"
-    if q.dtype in FLASH_DTYPES and q.shape[-1] <= FLASH_MAX_HEAD_DIM:
-        return "cudnn"
-    if q.dtype == torch.float32 and not gqa:
-        return "efficient"
-    return "math"
+    half = q.dtype in FLASH_DTYPES and q.shape[-1] <= FLASH_MAX_HEAD_DIM
+    if cc >= (9, 0):
+        if half:
+            return "cudnn"
+        return "efficient" if q.dtype == torch.float32 and not gqa else "math"
+    if half and cc >= (8, 0) and attn_mask is None:
+        return "flash"
+    if gqa or (q.dtype == torch.bfloat16 and cc < (8, 0)):
+        return "math"
+    return "efficient"
 
 
 def cuda_sdpa(
@@ -78,6 +95,8 @@ def cuda_sdpa(
             query, key, value, _float_bias(attn_mask, query.dtype), grad, dropout_p, is_causal, False, scale=scale
         )
         return out[0]
+    if backend == "flash":
+        return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
     if backend == "efficient":
         out = aten._scaled_dot_product_efficient_attention(
             query, key, value, _float_bias(attn_mask, query.dtype), grad, dropout_p, is_causal, scale=scale

@@ -159,21 +159,25 @@ def predict_peak(
     """
     import torch
 
-    from oomsight.tools.predict import tracing
+    from oomsight.tools.predict import emulation, tracing
 
     started = time.perf_counter()
     make_opt = optimizer or torch.optim.AdamW
     step_fn = step or tracing.default_step(accumulation=accumulation, autocast=autocast)
     expandable = expandable_default() if expandable_segments is None else expandable_segments
     workspace = workspace_default(capability) if workspace_bytes is None else workspace_bytes
-    trace = tracing.trace_steps(
-        model,
-        lambda: batch(batch_size),
-        lambda m: make_opt(m.parameters()),
-        step_fn,
-        steps=steps,
-        workspace_bytes=workspace,
-    )
+    emulated = emulation.CAPABILITY.set(capability or (9, 0))  # the attention kernel it selects
+    try:
+        trace = tracing.trace_steps(
+            model,
+            lambda: batch(batch_size),
+            lambda m: make_opt(m.parameters()),
+            step_fn,
+            steps=steps,
+            workspace_bytes=workspace,
+        )
+    finally:
+        emulation.CAPABILITY.reset(emulated)
     result = replay(trace, expandable=expandable)
     fits = oom = None
     if capacity is not None:
