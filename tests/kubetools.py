@@ -228,7 +228,8 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     import datetime
     import tempfile
 
-    from oomsight_sidecar.claims import Budget, ClaimCollector, ClaimReader
+    from oomsight.wire.budget import Budget
+    from oomsight_sidecar.claims import ClaimCollector, ClaimReader
     from oomsight_sidecar.kubemetrics import KubernetesCollector
     from oomsight_sidecar.listener import ServerErrors
     from oomsight_sidecar.owner import Owner

@@ -197,3 +197,25 @@ def test_the_webhook_tells_the_sidecar_to_read_claims_only_when_the_chart_grants
     on = InjectionSettings.from_env({"OOMSIGHT_INJECT_IMAGE": "x", "OOMSIGHT_INJECT_RESOURCE_CLAIMS": "true"})
     assert sidecar_env(on)["OOMSIGHT_RESOURCE_CLAIMS"] == "1"
     assert KubernetesSettings.from_env({"OOMSIGHT_RESOURCE_CLAIMS": "1"}).resource_claims is True
+
+
+def test_the_budgets_are_kept_in_the_spool_for_the_report_and_a_broken_file_is_no_budget(tmp_path: Any) -> None:
+    from oomsight.wire import budget as budget_doc
+
+    fake = FakeKube()
+    fake.claims = [claim("train-gpu", POD_UID, "16Gi")]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID, str(tmp_path))
+    reader.refresh()
+    assert budget_doc.read(str(tmp_path)) == reader.budgets() and reader.budgets()
+    fake.claims = []  # the claim went away: the document says so
+    reader.refresh()
+    assert budget_doc.read(str(tmp_path)) == []
+    path = budget_doc.path(str(tmp_path))
+    for text in ("{not json", '["a list"]', '{"budgets": [{"claim": "x", "memory_bytes": "16Gi"}, 7]}'):
+        with open(path, "w") as fh:
+            fh.write(text)
+        assert budget_doc.read(str(tmp_path)) == []
+    with open(path, "w") as fh:  # a newer writer's keys are accepted
+        fh.write('{"version": 2, "budgets": [{"claim": "c", "memory_bytes": 5, "gpu_uuid": "GPU-1"}], "more": 1}')
+    assert [(b.claim, b.memory_bytes) for b in budget_doc.read(str(tmp_path))] == [("c", 5)]
+    assert budget_doc.read(str(tmp_path / "no-spool")) == []

@@ -20,7 +20,6 @@ not by the GPU's UUID, so the series carries ``dra_device="<pool>/<device>"`` in
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -29,6 +28,8 @@ from typing import Any, Callable, Optional
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from oomsight.wire import budget as budget_doc
+from oomsight.wire.budget import Budget
 from oomsight_sidecar.kube import KubeApi
 
 logger = logging.getLogger(__name__)
@@ -40,18 +41,6 @@ REFRESH_SECONDS = 60.0
 claim is reserved for the pod shortly before it starts, and a failed read is retried."""
 RESULTS = ("read", "failed", "malformed")
 """What became of each listing, and each result the sidecar could not read (counted, never raised)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """The memory one claim grants the pod on one device."""
-
-    claim: str
-    request: str
-    driver: str
-    dra_device: str
-    """``<pool>/<device>``: how DRA names the device (no GPU UUID in a claim)."""
-    memory_bytes: int
 
 
 def parse_memory(value: Any) -> Optional[int]:
@@ -98,8 +87,12 @@ class ClaimReader:
     """The pod's budgets, read from the API every :data:`REFRESH_SECONDS` by :meth:`refresh`
     (a background thread) and kept for the scrapes: a slow API server never delays a scrape."""
 
-    def __init__(self, client_factory: Callable[[], KubeApi], namespace: str, pod_uid: str) -> None:
+    def __init__(
+        self, client_factory: Callable[[], KubeApi], namespace: str, pod_uid: str, spool_dir: str = ""
+    ) -> None:
+        """``spool_dir``: where the budgets are also written for ``oomsight report`` (none when empty)."""
         self._factory = client_factory
+        self.spool_dir = spool_dir
         self._client: Optional[KubeApi] = None
         self.namespace = namespace
         self.pod_uid = pod_uid
@@ -142,6 +135,11 @@ class ClaimReader:
             self._budgets = budgets
             self._counts["read"] += 1
             self._counts["malformed"] += malformed
+        if self.spool_dir:
+            try:
+                budget_doc.write(self.spool_dir, budgets)
+            except OSError as exc:  # a full or read-only spool: the metric still carries the budget
+                logger.debug("oomsight sidecar: budget not written to the spool: %s", exc)
 
     def _count(self, result: str) -> None:
         with self._lock:

@@ -77,14 +77,16 @@ def build_poster(
     return EventPoster(settings.spool_dir, kube, client_factory)
 
 
-def build_claims(kube: KubernetesSettings, client_factory: Callable[[], KubeApi]) -> Optional[ClaimReader]:
+def build_claims(
+    kube: KubernetesSettings, client_factory: Callable[[], KubeApi], spool_dir: str = ""
+) -> Optional[ClaimReader]:
     """The reader of the pod's ResourceClaims, when asked for (off by default) and the pod is known."""
     if not kube.resource_claims:
         return None
     if not kube.in_pod:
         logger.warning("oomsight sidecar: pod namespace and uid are needed to find the pod's ResourceClaims; none read")
         return None
-    return ClaimReader(client_factory, kube.pod_namespace, kube.pod_uid)
+    return ClaimReader(client_factory, kube.pod_namespace, kube.pod_uid, spool_dir)
 
 
 def run(
@@ -99,7 +101,7 @@ def run(
     poster = build_poster(settings, kube, client_factory)
     collector = KubernetesCollector(poster, pod_owner(kube)) if kube.pod_name else None
     errors = ServerErrors()
-    claims = build_claims(kube, client_factory)
+    claims = build_claims(kube, client_factory, settings.spool_dir)
     app = build_app(settings, collector, errors, claims)
     try:
         server = serve(app, settings.host, settings.port, settings.limits, errors)
