@@ -396,6 +396,7 @@ SIDECAR_CHANGED = {
     "OOMSIGHT_EVENTS": (KubernetesSettings, "events", "off", False),
     "OOMSIGHT_EVENTS_INTERVAL_SECONDS": (KubernetesSettings, "events_interval_seconds", "9", 9.0),
     "OOMSIGHT_EVENTS_MAX": (KubernetesSettings, "events_max", "0", 0),
+    "OOMSIGHT_RESOURCE_CLAIMS": (KubernetesSettings, "resource_claims", "on", True),
 }
 """Every variable of the sidecar users may have set, its group and field, and a value unlike the default."""
 
