@@ -71,7 +71,7 @@ def _budget(entry: Any) -> Budget | None:
     memory = entry.get("memory_bytes")
     if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
         return None
-    names = [entry.get(k, "") for k in ("claim", "request", "driver", "dra_device")]
-    if not all(isinstance(n, str) for n in names):
+    claim, request, driver, device = (entry.get(k, "") for k in ("claim", "request", "driver", "dra_device"))
+    if not all(isinstance(n, str) for n in (claim, request, driver, device)):
         return None
-    return Budget(*names, memory_bytes=memory)
+    return Budget(str(claim), str(request), str(driver), str(device), memory)
