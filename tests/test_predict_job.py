@@ -195,3 +195,29 @@ def test_the_attention_kernel_follows_the_gpu_s_capability(capsys: Any) -> None:
     rest = {g: p["peak_allocated_bytes"] - p["by_category_bytes"]["workspace"] for g, p in peaks.items()}
     assert workspace["A100-80GB"] == workspace["V100-32GB"] < workspace["H100"]
     assert rest["V100-32GB"] > rest["A100-80GB"]  # the math composite keeps the score matrix
+
+
+def test_generate_holds_the_key_value_cache_and_a_dynamic_one_grows_with_new_tokens(capsys: Any) -> None:
+    from oomsight.tools.predict import generation
+
+    argv = ["--model", MODEL, "--batch", "2", "--dtype", "bf16"]
+    found = {
+        (cache, new): predict(capsys, *argv, "--generate", f"8:{new}", "--cache", cache)[1]
+        for cache in ("dynamic", "static") for new in (60, 120)
+    }  # fmt: skip
+    cache = generation.cache_bytes(transformers.LlamaConfig(**SMALL), 2, 8 + 120, 2)
+    assert found[("dynamic", 120)]["generate"]["kv_cache_bytes_at_the_end"] == cache == 2 * 2 * 2 * 2 * 128 * 32 * 2
+    for kind in ("dynamic", "static"):
+        p = found[(kind, 120)]["prediction"]
+        assert p["by_category_bytes"]["gradients"] == p["by_category_bytes"]["optimizer_state"] == 0
+        assert p["by_category_bytes"]["temporaries"] >= cache - generation.cache_bytes(
+            transformers.LlamaConfig(**SMALL), 2, 1, 2
+        )
+    dyn = [found[("dynamic", n)]["prediction"]["peak_allocated_bytes"] for n in (60, 120)]
+    assert dyn[1] > dyn[0]
+
+
+def test_generate_refuses_what_it_cannot_do(capsys: Any) -> None:
+    assert "PROMPT:NEW" in predict(capsys, "--model", MODEL, "--generate", "64")[1]
+    assert "--generate takes neither" in predict(capsys, "--model", MODEL, "--generate", "8:8", "--lora", "4")[1]
+    assert "needs a transformers configuration" in predict(capsys, "--model", "gpt2", "--generate", "8:8")[1]

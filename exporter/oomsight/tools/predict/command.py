@@ -75,6 +75,9 @@ def add(sub: Any) -> None:
                    help="the frozen base's linear layers stored as bitsandbytes stores them")  # fmt: skip
     p.add_argument("--gpu", default=None, help="A100-40GB, A100-80GB, H100, H200, L4, L40S, B200, ...: "
                    "capacity (less CUDA context and NCCL) and compute capability")  # fmt: skip
+    p.add_argument("--generate", default=None, help="PROMPT:NEW: inference with a key/value cache, "
+                   "prefill and one forward per new token (a transformers configuration)")  # fmt: skip
+    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="--generate's cache")
     _add_parallel_arguments(p)
     p.add_argument("--steps", type=int, default=3, help="training steps traced (default 3)")
     p.add_argument("--capacity", default=None, help="memory the process may use, e.g. 80GiB: search the largest batch")
@@ -176,6 +179,15 @@ def _check_job(args: argparse.Namespace) -> Optional[str]:
 
     if args.seq_len is not None and args.seq_len < 1:
         return "--seq-len must be at least 1"
+    if args.generate:
+        from oomsight.tools.predict import generation
+
+        try:
+            args.prompt_tokens, args.new_tokens = generation.parse(args.generate)
+        except ValueError as exc:
+            return str(exc)
+        if args.lora or args.quantize == "8bit" or args.parallel:
+            return "--generate takes neither --lora, --quantize 8bit nor --parallel (one GPU, inference)"
     if args.lora:
         try:
             args.lora_rank, args.lora_targets = adapter.parse_lora(args.lora)
@@ -207,7 +219,24 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     """The model spec the flags describe: the named model, config or user file, then ``--dtype``,
     ``--lora`` and ``--quantize`` applied to what its ``build()`` returns, in that order."""
     found = _base_spec(args)
-    return {**found, "build": _adapted(args, found["build"])}
+    found = {**found, "build": _adapted(args, found["build"])}
+    if args.generate:
+        from oomsight.tools.predict import generation, hfmodel
+
+        if "config" not in found:
+            raise SpecError("--generate needs a transformers configuration (--model TYPE:... or a config.json)")
+        found.update(
+            build=generation.eval_mode(found["build"]),
+            batch=hfmodel.tokens(found["config"], args.prompt_tokens),
+            step=generation.decode_step(args.new_tokens, args.cache),
+            optimizer=_no_optimizer,
+        )
+    return found
+
+
+def _no_optimizer(_params: Any) -> None:
+    """Inference: nothing to step."""
+    return None
 
 
 def _adapted(args: argparse.Namespace, build: Any) -> Any:
@@ -245,7 +274,12 @@ def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
                 f"--model {args.model}: a configuration needs transformers (pip install transformers)"
             ) from None
         seq = hfmodel.seq_len_of(config, args.seq_len)
-        return {"build": hfmodel.builder(config), "batch": hfmodel.tokens(config, seq), "seq_len": seq}
+        return {
+            "build": hfmodel.builder(config),
+            "batch": hfmodel.tokens(config, seq),
+            "seq_len": seq,
+            "config": config,
+        }
     if args.seq_len is not None:
         raise SpecError("--seq-len applies to a transformers configuration (--model TYPE:... or a config.json)")
     if args.model:
@@ -306,8 +340,10 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
 
     p = predict_peak(spec["build"], batch, args.batch, optimizer, spec.get("step"), **kwargs)
     out: dict[str, Any] = {"prediction": in_order(p.to_dict())}
-    if "seq_len" in spec:
+    if "seq_len" in spec and not args.generate:
         out["prediction"]["seq_len"] = spec["seq_len"]
+    if args.generate:
+        out["generate"] = _generate_facts(args, spec)
     if args.gpu:
         out["gpu"] = _gpu_facts(args)
     if args.parallel:
@@ -327,9 +363,24 @@ def _trace_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "autocast": {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast or ""),
         "accumulation": args.accumulation,
-        "steps": args.steps,
+        "steps": 1 if args.generate else args.steps,
         "expandable_segments": bool(args.expandable_segments) or None,
         "capability": args.gpu_spec.capability if args.gpu else (9, 0),
+    }
+
+
+def _generate_facts(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from oomsight.tools.predict import generation
+
+    itemsize = torch.empty(0, dtype=getattr(torch, DTYPES[args.dtype or "fp32"])).element_size()
+    length = args.prompt_tokens + args.new_tokens
+    return {
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "cache": args.cache,
+        "kv_cache_bytes_at_the_end": generation.cache_bytes(spec["config"], args.batch, length, itemsize),
     }
 
 
