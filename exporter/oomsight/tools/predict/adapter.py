@@ -102,7 +102,7 @@ class LoraLinear(nn.Module):
     """PEFT's LoRA arithmetic without PEFT (``peft/tuners/lora/layer.py``, ``Linear.forward``): the
     input cast to the adapters' dtype, ``base(x) + B(A(x)) * alpha / rank`` cast back to the base's."""
 
-    def __init__(self, base: nn.Module, rank: int) -> None:
+    def __init__(self, base: nn.Linear, rank: int) -> None:
         super().__init__()
         self.base_layer = base
         self.lora_A = nn.Linear(base.in_features, rank, bias=False, device=base.weight.device)
@@ -196,8 +196,9 @@ class AdamW8bit(torch.optim.Optimizer):
     def _state_for(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         if p.numel() < OPTIM_MIN_8BIT:
             return {k: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for k in ("state1", "state2")}
-        if "qmap" not in self.state:  # name2qmap: one signed and one unsigned map per device, shared
-            self.state["qmap"] = {k: torch.zeros(256, dtype=torch.float32, device=p.device) for k in ("1", "2")}
+        shared: dict[Any, Any] = self.state  # keyed by parameters, and here once by name
+        if "qmap" not in shared:  # name2qmap: one signed and one unsigned map per device, shared
+            shared["qmap"] = {k: torch.zeros(256, dtype=torch.float32, device=p.device) for k in ("1", "2")}
         blocks = math.ceil(p.numel() / OPTIM_BLOCK)
         found = {k: torch.zeros(p.shape, dtype=torch.uint8, device=p.device) for k in ("state1", "state2")}
         found.update({k: torch.zeros(blocks, dtype=torch.float32, device=p.device) for k in ("absmax1", "absmax2")})

@@ -26,6 +26,7 @@ the root unit is every parameter left over.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -89,7 +90,7 @@ def _wrapped_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))]
 
 
-def _unit(name: str, params: list[torch.Tensor], world: int) -> Unit:
+def _unit(name: str, params: Sequence[torch.Tensor], world: int) -> Unit:
     def shard(p: torch.Tensor) -> int:  # FSDP2: dim 0 padded to a multiple of the world
         rows = p.shape[0] if p.dim() else 1
         return math.ceil(rows / world) * (p.numel() // max(rows, 1)) * p.element_size()
