@@ -16,6 +16,7 @@ from typing import Optional
 
 from oomsight.config.table import Group, Setting, Value
 from oomsight.config.variables import GROUPS, HOOK, SIDECAR, SIDECAR_GROUPS, WEBHOOK, WEBHOOK_GROUPS
+from oomsight.wire import generated
 
 CONFIG = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(CONFIG, "..", "..", ".."))
@@ -192,29 +193,11 @@ def outputs() -> dict[str, str]:
 
 def drifted() -> list[str]:
     """The generated files whose content differs from what the table gives."""
-    stale = []
-    for path, text in outputs().items():
-        try:
-            with open(path, encoding="utf-8") as fh:
-                current: Optional[str] = fh.read()
-        except OSError:
-            current = None
-        if current != text:
-            stale.append(path)
-    return stale
+    return generated.drifted(outputs())
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if "--check" in args:
-        stale = drifted()
-        for path in stale:
-            print(f"{os.path.relpath(path, ROOT)} differs from the settings table: run {RUN}")
-        return 1 if stale else 0
-    for path, text in outputs().items():
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    return 0
+    return generated.main(argv, outputs, "the settings table", RUN, ROOT)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from oomsight.wire import generated
 from oomsight.wire.fields import DOCUMENTS, tables
 from oomsight.wire.fieldtypes import Field, Table, default_of
 
@@ -180,29 +181,11 @@ def outputs() -> dict[str, str]:
 
 def drifted() -> list[str]:
     """The generated files whose content differs from what the table gives."""
-    stale = []
-    for path, text in outputs().items():
-        try:
-            with open(path, encoding="utf-8") as fh:
-                current = fh.read()
-        except OSError:
-            current = None
-        if current != text:
-            stale.append(path)
-    return stale
+    return generated.drifted(outputs())
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if "--check" in args:
-        stale = drifted()
-        for path in stale:
-            print(f"{os.path.relpath(path, ROOT)} differs from the field table: run python -m oomsight.wire.rendering")
-        return 1 if stale else 0
-    for path, text in outputs().items():
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    return 0
+    return generated.main(argv, outputs, "the field table", "python -m oomsight.wire.rendering", ROOT)
 
 
 if __name__ == "__main__":
