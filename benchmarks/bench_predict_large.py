@@ -36,6 +36,9 @@ CONFIGS: dict[str, list[str]] = {
         "--model", LLAMA2_7B, "--seq-len", "2048", "--batch", "4", "--dtype", "bf16", "--lora", "16",
         "--quantize", "4bit", "--optimizer", "adamw8bit", "--gpu", "L4",
     ],
+    "llama2-7b-bf16-generate-2048+256-b8-dynamic": [
+        "--model", LLAMA2_7B, "--batch", "8", "--dtype", "bf16", "--generate", "2048:256",
+    ],
     "llama3-8b-bf16-fsdp2-x8-H100-gpus-needed": [
         "--model", LLAMA3_8B, "--seq-len", "4096", "--batch", "1", "--dtype", "bf16", "--world-size", "8",
         "--parallel", "fsdp2", "--gpu", "H100", "--gpus-needed",
@@ -73,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         peak = row.get("result", {}).get("prediction", {}).get("peak_allocated_bytes")
         print(f"{name}: exit {row['exit']}, {row['seconds']} s, peak {peak}", flush=True)
+    if args.out and os.path.exists(args.out):  # keep the rows of configurations not run this time
+        with open(args.out, encoding="utf-8") as fh:
+            ran = {r["name"] for r in rows}
+            rows = [r for r in json.load(fh)["rows"] if r["name"] not in ran] + rows
     if args.out:
         env = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
         with open(args.out, "w", encoding="utf-8") as fh:
