@@ -171,3 +171,17 @@ def test_no_reshard_keeps_every_unit_gathered() -> None:
     units = parallel.units(model(), 2)
     kept = parallel.per_rank(single_gpu(), units, parallel.Layout(2, "fsdp2", reshard=False))
     assert kept["parts_bytes"]["gathered_parameters"] == sum(u.param_bytes for u in units)
+
+
+def test_hybrid_sharding_shards_within_its_group_and_adds_the_replicas_all_reduce() -> None:
+    single = single_gpu()
+    over_two = parallel.per_rank(single, parallel.units(model(), 2), parallel.Layout(2, "fsdp2"))["parts_bytes"]
+    hybrid = parallel.Layout(8, "fsdp2", shard_size=2)
+    laid = parallel.per_rank(single, parallel.units(model(), hybrid.shards), hybrid)["parts_bytes"]
+    assert laid["parameters"] == over_two["parameters"]
+    assert laid["replica_all_reduce_buffer"] == max(u.trained_shard_bytes for u in parallel.units(model(), 2))
+    assert parallel.check(parallel.Layout(8, "fsdp2", shard_size=3)) == "--shard-size must divide --world-size"
+    assert "applies to fsdp" in str(parallel.check(parallel.Layout(8, "zero3", shard_size=2)))
+    units_of = lambda w: parallel.units(model(), w)  # noqa: E731
+    assert parallel.gpus_needed(single, units_of, hybrid, lambda w: 10**12) == 2
+    assert parallel.gpus_needed(single, units_of, hybrid, lambda w: 1) is None

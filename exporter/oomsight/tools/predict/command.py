@@ -92,6 +92,7 @@ def _add_parallel_arguments(p: Any) -> None:
     p.add_argument("--world-size", type=int, default=1, help="ranks (GPUs) the job runs on (default 1)")
     p.add_argument("--parallel", choices=("ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3"), default=None,
                    help="how the ranks share the model (needed with --world-size > 1)")  # fmt: skip
+    p.add_argument("--shard-size", type=int, default=None, help="fsdp/fsdp2 hybrid sharding: ranks per shard group")
     p.add_argument("--no-reshard", action="store_true", help="fsdp/fsdp2: keep units gathered after forward")
     p.add_argument("--offload", choices=("optimizer", "params"), default=None, help="to the host")
     p.add_argument("--bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
@@ -212,7 +213,9 @@ def _check_job(args: argparse.Namespace) -> Optional[str]:
 def _layout(args: argparse.Namespace) -> Any:
     from oomsight.tools.predict import parallel
 
-    return parallel.Layout(args.world_size, args.parallel, not args.no_reshard, args.offload, args.bucket_view)
+    return parallel.Layout(
+        args.world_size, args.parallel, not args.no_reshard, args.offload, args.bucket_view, args.shard_size
+    )
 
 
 def _spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -398,7 +401,8 @@ def _usable(args: argparse.Namespace, world: int) -> int:
     """The allocator's share of the capacity: with ``--gpu``, less the CUDA context and NCCL."""
     from oomsight.tools.predict import gpu
 
-    return gpu.usable_bytes(args.capacity_bytes, world, counted=bool(args.gpu))
+    groups = 2 if args.shard_size and args.shard_size < world else 1  # HSDP: shard and replica groups
+    return gpu.usable_bytes(args.capacity_bytes, world, counted=bool(args.gpu), communicators=groups)
 
 
 def _gpu_facts(args: argparse.Namespace) -> dict[str, Any]:
@@ -410,7 +414,9 @@ def _gpu_facts(args: argparse.Namespace) -> dict[str, Any]:
         "total_bytes": g.total_bytes,
         "capability": list(g.capability),
         "attention_kernel": g.attention,
-        "outside_allocator_bytes": gpu.outside_allocator_bytes(args.world_size),
+        "outside_allocator_bytes": gpu.outside_allocator_bytes(
+            args.world_size, 2 if args.shard_size and args.shard_size < args.world_size else 1
+        ),
         "usable_bytes": _usable(args, args.world_size),
     }
 
@@ -425,7 +431,7 @@ def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[s
     with unset_fake_temporarily(), torch.device("meta"):
         model = spec["build"]()
     layout = _layout(args)
-    found = parallel.per_rank(prediction, parallel.units(model, layout.world_size), layout)
+    found = parallel.per_rank(prediction, parallel.units(model, layout.shards), layout)
     if args.capacity_bytes is not None:
         budget = int(_usable(args, layout.world_size) * (1.0 - args.margin))
         found["usable_bytes"], found["fits"] = budget, found["per_rank_peak_allocated_bytes"] <= budget

@@ -17,7 +17,6 @@ The figures and their sources (docs/prediction.md, "GPUs"):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 MIB = 1 << 20
 CUDA_CONTEXT_BYTES = 600 * 10**6
@@ -64,12 +63,13 @@ def get(name: str) -> Gpu:
         raise KeyError(f"--gpu {name}: unknown GPU; known: {known} (or give --capacity)") from None
 
 
-def outside_allocator_bytes(world_size: int) -> dict[str, int]:
-    """What a rank's process holds on its GPU besides PyTorch's allocator."""
+def outside_allocator_bytes(world_size: int, communicators: int = 1) -> dict[str, int]:
+    """What a rank's process holds on its GPU besides PyTorch's allocator (``communicators``: the
+    process groups it talks in, each with its own NCCL buffers; HSDP has two)."""
     nccl = 0 if world_size <= 1 else (NCCL_BYTES_2 if world_size == 2 else NCCL_BYTES_MORE)
-    return {"cuda_context": CUDA_CONTEXT_BYTES, "nccl": nccl}
+    return {"cuda_context": CUDA_CONTEXT_BYTES, "nccl": nccl * communicators}
 
 
-def usable_bytes(total: int, world_size: int, counted: Optional[bool] = True) -> int:
+def usable_bytes(total: int, world_size: int, counted: bool = True, communicators: int = 1) -> int:
     """The bytes left to the allocator: ``total`` less the context and NCCL (``counted``)."""
-    return total - (sum(outside_allocator_bytes(world_size).values()) if counted else 0)
+    return total - (sum(outside_allocator_bytes(world_size, communicators).values()) if counted else 0)

@@ -25,6 +25,7 @@ the root unit is every parameter left over.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -51,6 +52,13 @@ class Layout:
     reshard: bool = True
     offload: Optional[str] = None
     bucket_view: bool = False
+    shard_size: Optional[int] = None
+    """Hybrid sharding (HSDP): shards over groups of ``shard_size`` ranks, replicated across them."""
+
+    @property
+    def shards(self) -> int:
+        """The ranks one parameter is sharded over."""
+        return self.shard_size or self.world_size
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,11 @@ def check(layout: Layout) -> Optional[str]:
         return "--no-reshard applies to fsdp and fsdp2"
     if layout.bucket_view and layout.parallel != "ddp":
         return "--bucket-view applies to ddp"
+    if layout.shard_size is not None:
+        if layout.parallel not in ("fsdp", "fsdp2"):
+            return "--shard-size (hybrid sharding) applies to fsdp and fsdp2"
+        if layout.shard_size < 1 or layout.world_size % layout.shard_size:
+            return "--shard-size must divide --world-size"
     return None
 
 
@@ -142,6 +155,8 @@ def per_rank(prediction: dict[str, Any], model_units: list[Unit], layout: Layout
         parts.update(_zero(kind, params_c, grads_c, opt_c, model_units, layout, trained_numel, grad_itemsize))
     else:
         parts.update(_fsdp(kind, grads_c, opt_c, model_units, layout))
+        if layout.shards < layout.world_size:  # HSDP: the reduced shard is all-reduced across replicas
+            parts["replica_all_reduce_buffer"] = max(u.trained_shard_bytes for u in model_units)
     peak = sum(parts.values())
     return {**asdict(layout), "per_rank_peak_allocated_bytes": peak, "parts_bytes": parts,
             "units": len(model_units), "largest_unit_bytes": max(u.param_bytes for u in model_units)}  # fmt: skip
@@ -194,7 +209,12 @@ def gpus_needed(
     prediction: dict[str, Any], model_units_of: Any, layout: Layout, usable_of: Any, limit: int = 1024
 ) -> Optional[int]:
     """The fewest ranks (1, 2, 4, 8, then multiples of 8 up to ``limit``) whose per-rank peak fits
-    ``usable_of(world)`` bytes; ``model_units_of(world)`` gives the units laid out over ``world``."""
+    ``usable_of(world)`` bytes; ``model_units_of(world)`` gives the units laid out over ``world``.
+    Hybrid sharding keeps its shard size: more replicas never lower a rank's peak."""
+    if layout.shard_size:
+        laid = per_rank(prediction, model_units_of(layout.shard_size), layout)
+        fits = laid["per_rank_peak_allocated_bytes"] <= usable_of(layout.world_size)
+        return layout.shard_size if fits else None
     for world in [1, 2, 4, *range(8, limit + 1, 8)]:
         if world == 1:  # one GPU: nothing is sharded, nothing is bucketed
             found = int(prediction["peak_allocated_bytes"])
@@ -209,4 +229,4 @@ def gpus_needed(
 
 
 def _with_world(layout: Layout, world: int) -> Layout:
-    return Layout(world, layout.parallel, layout.reshard, layout.offload, layout.bucket_view)
+    return dataclasses.replace(layout, world_size=world)
