@@ -1,0 +1,191 @@
+"""Issue 28's ground truth on the GPU: the jobs people size, predicted on the CPU and measured on the GPU.
+
+    PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_predict_llm.py --out $OUT/predict-llm.json
+
+Each configuration is an ``oomsight predict`` command line. The prediction runs in a fresh process
+with the GPU hidden (``CUDA_VISIBLE_DEVICES=``); the measurement in another fresh process builds the
+same model through the same flags (``command._spec``: configuration, ``--dtype``, ``--lora``) on
+``cuda`` with random weights, runs the same step (``--steps`` training steps, or the ``--generate``
+decode loop) and reads ``torch.cuda.max_memory_allocated/reserved()``. The error is
+predicted / measured - 1. ``--device cpu`` runs the measuring code on the CPU without peaks (a smoke
+test of the code path, not a measurement).
+
+``--optimizer adamw8bit`` is measured with bitsandbytes' ``AdamW8bit`` where it is installed (else
+the predictor's emulation runs, which measures nothing of bitsandbytes: the row says which).
+Not measured here: a quantized base (``--quantize`` is bitsandbytes' storage emulated by the
+predictor; measuring it needs bitsandbytes' own ``Linear4bit`` on the GPU) and several GPUs.
+The true largest batch under a cap is not searched (``bench_predict.py`` does that for its models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+LLAMA_1B = (  # Llama-3.2-1B's shape
+    "llama:hidden_size=2048,intermediate_size=8192,num_hidden_layers=16,num_attention_heads=32,"
+    "num_key_value_heads=8,vocab_size=128256,max_position_embeddings=8192,rope_theta=500000,tie_word_embeddings=true"
+)
+LLAMA_3B = (  # Llama-3.2-3B's shape
+    "llama:hidden_size=3072,intermediate_size=8192,num_hidden_layers=28,num_attention_heads=24,"
+    "num_key_value_heads=8,vocab_size=128256,max_position_embeddings=8192,rope_theta=500000,tie_word_embeddings=true"
+)
+LLAMA_8B = (  # Llama-3.1-8B's shape
+    "llama:hidden_size=4096,intermediate_size=14336,num_hidden_layers=32,num_attention_heads=32,"
+    "num_key_value_heads=8,vocab_size=128256,max_position_embeddings=8192,rope_theta=500000"
+)
+TINY = (
+    "llama:hidden_size=128,intermediate_size=256,num_hidden_layers=2,num_attention_heads=4,"
+    "num_key_value_heads=2,vocab_size=512,max_position_embeddings=256"
+)
+CONFIGS: dict[str, list[str]] = {
+    "llama1b-bf16-adamw-s2048-b4": ["--model", LLAMA_1B, "--dtype", "bf16", "--seq-len", "2048", "--batch", "4"],
+    "llama1b-fp32-autocast-s1024-b4": ["--model", LLAMA_1B, "--autocast", "bf16", "--seq-len", "1024", "--batch", "4"],
+    "llama3b-bf16-adamw-s2048-b2": ["--model", LLAMA_3B, "--dtype", "bf16", "--seq-len", "2048", "--batch", "2"],
+    "llama3b-bf16-lora16-s4096-b2": [
+        "--model", LLAMA_3B, "--dtype", "bf16", "--lora", "16", "--seq-len", "4096", "--batch", "2",
+    ],
+    "llama8b-bf16-lora16-s2048-b4": [
+        "--model", LLAMA_8B, "--dtype", "bf16", "--lora", "16:q_proj,k_proj,v_proj,o_proj", "--seq-len", "2048",
+        "--batch", "4",
+    ],
+    "llama8b-bf16-lora16-adamw8bit-s2048-b2": [
+        "--model", LLAMA_8B, "--dtype", "bf16", "--lora", "16", "--optimizer", "adamw8bit", "--seq-len", "2048",
+        "--batch", "2",
+    ],
+    "llama8b-bf16-generate-8192+256-b4": ["--model", LLAMA_8B, "--dtype", "bf16", "--generate", "8192:256",
+                                          "--batch", "4"],
+    "llama8b-bf16-generate-static-2048+512-b16": [
+        "--model", LLAMA_8B, "--dtype", "bf16", "--generate", "2048:512", "--cache", "static", "--batch", "16",
+    ],
+    "llama1b-bf16-generate-4096+1024-b8": ["--model", LLAMA_1B, "--dtype", "bf16", "--generate", "4096:1024",
+                                           "--batch", "8"],
+    "llama3b-bf16-accum4-s2048-b2": [
+        "--model", LLAMA_3B, "--dtype", "bf16", "--accumulation", "4", "--seq-len", "2048", "--batch", "2",
+    ],
+    "tiny-smoke": ["--model", TINY, "--seq-len", "64", "--batch", "2"],
+    "tiny-lora-adamw8bit-smoke": ["--model", TINY, "--seq-len", "64", "--batch", "2", "--lora", "4",
+                                  "--optimizer", "adamw8bit"],
+    "tiny-generate-smoke": ["--model", TINY, "--batch", "2", "--generate", "16:8", "--cache", "static"],
+}  # fmt: skip
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    from oomsight.tools.predict import command
+
+    parser = argparse.ArgumentParser()
+    command.add(parser.add_subparsers())
+    args = parser.parse_args(["predict", *argv])
+    problem = command._check(args)
+    if problem:
+        raise SystemExit(problem)
+    return args
+
+
+def measure(argv: list[str], device: str) -> dict[str, Any]:
+    """Build the model the flags describe on ``device``, run its steps, read torch's peaks."""
+    import torch
+
+    from oomsight.tools.predict import command
+
+    args = _args(argv)
+    spec = command._spec(args)
+    settings = command._trace_settings(args)
+    optimizer = spec.get("optimizer") or command._optimizer(args.optimizer)
+    if args.optimizer == "adamw8bit" and importlib.util.find_spec("bitsandbytes"):
+        import bitsandbytes  # the real 8-bit optimizer where the GPU machine has it
+
+        optimizer = bitsandbytes.optim.AdamW8bit
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    with torch.device(device):
+        model = spec["build"]()
+    opt = optimizer(model.parameters())
+    batch = spec["batch"](args.batch, device)
+    step = spec.get("step") or _default_step(settings)
+    for _ in range(settings["steps"]):
+        step(model, batch, opt)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        peaks: dict[str, Any] = {
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+            "gpu": torch.cuda.get_device_name(0),
+        }
+    else:
+        peaks = {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
+    used = f"{getattr(optimizer, '__module__', '')}.{getattr(optimizer, '__name__', type(optimizer).__name__)}"
+    return {**peaks, "seconds": round(time.perf_counter() - started, 1), "torch": torch.__version__, "optimizer": used}
+
+
+def _default_step(settings: dict[str, Any]) -> Any:
+    from oomsight.tools.predict import tracing
+
+    return tracing.default_step(accumulation=settings["accumulation"], autocast=settings["autocast"])
+
+
+def _child(what: str, name: str, device: str, timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    if what == "predict":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    cmd = [sys.executable, os.path.abspath(__file__), f"--{what}", name, "--device", device]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[7:]))
+    return {"error": (out.stderr or out.stdout)[-1500:]}
+
+
+def _predict(name: str) -> dict[str, Any]:
+    from oomsight.tools.predict import command
+
+    args = _args(CONFIGS[name])
+    started = time.perf_counter()
+    result = command._predict(args, command._spec(args))
+    return {**result["prediction"], "wall_seconds": round(time.perf_counter() - started, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--only", default=None, help="comma-separated names (default: all but the tiny-* smoke tests)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child")
+    parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--predict", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure or args.predict:
+        found = measure(CONFIGS[args.measure], args.device) if args.measure else _predict(args.predict)
+        print("RESULT " + json.dumps(found), flush=True)
+        return 0
+    names = args.only.split(",") if args.only else [n for n in CONFIGS if not n.startswith("tiny-")]
+    rows = []
+    for name in names:
+        predicted = _child("predict", name, args.device, args.timeout)
+        measured = _child("measure", name, args.device, args.timeout)
+        row: dict[str, Any] = {"name": name, "argv": CONFIGS[name], "predicted": predicted, "measured": measured}
+        if predicted.get("peak_allocated_bytes") and measured.get("peak_allocated_bytes"):
+            row["error_allocated"] = predicted["peak_allocated_bytes"] / measured["peak_allocated_bytes"] - 1.0
+        rows.append(row)
+        print(f"{name}: error {row.get('error_allocated')}, {measured.get('error', '')[:200]}", flush=True)
+        if args.out:
+            errors = [abs(r["error_allocated"]) for r in rows if "error_allocated" in r]
+            summary = {"median_abs_error": statistics.median(errors) if errors else None, "measured": len(errors)}
+            with open(args.out, "w", encoding="utf-8") as fh:
+                json.dump({"benchmark": "bench_predict_llm", "rows": rows, "summary": summary}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
