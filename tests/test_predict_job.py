@@ -221,3 +221,13 @@ def test_generate_refuses_what_it_cannot_do(capsys: Any) -> None:
     assert "PROMPT:NEW" in predict(capsys, "--model", MODEL, "--generate", "64")[1]
     assert "--generate takes neither" in predict(capsys, "--model", MODEL, "--generate", "8:8", "--lora", "4")[1]
     assert "needs a transformers configuration" in predict(capsys, "--model", "gpt2", "--generate", "8:8")[1]
+
+
+def test_the_prose_names_the_cache_the_gpu_and_the_per_rank_peak(capsys: Any) -> None:
+    _, gen = predict(capsys, "--model", MODEL, "--batch", "2", "--generate", "16:8")
+    assert "generating 8 tokens after a 16-token prompt, dynamic cache" in "\n".join(command._prose_job(gen))
+    argv = ["--model", MODEL, "--seq-len", "32", "--batch", "1", "--world-size", "4", "--parallel", "zero3"]
+    _, par = predict(capsys, *argv, "--gpu", "H100", "--gpus-needed")
+    text = "\n".join(command._prose_job(par))
+    assert "H100: " in text and "compute capability 9.0" in text
+    assert "zero3 over 4 ranks: peak allocated per rank" in text and "GPUs needed: 1" in text

@@ -460,8 +460,14 @@ def in_order(prediction: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prose_job(result: dict[str, Any]) -> list[str]:
-    """The lines of --gpu and --parallel."""
+    """The lines of --generate, --gpu and --parallel."""
     lines = []
+    gen = result.get("generate")
+    if gen:
+        lines.append(
+            f"generating {gen['new_tokens']} tokens after a {gen['prompt_tokens']}-token prompt, {gen['cache']} cache: "
+            f"the cache holds {format_bytes(gen['kv_cache_bytes_at_the_end'])} at the end (in temporaries above)"
+        )
     g = result.get("gpu")
     if g:
         outside = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in g["outside_allocator_bytes"].items())
