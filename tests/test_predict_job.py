@@ -231,3 +231,13 @@ def test_the_prose_names_the_cache_the_gpu_and_the_per_rank_peak(capsys: Any) ->
     text = "\n".join(command._prose_job(par))
     assert "H100: " in text and "compute capability 9.0" in text
     assert "zero3 over 4 ranks: peak allocated per rank" in text and "GPUs needed: 1" in text
+
+
+def test_quantize_without_lora_still_stores_every_linear_but_the_head_quantized(capsys: Any) -> None:
+    with torch.device("meta"):
+        model = llama(torch.bfloat16)
+    linears = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    stored = sum(sum(adapter.quantized_bytes(m.out_features, m.in_features, "8bit").values()) for m in linears)
+    rest = 2 * (numel(model) - sum(m.weight.numel() for m in linears))
+    found = predict(capsys, *lora_argv("--quantize", "8bit"))[1]["prediction"]
+    assert found["by_category_bytes"]["parameters"] == stored + rest

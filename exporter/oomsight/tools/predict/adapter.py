@@ -5,7 +5,7 @@ other step, so their bytes come from the same allocator replay:
 
 - ``lora``: PEFT's ``get_peft_model`` where PEFT is installed; otherwise the same arithmetic by
   ``LoraLinear`` (A: rank x in, B: out x rank, both trained, the base frozen).
-- ``quantize``: every ``nn.Linear`` but the output head (bitsandbytes' ``get_keys_to_not_convert``
+- ``quantize``: every ``nn.Linear`` but the output head and the adapters (bitsandbytes' ``get_keys_to_not_convert``
   keeps it) becomes ``QuantLinear``, holding the bytes bitsandbytes stores
   (/work/shared/reference/distributed-memory.md §5.2-5.3): 4-bit ``ceil(n/2)`` packed bytes +
   an fp32 absmax per 64 weights (double quantization: a uint8 absmax per 64, an fp32 one per 256
@@ -150,13 +150,17 @@ def with_lora(
 
 
 def with_quantized_base(build: Callable[[], nn.Module], mode: str) -> Callable[[], nn.Module]:
-    """``build`` with each frozen ``nn.Linear`` but the output head stored quantized (``QuantLinear``)."""
+    """``build`` with each ``nn.Linear`` but the output head and LoRA's stored quantized and frozen
+    (``QuantLinear``), with or without adapters."""
 
     def build_quantized() -> nn.Module:
         model = build()
         head = _output_head(model)
-        _replace(model, lambda name, m: type(m) is nn.Linear and m is not head and not m.weight.requires_grad,
-                 lambda m: QuantLinear(m, mode))  # fmt: skip
+
+        def base(name: str, m: nn.Module) -> bool:  # the adapters stay (ours lora_A; PEFT's lora_A.default)
+            return type(m) is nn.Linear and m is not head and not any(p.startswith("lora_") for p in name.split("."))
+
+        _replace(model, base, lambda m: QuantLinear(m, mode))
         return model
 
     return build_quantized
