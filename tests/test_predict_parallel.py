@@ -6,6 +6,7 @@ off the storages the ranks really hold (as tests/test_accounting.py reads them).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,16 @@ def test_hybrid_sharding_shards_within_its_group_and_adds_the_replicas_all_reduc
     units_of = lambda w: parallel.units(model(), w)  # noqa: E731
     assert parallel.gpus_needed(single, units_of, hybrid, lambda w: 10**12) == 2
     assert parallel.gpus_needed(single, units_of, hybrid, lambda w: 1) is None
+
+
+def test_zero2_and_zero3_keep_their_gradient_partition_even_when_the_peak_has_no_gradients() -> None:
+    single = single_gpu()
+    no_grads = {**single, "by_category_bytes": {**single["by_category_bytes"], "gradients": 0}}
+    trained = sum(p.numel() for p in model().parameters())
+    for kind in ("zero2", "zero3"):
+        laid = parallel.per_rank(no_grads, parallel.units(model(), 4), parallel.Layout(4, kind))["parts_bytes"]
+        assert laid["gradients"] == math.ceil(trained / 4) * 4
+        offloaded = parallel.Layout(4, kind, offload="optimizer")
+        assert parallel.per_rank(no_grads, parallel.units(model(), 4), offloaded)["parts_bytes"]["gradients"] == 0
+    zero1 = parallel.per_rank(no_grads, parallel.units(model(), 4), parallel.Layout(4, "zero1"))["parts_bytes"]
+    assert zero1["gradients"] == 0  # stage 1 keeps the full gradients only while they exist

@@ -9,8 +9,8 @@ every rank) is kept as traced:
 | --- | --- | --- | --- | --- |
 | ddp | full | full | full | buckets = trained gradient bytes (0 with a bucket view, grads then always alive) |
 | zero1 | full | full | 1/N (+ fp32 master 1/N for 16-bit params) | one IPG bucket |
-| zero2 | full | 1/N | as zero1 | one IPG bucket |
-| zero3 | 1/N | 1/N | as zero1 | the unit in flight + one prefetched, gathered; one IPG bucket |
+| zero2 | full | 1/N, kept | as zero1 | one IPG bucket |
+| zero3 | 1/N | 1/N, kept | as zero1 | the unit in flight + one prefetched, gathered; one IPG bucket |
 | fsdp, fsdp2 | padded shards | 1/N | 1/N | the unit in flight + one prefetched; the reduce-scatter input of
   the largest unit; fsdp2's root unit stays gathered (its ``reshard_after_forward`` is False) |
 
@@ -174,7 +174,8 @@ def _zero(kind: str, params_c: int, grads_c: int, opt_c: int, model_units: list[
         "optimizer_state": 0 if off else math.ceil(opt_c / w),
         "fp32_master": 0 if off or not sixteen_bit else 4 * math.ceil(trained_numel / w),
         "ipg_bucket": min(ZERO_REDUCE_BUCKET_ELEMENTS, trained_numel) * grad_itemsize,
-        "gradients": grads_c if kind == "zero1" else (0 if off else math.ceil(grads_c / w)),
+        # ZeRO-2/3 keep a gradient partition buffer from the first backward (ZeRO-3: from init) on
+        "gradients": grads_c if kind == "zero1" else (0 if off else math.ceil(trained_numel / w) * grad_itemsize),
     }
     if kind == "zero3":
         parts["parameters"] = 0 if off == "params" else sum(u.flat_shard_bytes for u in model_units)
