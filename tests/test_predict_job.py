@@ -241,3 +241,22 @@ def test_quantize_without_lora_still_stores_every_linear_but_the_head_quantized(
     rest = 2 * (numel(model) - sum(m.weight.numel() for m in linears))
     found = predict(capsys, *lora_argv("--quantize", "8bit"))[1]["prediction"]
     assert found["by_category_bytes"]["parameters"] == stored + rest
+
+
+@pytest.mark.parametrize(
+    ("text", "cls"),
+    [
+        ("t5:d_model=128,d_ff=256,num_layers=2,num_heads=4,vocab_size=512", "T5ForConditionalGeneration"),
+        ("bert:hidden_size=64,num_hidden_layers=2,num_attention_heads=2,intermediate_size=128,vocab_size=512",
+         "BertForMaskedLM"),
+    ],
+)  # fmt: skip
+def test_seq2seq_and_masked_lm_configurations_are_built_by_their_head(capsys: Any, text: str, cls: str) -> None:
+    config = hfmodel.load_config(text)
+    with torch.device("meta"):
+        model = getattr(transformers, cls)(config)
+    code, found = predict(capsys, "--model", text, "--seq-len", "32", "--batch", "2")
+    assert code == exitcode.OK, found
+    assert found["prediction"]["by_category_bytes"]["parameters"] == 4 * sum(
+        p.numel() for p in {id(p): p for p in model.parameters()}.values()
+    )

@@ -88,6 +88,11 @@ def builder(config: Any) -> Callable[[], nn.Module]:
     """``build()`` of the model the configuration describes, in training mode, without a cache."""
     import transformers
 
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        # labels are shifted right into the decoder's inputs from this token (T5's own configs give
+        # 0, its pad token; a bare ``t5:...`` configuration has none and the shift would fail)
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
+
     def build() -> nn.Module:
         for head in HEADS:
             auto = getattr(transformers, head)
