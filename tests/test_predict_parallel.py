@@ -54,10 +54,24 @@ def fsdp2(rank: int) -> dict[str, Any]:
     def look(module: nn.Module, args: Any) -> None:  # FSDP's pre-forward hook has gathered this unit
         seen["gathered"] = storages(module.parameters())
 
-    handle = m[2].register_forward_pre_hook(look)
-    m(torch.randn(8, 40))
-    handle.remove()
+    most = {"unsharded": 0}
+
+    def unsharded(*_: Any) -> None:  # every FSDP unit's gathered buffers alive now
+        alive = 0
+        for module in m.modules():
+            group = getattr(module, "_get_fsdp_state", None) and module._get_fsdp_state()._fsdp_param_group
+            for fp in group.fsdp_params if group else ():
+                alive += sum(t.untyped_storage().nbytes() for t in getattr(fp, "all_gather_outputs", []))
+        most["unsharded"] = max(most["unsharded"], alive)
+
+    handles = [m[2].register_forward_pre_hook(look)]
+    for layer in (m[0], m[2], m[4]):
+        handles += [layer.register_forward_pre_hook(unsharded), layer.register_full_backward_hook(unsharded)]
+    m(torch.randn(8, 40)).sum().backward()
+    for h in handles:
+        h.remove()
     return {
+        "most_unsharded": most["unsharded"],
         "parameters": storages(m.parameters()),
         "gradients": storages(p.grad for p in m.parameters()),
         "state": storages(v for s in opt.state.values() for v in s.values() if v.dim()),
@@ -120,6 +134,8 @@ def test_fsdp2_shards_are_the_padded_local_storages_and_the_gathered_unit_its_fu
         assert laid["parameters"] == found["fsdp2"]["parameters"]
         assert found["fsdp2"]["gathered_unit"] == units[1].param_bytes
     assert laid["gathered_parameters"] >= units[0].param_bytes + units[1].param_bytes
+    for found in ranks:  # the most gathered at once in forward and backward: at most what is counted
+        assert units[1].param_bytes <= found["fsdp2"]["most_unsharded"] <= laid["gathered_parameters"]
     for part in ("gradients", "optimizer_state"):  # exact on the rank holding the padded rows, never under
         truth = [r["fsdp2"]["gradients" if part == "gradients" else "state"] for r in ranks]
         assert laid[part] == max(truth)
