@@ -203,17 +203,17 @@ def test_generate_holds_the_key_value_cache_and_a_dynamic_one_grows_with_new_tok
     argv = ["--model", MODEL, "--batch", "2", "--dtype", "bf16"]
     found = {
         (cache, new): predict(capsys, *argv, "--generate", f"8:{new}", "--cache", cache)[1]
-        for cache in ("dynamic", "static") for new in (60, 120)
+        for cache in ("dynamic", "static") for new in (30, 60)
     }  # fmt: skip
-    cache = generation.cache_bytes(transformers.LlamaConfig(**SMALL), 2, 8 + 120, 2)
-    assert found[("dynamic", 120)]["generate"]["kv_cache_bytes_at_the_end"] == cache == 2 * 2 * 2 * 2 * 128 * 32 * 2
+    cache = generation.cache_bytes(transformers.LlamaConfig(**SMALL), 2, 8 + 60, 2)
+    assert found[("dynamic", 60)]["generate"]["kv_cache_bytes_at_the_end"] == cache == 2 * 2 * 2 * 2 * 68 * 32 * 2
     for kind in ("dynamic", "static"):
-        p = found[(kind, 120)]["prediction"]
+        p = found[(kind, 60)]["prediction"]
         assert p["by_category_bytes"]["gradients"] == p["by_category_bytes"]["optimizer_state"] == 0
         assert p["by_category_bytes"]["temporaries"] >= cache - generation.cache_bytes(
             transformers.LlamaConfig(**SMALL), 2, 1, 2
         )
-    dyn = [found[("dynamic", n)]["prediction"]["peak_allocated_bytes"] for n in (60, 120)]
+    dyn = [found[("dynamic", n)]["prediction"]["peak_allocated_bytes"] for n in (30, 60)]
     assert dyn[1] > dyn[0]
 
 
