@@ -260,3 +260,16 @@ def test_seq2seq_and_masked_lm_configurations_are_built_by_their_head(capsys: An
     assert found["prediction"]["by_category_bytes"]["parameters"] == 4 * sum(
         p.numel() for p in {id(p): p for p in model.parameters()}.values()
     )
+
+
+def test_largest_batch_per_rank_is_searched_when_asked_and_fits_the_budget(capsys: Any) -> None:
+    argv = ["--model", MODEL, "--seq-len", "32", "--batch", "4", "--world-size", "4", "--parallel", "fsdp2"]
+    _, plain = predict(capsys, *argv, "--capacity", "1GiB")
+    assert "largest_batch_per_rank" not in plain
+    _, found = predict(capsys, *argv, "--capacity", "1GiB", "--largest-batch")
+    search = found["largest_batch_per_rank"]
+    assert search["budget_bytes"] == int((1 << 30) * 0.9)
+    fitting = [b for b, ok in search["tried"] if ok]
+    assert search["max_batch_size"] == max(fitting) and [search["max_batch_size"] + 1, False] in search["tried"]
+    code, err = predict(capsys, "--model", MODEL, "--largest-batch")
+    assert code == exitcode.USAGE and "--largest-batch needs --parallel" in err

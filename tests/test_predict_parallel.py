@@ -215,3 +215,16 @@ def test_zero2_and_zero3_keep_their_gradient_partition_even_when_the_peak_has_no
         assert parallel.per_rank(no_grads, parallel.units(model(), 4), offloaded)["parts_bytes"]["gradients"] == 0
     zero1 = parallel.per_rank(no_grads, parallel.units(model(), 4), parallel.Layout(4, "zero1"))["parts_bytes"]
     assert zero1["gradients"] == 0  # stage 1 keeps the full gradients only while they exist
+
+
+def test_the_largest_batch_per_rank_is_the_last_whose_per_rank_peak_fits() -> None:
+    calls: list[int] = []
+
+    def peak_of(b: int) -> int:  # a fixed part and a per-sample part, as a rank's peak has
+        calls.append(b)
+        return 5_000 + 300 * b + (b * b) // 50
+
+    found = parallel.largest_batch(peak_of, 40_000, start=4)
+    assert len(set(calls)) <= 10  # predictions are seconds each: a handful, not a scan
+    assert found["max_batch_size"] == max(b for b in range(1, 1000) if peak_of(b) <= 40_000)
+    assert parallel.largest_batch(peak_of, 100, start=4)["max_batch_size"] == 0

@@ -96,6 +96,8 @@ def _add_parallel_arguments(p: Any) -> None:
     p.add_argument("--no-reshard", action="store_true", help="fsdp/fsdp2: keep units gathered after forward")
     p.add_argument("--offload", choices=("optimizer", "params"), default=None, help="to the host")
     p.add_argument("--bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
+    p.add_argument("--largest-batch", action="store_true",
+                   help="with --parallel: search the largest micro-batch per rank (a prediction a try)")  # fmt: skip
     p.add_argument("--gpus-needed", action="store_true", help="the fewest GPUs of --gpu/--capacity that fit")
 
 
@@ -201,6 +203,8 @@ def _check_job(args: argparse.Namespace) -> Optional[str]:
             return str(exc.args[0])
         if args.capacity is None:
             args.capacity_bytes = args.gpu_spec.total_bytes
+    if args.largest_batch and not ((args.gpu or args.capacity) and args.parallel):
+        return "--largest-batch needs --parallel and --gpu or --capacity (one GPU searches with --capacity alone)"
     if args.gpus_needed and not ((args.gpu or args.capacity) and args.parallel):
         return "--gpus-needed needs --parallel and --gpu or --capacity"
     if args.world_size > 1 and not args.parallel:
@@ -351,6 +355,8 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
         out["gpu"] = _gpu_facts(args)
     if args.parallel:
         out["parallel"] = _per_rank(args, spec, out["prediction"])
+        if args.largest_batch and "usable_bytes" in out["parallel"]:
+            out["largest_batch_per_rank"] = _largest_per_rank(args, spec, batch, optimizer, kwargs)
     if args.capacity_bytes is not None and not args.parallel:
         search = largest_batch(
             spec["build"], batch, _usable(args, 1), optimizer, spec.get("step"), margin=args.margin,
@@ -358,6 +364,26 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
         out["largest_batch"] = {k: v for k, v in search.to_dict().items() if k != "prediction"}
     return out
+
+
+def _largest_per_rank(args: argparse.Namespace, spec: dict[str, Any], batch: Any, optimizer: Any,
+                      kwargs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The largest micro-batch per rank whose per-rank peak fits the usable capacity less the margin."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from oomsight.tools.predict import parallel, predict_peak
+
+    layout = _layout(args)
+    with unset_fake_temporarily(), torch.device("meta"):
+        laid_units = parallel.units(spec["build"](), layout.shards)
+
+    def peak_of(b: int) -> int:
+        p = predict_peak(spec["build"], batch, b, optimizer, spec.get("step"), **kwargs)
+        return int(parallel.per_rank(in_order(p.to_dict()), laid_units, layout)["per_rank_peak_allocated_bytes"])
+
+    budget = int(_usable(args, layout.world_size) * (1.0 - args.margin))
+    return parallel.largest_batch(peak_of, budget, start=args.batch)
 
 
 def _trace_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -485,6 +511,10 @@ def _prose_job(result: dict[str, Any]) -> list[str]:
         )
         if "fits" in par:
             lines.append(f"per rank it {'fits' if par['fits'] else 'does not fit'} {format_bytes(par['usable_bytes'])}")
+        search = result.get("largest_batch_per_rank")
+        if search:
+            lines.append(f"largest micro-batch per rank that fits: {search['max_batch_size']} "
+                         f"({len(search['tried'])} predictions)")  # fmt: skip
         if "gpus_needed" in par:
             needed = par["gpus_needed"]
             lines.append(f"GPUs needed: {needed}" if needed else "GPUs needed: no count of these GPUs fits this job")

@@ -29,7 +29,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -38,6 +38,8 @@ PARALLEL = ("ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3")
 OFFLOAD = ("optimizer", "params")
 ZERO_REDUCE_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's ``reduce_bucket_size`` default (``runtime/zero/config.py``): elements of one IPG bucket."""
+SECANT_STEPS = 4
+"""Line-through-the-last-two-tries steps of the per-rank batch search before it bisects."""
 GATHERED_UNITS = 2
 """Units gathered at once: the one computing and one prefetched (FSDP1's limiter allows 2 all-gathers
 in flight; FSDP2 prefetches one; ZeRO-3's prefetch bucket is of the same order)."""
@@ -227,6 +229,44 @@ def gpus_needed(
         if found <= usable_of(world):
             return world
     return None
+
+
+def largest_batch(peak_of: Callable[[int], int], budget: int, start: int = 1, limit: int = 1 << 16) -> dict[str, Any]:
+    """The largest batch whose per-rank peak ``peak_of(batch)`` fits ``budget``: secant steps from
+    ``start`` and twice it toward the budget, then bisection between the largest batch that fit and
+    the smallest above it that did not (each call of ``peak_of`` is one traced prediction)."""
+    tried: dict[int, int] = {}
+
+    def fits(b: int) -> bool:
+        if b not in tried:
+            tried[b] = peak_of(b)
+        return tried[b] <= budget
+
+    lo = max(1, start)
+    if not fits(lo):
+        good, bad = 0, lo
+    else:
+        last = [lo, min(limit, 2 * lo)]
+        for _ in range(SECANT_STEPS):  # a line through the last two tries, to where it meets the budget
+            a, b = last[-2], last[-1]
+            fits(b)
+            slope = (tried[b] - tried[a]) / (b - a) if b != a else 0.0
+            guess = limit if slope <= 0 else max(1, min(limit, int(b + (budget - tried[b]) / slope)))
+            if guess in tried:
+                break
+            last.append(guess)
+        fits(last[-1])
+        good = max(b for b, p in tried.items() if p <= budget)
+        above = [b for b, p in tried.items() if p > budget and b > good]
+        bad = min(above) if above else None
+        while bad is None and good < limit:  # nothing tried failed yet: double until one does
+            bad = min(limit, 2 * good)
+            if fits(bad):
+                good, bad = bad, None
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return {"max_batch_size": good, "budget_bytes": budget, "tried": sorted((b, p <= budget) for b, p in tried.items())}
 
 
 def _with_world(layout: Layout, world: int) -> Layout:
