@@ -43,6 +43,10 @@ CONFIGS: dict[str, list[str]] = {
         "--model", LLAMA3_8B, "--seq-len", "4096", "--batch", "1", "--dtype", "bf16", "--world-size", "8",
         "--parallel", "fsdp2", "--gpu", "H100", "--gpus-needed",
     ],
+    "llama3-8b-bf16-fsdp2-x8-H100-largest-batch": [
+        "--model", LLAMA3_8B, "--seq-len", "4096", "--batch", "1", "--dtype", "bf16", "--world-size", "8",
+        "--parallel", "fsdp2", "--gpu", "H100", "--largest-batch",
+    ],
 }  # fmt: skip
 
 
