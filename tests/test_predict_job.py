@@ -273,3 +273,15 @@ def test_largest_batch_per_rank_is_searched_when_asked_and_fits_the_budget(capsy
     assert search["max_batch_size"] == max(fitting) and [search["max_batch_size"] + 1, False] in search["tried"]
     code, err = predict(capsys, "--model", MODEL, "--largest-batch")
     assert code == exitcode.USAGE and "--largest-batch needs --parallel" in err
+
+
+def test_lora_on_gpt2_s_conv1d_matches_peft_without_it(capsys: Any, monkeypatch: Any) -> None:
+    pytest.importorskip("peft")
+    argv = ["--model", "gpt2:n_layer=2,n_embd=128,n_head=4,vocab_size=512,n_positions=128", "--seq-len", "32",
+            "--batch", "2", "--lora", "4:c_attn"]  # fmt: skip
+    with_peft = predict(capsys, *argv)[1]["prediction"]
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "peft" else object())
+    without = predict(capsys, *argv)[1]["prediction"]
+    adapters = 2 * 4 * (128 + 3 * 128)  # per layer: A 128 -> 4, B 4 -> 384
+    assert with_peft["by_category_bytes"]["optimizer_state"] == without["by_category_bytes"]["optimizer_state"]
+    assert without["by_category_bytes"]["optimizer_state"] == 2 * 4 * adapters

@@ -102,11 +102,12 @@ class LoraLinear(nn.Module):
     """PEFT's LoRA arithmetic without PEFT (``peft/tuners/lora/layer.py``, ``Linear.forward``): the
     input cast to the adapters' dtype, ``base(x) + B(A(x)) * alpha / rank`` cast back to the base's."""
 
-    def __init__(self, base: nn.Linear, rank: int) -> None:
+    def __init__(self, base: nn.Module, rank: int) -> None:
         super().__init__()
         self.base_layer = base
-        self.lora_A = nn.Linear(base.in_features, rank, bias=False, device=base.weight.device)
-        self.lora_B = nn.Linear(rank, base.out_features, bias=False, device=base.weight.device)
+        fan_in, fan_out = in_out(base)
+        self.lora_A = nn.Linear(fan_in, rank, bias=False, device=base.weight.device)
+        self.lora_B = nn.Linear(rank, fan_out, bias=False, device=base.weight.device)
         self.scaling = LORA_ALPHA_PER_RANK
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,6 +115,18 @@ class LoraLinear(nn.Module):
         dtype = result.dtype
         result = result + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scaling
         return result.to(dtype)
+
+
+def in_out(layer: nn.Module) -> tuple[int, int]:
+    """(in, out) features of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2's; weight in x out)."""
+    if isinstance(layer, nn.Linear):
+        return layer.in_features, layer.out_features
+    rows, cols = layer.weight.shape
+    return int(rows), int(cols)
+
+
+def _adaptable(layer: nn.Module) -> bool:
+    return isinstance(layer, nn.Linear) or type(layer).__name__ == "Conv1D"
 
 
 def parse_lora(text: str) -> tuple[int, tuple[str, ...]]:
@@ -140,10 +153,10 @@ def with_lora(
             )
             return peft_lib.get_peft_model(model, config).train()
         model.requires_grad_(False)
-        found = _replace(model, lambda name, m: isinstance(m, nn.Linear) and name.split(".")[-1] in targets,
+        found = _replace(model, lambda name, m: _adaptable(m) and name.split(".")[-1] in targets,
                          lambda m: LoraLinear(m, rank))  # fmt: skip
         if not found:
-            raise ValueError(f"--lora: no nn.Linear named {', '.join(targets)} in the model")
+            raise ValueError(f"--lora: no nn.Linear or Conv1D named {', '.join(targets)} in the model")
         return model
 
     return build_adapted
