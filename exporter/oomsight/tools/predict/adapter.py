@@ -121,7 +121,7 @@ def in_out(layer: nn.Module) -> tuple[int, int]:
     """(in, out) features of an ``nn.Linear`` or of transformers' ``Conv1D`` (GPT-2's; weight in x out)."""
     if isinstance(layer, nn.Linear):
         return layer.in_features, layer.out_features
-    rows, cols = layer.weight.shape
+    rows, cols = getattr(layer, "weight").shape  # noqa: B009 - a Conv1D's weight, typed as any attribute
     return int(rows), int(cols)
 
 

@@ -243,6 +243,7 @@ def largest_batch(peak_of: Callable[[int], int], budget: int, start: int = 1, li
         return tried[b] <= budget
 
     lo = max(1, start)
+    bad: Optional[int]
     if not fits(lo):
         good, bad = 0, lo
     else:
