@@ -485,6 +485,11 @@ def in_order(prediction: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _named_sizes(sizes: dict[str, int]) -> str:
+    """``parameters 3.23 MiB, buffers 128 B, ...``: each name with its size, in the dict's order."""
+    return ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in sizes.items())
+
+
 def _prose_job(result: dict[str, Any]) -> list[str]:
     """The lines of --generate, --gpu and --parallel."""
     lines = []
@@ -496,7 +501,7 @@ def _prose_job(result: dict[str, Any]) -> list[str]:
         )
     g = result.get("gpu")
     if g:
-        outside = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in g["outside_allocator_bytes"].items())
+        outside = _named_sizes(g["outside_allocator_bytes"])
         lines.append(
             f"{g['name']}: {format_bytes(g['total_bytes'])}, compute capability "
             f"{g['capability'][0]}.{g['capability'][1]} ({g['attention_kernel']}); "
@@ -504,7 +509,7 @@ def _prose_job(result: dict[str, Any]) -> list[str]:
         )
     par = result.get("parallel")
     if par:
-        parts = ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in par["parts_bytes"].items())
+        parts = _named_sizes(par["parts_bytes"])
         lines.append(
             f"{par['parallel']} over {par['world_size']} ranks: peak allocated per rank "
             f"{format_bytes(par['per_rank_peak_allocated_bytes'])} ({parts})"
@@ -527,8 +532,7 @@ def _prose(result: dict[str, Any]) -> str:
         f"batch {p['batch_size']}, {p['steps']} steps: peak allocated {format_bytes(p['peak_allocated_bytes'])}, "
         f"peak reserved {format_bytes(p['peak_reserved_bytes'])}"
         + (" (expandable segments)" if p["expandable_segments"] else ""),
-        "at the peak: "
-        + ", ".join(f"{k.replace('_', ' ')} {format_bytes(v)}" for k, v in p["by_category_bytes"].items()),
+        "at the peak: " + _named_sizes(p["by_category_bytes"]),
         f"(workspace: {p['workspace_handles']} cuBLAS handle(s) of {format_bytes(p['workspace_bytes'])} "
         "each, forward and backward, and cuBLASLt's own; a category at 0 has nothing alive at the peak)",
         "per step: " + ", ".join(format_bytes(v) for v in p["step_peak_allocated_bytes"]),
