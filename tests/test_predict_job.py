@@ -215,6 +215,8 @@ def test_generate_holds_the_key_value_cache_and_a_dynamic_one_grows_with_new_tok
         )
     dyn = [found[("dynamic", n)]["prediction"]["peak_allocated_bytes"] for n in (30, 60)]
     assert dyn[1] > dyn[0]
+    _, sized = predict(capsys, *argv, "--generate", "8:4", "--capacity", "1GiB")
+    assert "largest_batch" not in sized  # a try is a whole decode loop: searched only when asked
 
 
 def test_generate_refuses_what_it_cannot_do(capsys: Any) -> None:
@@ -272,7 +274,7 @@ def test_largest_batch_per_rank_is_searched_when_asked_and_fits_the_budget(capsy
     fitting = [b for b, ok in search["tried"] if ok]
     assert search["max_batch_size"] == max(fitting) and [search["max_batch_size"] + 1, False] in search["tried"]
     code, err = predict(capsys, "--model", MODEL, "--largest-batch")
-    assert code == exitcode.USAGE and "--largest-batch needs --parallel" in err
+    assert code == exitcode.USAGE and "--largest-batch needs --gpu or --capacity" in err
 
 
 def test_lora_on_gpt2_s_conv1d_matches_peft_without_it(capsys: Any, monkeypatch: Any) -> None:

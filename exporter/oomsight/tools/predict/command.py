@@ -97,7 +97,7 @@ def _add_parallel_arguments(p: Any) -> None:
     p.add_argument("--offload", choices=("optimizer", "params"), default=None, help="to the host")
     p.add_argument("--bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
     p.add_argument("--largest-batch", action="store_true",
-                   help="with --parallel: search the largest micro-batch per rank (a prediction a try)")  # fmt: skip
+                   help="search the largest (micro-)batch: per rank with --parallel, with --generate too")  # fmt: skip
     p.add_argument("--gpus-needed", action="store_true", help="the fewest GPUs of --gpu/--capacity that fit")
 
 
@@ -203,8 +203,8 @@ def _check_job(args: argparse.Namespace) -> Optional[str]:
             return str(exc.args[0])
         if args.capacity is None:
             args.capacity_bytes = args.gpu_spec.total_bytes
-    if args.largest_batch and not ((args.gpu or args.capacity) and args.parallel):
-        return "--largest-batch needs --parallel and --gpu or --capacity (one GPU searches with --capacity alone)"
+    if args.largest_batch and not (args.gpu or args.capacity):
+        return "--largest-batch needs --gpu or --capacity"
     if args.gpus_needed and not ((args.gpu or args.capacity) and args.parallel):
         return "--gpus-needed needs --parallel and --gpu or --capacity"
     if args.world_size > 1 and not args.parallel:
@@ -357,7 +357,8 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
         out["parallel"] = _per_rank(args, spec, out["prediction"])
         if args.largest_batch and "usable_bytes" in out["parallel"]:
             out["largest_batch_per_rank"] = _largest_per_rank(args, spec, batch, optimizer, kwargs)
-    if args.capacity_bytes is not None and not args.parallel:
+    # one GPU searches whenever it has a capacity; generation (hundreds of forwards a try) when asked
+    if args.capacity_bytes is not None and not args.parallel and (args.largest_batch or not args.generate):
         search = largest_batch(
             spec["build"], batch, _usable(args, 1), optimizer, spec.get("step"), margin=args.margin,
             start=args.batch, **kwargs,
