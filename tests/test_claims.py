@@ -219,3 +219,29 @@ def test_the_budgets_are_kept_in_the_spool_for_the_report_and_a_broken_file_is_n
         fh.write('{"version": 2, "budgets": [{"claim": "c", "memory_bytes": 5, "gpu_uuid": "GPU-1"}], "more": 1}')
     assert [(b.claim, b.memory_bytes) for b in budget_doc.read(str(tmp_path))] == [("c", 5)]
     assert budget_doc.read(str(tmp_path / "no-spool")) == []
+
+
+def test_the_report_sets_the_claimed_share_against_the_peak_and_says_nothing_without_one(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from oomsight.analysis.inventory import take_inventory
+    from oomsight.tools import report
+    from oomsight.wire import budget as budget_doc
+    from oomsight.wire.budget import Budget
+    from oomsight.wire.spool import SpoolReader
+
+    from spoolmaker import hooked_process
+
+    spool = str(tmp_path)
+    hook, _ = hooked_process(spool, monkeypatch=monkeypatch)  # peak reserved 5 GiB on its one GPU
+
+    def text() -> str:
+        return report.render(take_inventory(SpoolReader(spool).read(), now=hook.sampler.clock()), spool)
+
+    assert "DRA" not in text()
+    budget_doc.write(spool, [Budget("train-gpu", "gpu", "gpu.nvidia.com", "node-1/gpu-0", 4 * 2**30)])
+    lines = text().splitlines()
+    at = lines.index("GPU memory claimed through DRA: train-gpu (node-1/gpu-0) 4.00 GiB")
+    assert "of the claimed 4.00 GiB, over the share" in lines[at + 1]
+    budget_doc.write(spool, [Budget("train-gpu", "gpu", "gpu.nvidia.com", "node-1/gpu-0", 64 * 2**30)])
+    assert "of the claimed 64.00 GiB, within the share" in text()

@@ -12,6 +12,7 @@ from oomsight.analysis.inventory import EventView, Inventory, ProcessView
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.analysis.units import format_ratio
 from oomsight.metrics.family import headroom_bytes, non_torch_bytes
+from oomsight.wire import budget as budget_doc
 from oomsight.wire.schema import DeviceSnapshot, OomEvent
 
 
@@ -24,6 +25,7 @@ def render(inv: Inventory, spool_dir: str, title: str = "oomsight memory report"
         lines.append("no process wrote data: did the program use CUDA? (oomsight waits for CUDA initialisation)")
     for view in inv.processes:
         lines.extend(_process(view))
+    lines.extend(_budget(inv, spool_dir))
     if inv.events:
         lines.append("")
         lines.append(f"CUDA out-of-memory events: {len(inv.events)}")
@@ -60,6 +62,27 @@ def _process(view: ProcessView) -> list[str]:
         out.append(f"  sources off: {', '.join(off)}")
     if s.get("errors"):
         out.append("  hook errors (swallowed): " + ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())))
+    return out
+
+
+def _budget(inv: Inventory, spool_dir: str) -> list[str]:
+    """The GPU memory the pod claimed through DRA (the sidecar's ``sidecar/dra-budget.json``) against
+    the peak its processes reserved on each GPU; nothing without a claimed share (docs/alerts.md)."""
+    budgets = budget_doc.read(spool_dir)
+    if not budgets:
+        return []
+    share = min(b.memory_bytes for b in budgets)
+    peaks: dict[str, int] = {}
+    for view in inv.processes:
+        for d in view.snapshot["devices"]:
+            peaks[d["uuid"]] = peaks.get(d["uuid"], 0) + d["allocator"]["peak_reserved_bytes"]
+    claimed = ", ".join(f"{b.claim} ({b.dra_device}) {fb(b.memory_bytes)}" for b in budgets)
+    out = ["", f"GPU memory claimed through DRA: {claimed}"]
+    for uuid, peak in sorted(peaks.items()):
+        over = peak > share
+        verdict = "over the share (memory promised to the GPU's other claims)" if over else "within the share"
+        ratio = format_ratio(peak / share) if share else "-"
+        out.append(f"  {uuid}: peak reserved {fb(peak)}, {ratio} of the claimed {fb(share)}, {verdict}")
     return out
 
 
