@@ -201,7 +201,7 @@ class EventPoster:
             self._warned.add(what)
             logger.warning(
                 "oomsight sidecar: an OOM event could not become a Kubernetes Event (%s: %s); it is counted "
-                "in oomsight_sidecar_errors_total{component=\"events_document\"} and the poster carries on",
+                'in oomsight_sidecar_errors_total{component="events_document"} and the poster carries on',
                 type(exc).__name__,
                 exc,
             )
