@@ -159,30 +159,25 @@ def predict_peak(
     """
     import torch
 
-    from oomsight.tools.predict import emulation, tracing
+    from oomsight.tools.predict import tracing
 
     started = time.perf_counter()
     make_opt = optimizer or torch.optim.AdamW
     step_fn = step or tracing.default_step(accumulation=accumulation, autocast=autocast)
     expandable = expandable_default() if expandable_segments is None else expandable_segments
     workspace = workspace_default(capability) if workspace_bytes is None else workspace_bytes
-    emulated = emulation.CAPABILITY.set(capability or (9, 0))  # the attention kernel it selects
-    try:
-        trace = tracing.trace_steps(
-            model,
-            lambda: batch(batch_size),
-            lambda m: make_opt(m.parameters()),
-            step_fn,
-            steps=steps,
-            workspace_bytes=workspace,
-        )
-    finally:
-        emulation.CAPABILITY.reset(emulated)
+    trace = _traced(
+        capability,
+        model,
+        lambda: batch(batch_size),
+        lambda m: make_opt(m.parameters()),
+        step_fn,
+        steps=steps,
+        workspace_bytes=workspace,
+    )
     result = replay(trace, expandable=expandable)
-    fits = oom = None
-    if capacity is not None:
-        fits = result["peak_allocated"] <= capacity
-        oom = bool(replay(trace, cap=capacity, expandable=expandable)["oom"])
+    fits = None if capacity is None else result["peak_allocated"] <= capacity
+    oom = None if capacity is None else bool(replay(trace, cap=capacity, expandable=expandable)["oom"])
     return Prediction(
         batch_size=batch_size,
         peak_allocated_bytes=result["peak_allocated"],
@@ -197,6 +192,17 @@ def predict_peak(
         oom_in_replay=oom,
         notes=trace.notes,
     )
+
+
+def _traced(capability: Optional[tuple[int, int]], *args: Any, **kwargs: Any) -> Any:
+    """``tracing.trace_steps`` with the attention kernels that ``capability`` selects emulated."""
+    from oomsight.tools.predict import emulation, tracing
+
+    emulated = emulation.CAPABILITY.set(capability or (9, 0))
+    try:
+        return tracing.trace_steps(*args, **kwargs)
+    finally:
+        emulation.CAPABILITY.reset(emulated)
 
 
 def largest_batch(
