@@ -293,6 +293,14 @@ def webhook_ok(tmp: Path) -> Result:
     return Result(proc.returncode, out, err, left_in(str(tmp)))
 
 
+def webhook_port_busy(tmp: Path) -> Result:
+    with busy_port() as sock:
+        port = str(sock.getsockname()[1])
+        result = oomsight("webhook", "--tls-mode", "files", "--port", port, tmp=str(tmp), env=webhook_env(tmp))
+    assert f"port {port} on " in result.stderr, result.stderr  # the busy port is named
+    return result
+
+
 def webhook_usage(tmp: Path) -> Result:
     env = {k: v for k, v in webhook_env(tmp).items() if k != "OOMSIGHT_INJECT_IMAGE"}
     return oomsight("webhook", "--tls-mode", "files", "--port", "0", tmp=str(tmp), env=env)
@@ -332,6 +340,7 @@ WAYS: dict[tuple[str, int], Callable[..., Result]] = {
     ("sidecar", 4): sidecar_port_busy,
     ("webhook", 0): webhook_ok,
     ("webhook", 2): webhook_usage,
+    ("webhook", 4): webhook_port_busy,
 }
 """How a user meets each exit code of each subcommand."""
 

@@ -9,6 +9,7 @@ certificate and restores ``caBundle`` (``self`` mode) every ``tls_reconcile_seco
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -133,13 +134,15 @@ def run(
         if stop.wait(min(5.0, settings.tls_reconcile_seconds)):
             return 1
     admitter = Admitter(injection, review_limits(settings))
-    server = AdmissionServer((settings.host, settings.port), context.context, admitter, settings.limits)
+    with _naming_the_port(settings.host, settings.port):
+        server = AdmissionServer((settings.host, settings.port), context.context, admitter, settings.limits)
     serve(server)
     metrics = None
     if settings.metrics_port:
         registry = CollectorRegistry()
         registry.register(WebhookCollector(admitter, reconciler, server))
-        metrics = serve_wsgi(make_wsgi_app(registry), settings.host, settings.metrics_port, settings.limits)
+        with _naming_the_port(settings.host, settings.metrics_port):
+            metrics = serve_wsgi(make_wsgi_app(registry), settings.host, settings.metrics_port, settings.limits)
     logger.info("oomsight webhook: serving https://%s:%d/mutate", settings.host, server.server_address[1])
     due = time.monotonic() + settings.tls_reconcile_seconds
     while not stop.wait(min(0.5, settings.tls_reconcile_seconds)):  # short waits: SIGTERM is seen at once
@@ -198,3 +201,13 @@ def _client(factory: Callable[[], KubeApi], required: bool) -> Optional[KubeApi]
             raise ConfigError(f"TLS mode 'self' needs the Kubernetes API ({exc})") from None
         logger.info("oomsight webhook: no Kubernetes API (%s)", exc)
         return None
+
+
+@contextlib.contextmanager
+def _naming_the_port(host: str, port: int) -> Iterator[None]:
+    """A port that cannot be bound (taken) is named in the error: the command line says which."""
+    try:
+        yield
+    except OSError as exc:
+        exc.filename = f"{port} on {host}"
+        raise
