@@ -79,14 +79,9 @@ def _spawn(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
     if cfg.get("expandable"):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)]
-    try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[7:]))
-    return {"error": (out.stderr or out.stdout)[-2000:]}
+    from common import child_result
+
+    return child_result(cmd, env, timeout, tail=2000)
 
 
 def _predict_in_pool(configs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -24,10 +24,11 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common.py beside it
 
 LLAMA_1B = (  # Llama-3.2-1B's shape
     "llama:hidden_size=2048,intermediate_size=8192,num_hidden_layers=16,num_attention_heads=32,"
@@ -137,14 +138,9 @@ def _child(what: str, name: str, device: str, timeout: float) -> dict[str, Any]:
     if what == "predict":
         env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = [sys.executable, os.path.abspath(__file__), f"--{what}", name, "--device", device]
-    try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[7:]))
-    return {"error": (out.stderr or out.stdout)[-1500:]}
+    from common import child_result
+
+    return child_result(cmd, env, timeout, tail=1500)
 
 
 def _predict(name: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -108,3 +109,16 @@ def write(out_dir: str, name: str, doc: dict[str, Any]) -> str:
         json.dump({"environment": environment(), **doc}, fh, indent=1, sort_keys=True)
     print(f"wrote {path}")
     return path
+
+
+def child_result(cmd: list[str], env: dict[str, str], timeout: float, tail: int = 2000) -> dict[str, Any]:
+    """Run a measuring child process; its ``RESULT {json}`` line, or ``{"error": ...}`` with the end of
+    its output (a fresh process per measurement: peaks from torch's own counters, nothing shared)."""
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[7:]))
+    return {"error": (out.stderr or out.stdout)[-tail:]}
