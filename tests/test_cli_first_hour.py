@@ -45,8 +45,8 @@ def test_sigint_sent_to_oomsight_run_reaches_the_command_and_exits_130_leaving_n
         "train.py",
         """
         import sys, time
-        print("started", flush=True)
-        try:
+        try:  # "started" inside the try: a SIGINT that lands right after the line is still caught
+            print("started", flush=True)
             time.sleep(60)
         except KeyboardInterrupt:
             print("the command got SIGINT", flush=True)
