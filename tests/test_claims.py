@@ -245,3 +245,43 @@ def test_the_report_sets_the_claimed_share_against_the_peak_and_says_nothing_wit
     assert "of the claimed 4.00 GiB, over the share" in lines[at + 1]
     budget_doc.write(spool, [Budget("train-gpu", "gpu", "gpu.nvidia.com", "node-1/gpu-0", 64 * 2**30)])
     assert "of the claimed 64.00 GiB, within the share" in text()
+
+
+def test_the_html_report_shows_the_text_reports_claimed_share_and_nothing_without_one(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import html
+    import re
+
+    from oomsight.analysis.inventory import take_inventory
+    from oomsight.tools import report, report_html
+    from oomsight.wire import budget as budget_doc
+    from oomsight.wire.budget import Budget
+    from oomsight.wire.spool import SpoolReader
+
+    from spoolmaker import hooked_process
+
+    spool = str(tmp_path)
+    hook, _ = hooked_process(spool, monkeypatch=monkeypatch)  # peak reserved 5 GiB on its one GPU
+    now = hook.sampler.clock()
+
+    def page() -> str:
+        return report_html.build(spool, now=now, retention_seconds=3600.0)
+
+    def section(text: str) -> str:
+        found = re.search(r'<h2 id="budget">(.*?)</table>', text, flags=re.S)
+        return found.group(1) if found else ""
+
+    without = page()
+    assert "DRA" not in without and not section(without)
+    budget_doc.write(spool, [])  # the claim went away: both reports read as without one
+    assert page() == without
+    assert "DRA" not in report.render(take_inventory(SpoolReader(spool).read(), now=now), spool)
+    budget_doc.write(spool, [Budget("train-<gpu>", "gpu", "gpu.nvidia.com", "node-1/gpu-0", 4 * 2**30)])
+    shown = section(page())
+    assert "train-<gpu>" not in shown and "train-&lt;gpu&gt; (node-1/gpu-0) 4.00 GiB" in shown  # escaped
+    gpu, *cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", shown)]
+    assert cells == ["5.00 GiB", "125.0 %", "4.00 GiB", "over the share (memory promised to the GPU's other claims)"]
+    text = report.render(take_inventory(SpoolReader(spool).read(), now=now), spool)
+    peak, ratio, share, verdict = cells
+    assert f"  {gpu}: peak reserved {peak}, {ratio} of the claimed {share}, {verdict}" in text.splitlines()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from oomsight.analysis.units import format_bytes as fb
 from oomsight.analysis.units import format_ratio
 from oomsight.metrics.family import headroom_bytes, non_torch_bytes
 from oomsight.wire import budget as budget_doc
+from oomsight.wire.budget import Budget
 from oomsight.wire.schema import DeviceSnapshot, OomEvent
 
 
@@ -65,24 +67,53 @@ def _process(view: ProcessView) -> list[str]:
     return out
 
 
-def _budget(inv: Inventory, spool_dir: str) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class ClaimedShare:
     """The GPU memory the pod claimed through DRA (the sidecar's ``sidecar/dra-budget.json``) against
-    the peak its processes reserved on each GPU; nothing without a claimed share (docs/alerts.md)."""
+    the peak its processes reserved on each GPU (docs/alerts.md). Both reports show it."""
+
+    budgets: list[Budget]
+    share_bytes: int
+    """The smallest claimed share: a claim names a DRA device, not the GPU UUID a process runs on."""
+    peaks: dict[str, int]
+    """Peak reserved bytes by GPU UUID, summed over the pod's processes on that GPU."""
+
+    def ratio(self, peak: int) -> Optional[float]:
+        return peak / self.share_bytes if self.share_bytes else None
+
+    def verdict(self, peak: int) -> str:
+        if peak > self.share_bytes:
+            return "over the share (memory promised to the GPU's other claims)"
+        return "within the share"
+
+    def claims(self) -> str:
+        """``<claim> (<pool>/<device>) <bytes>`` for each claim, as both reports name them."""
+        return ", ".join(f"{b.claim} ({b.dra_device}) {fb(b.memory_bytes)}" for b in self.budgets)
+
+
+def claimed_share(inv: Inventory, spool_dir: str) -> Optional[ClaimedShare]:
+    """The claimed share and the peaks set against it; None without a claimed share."""
     budgets = budget_doc.read(spool_dir)
     if not budgets:
-        return []
-    share = min(b.memory_bytes for b in budgets)
+        return None
     peaks: dict[str, int] = {}
     for view in inv.processes:
         for d in view.snapshot["devices"]:
             peaks[d["uuid"]] = peaks.get(d["uuid"], 0) + d["allocator"]["peak_reserved_bytes"]
-    claimed = ", ".join(f"{b.claim} ({b.dra_device}) {fb(b.memory_bytes)}" for b in budgets)
-    out = ["", f"GPU memory claimed through DRA: {claimed}"]
-    for uuid, peak in sorted(peaks.items()):
-        over = peak > share
-        verdict = "over the share (memory promised to the GPU's other claims)" if over else "within the share"
-        ratio = format_ratio(peak / share) if share else "-"
-        out.append(f"  {uuid}: peak reserved {fb(peak)}, {ratio} of the claimed {fb(share)}, {verdict}")
+    return ClaimedShare(budgets, min(b.memory_bytes for b in budgets), dict(sorted(peaks.items())))
+
+
+def _budget(inv: Inventory, spool_dir: str) -> list[str]:
+    """The claimed share's lines; none without one."""
+    share = claimed_share(inv, spool_dir)
+    if share is None:
+        return []
+    out = ["", f"GPU memory claimed through DRA: {share.claims()}"]
+    for uuid, peak in share.peaks.items():
+        out.append(
+            f"  {uuid}: peak reserved {fb(peak)}, {format_ratio(share.ratio(peak))} of the claimed "
+            f"{fb(share.share_bytes)}, {share.verdict(peak)}"
+        )
     return out
 
 

@@ -19,7 +19,7 @@ from oomsight.analysis.inventory import EventView, Inventory, take_inventory
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.analysis.units import format_ratio
 from oomsight.tools import chart, report_parts
-from oomsight.tools.report import prediction_error
+from oomsight.tools.report import claimed_share, prediction_error
 from oomsight.tools.report_parts import e as _e
 from oomsight.tools.report_parts import figure as _figure
 from oomsight.tools.report_parts import table as _table
@@ -81,7 +81,7 @@ def write(path: str, page: str) -> None:
 def render(r: Report) -> str:
     body = [*_header(r)]
     if r.inventory.readable:
-        for section in (_memory, _categories, _ooms, _estimates):
+        for section in (_budget, _memory, _categories, _ooms, _estimates):
             body.extend(section(r))
         body.extend(report_parts.leaks(r.state.snapshots))
         body.extend(_batch_advice(r))
@@ -132,6 +132,23 @@ def _process_row(s: Snapshot, state: str) -> list[object]:
         s["steps"]["count"],
         p.get("torch_version", "?"),
         p.get("cuda_version", "?"),
+    ]
+
+
+def _budget(r: Report) -> list[str]:
+    """The GPU memory claimed through DRA against each GPU's peak, as in the text report; nothing
+    without a claimed share."""
+    share = claimed_share(r.inventory, r.spool_dir)
+    if share is None:
+        return []
+    rows = [
+        [uuid, fb(peak), format_ratio(share.ratio(peak)), fb(share.share_bytes), share.verdict(peak)]
+        for uuid, peak in share.peaks.items()
+    ]
+    return [
+        '<h2 id="budget">GPU memory claimed through DRA</h2>',
+        f"<p>{_e(share.claims())}</p>",
+        _table(("GPU", "peak reserved", "of the claimed share", "claimed share", "verdict"), rows, numeric=(1, 2, 3)),
     ]
 
 
