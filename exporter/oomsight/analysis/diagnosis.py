@@ -154,11 +154,15 @@ def _piled_rule(ev: Evidence, growth: int) -> Diagnosis:
             "forward: the key/value cache grows with every token. Bound the new tokens or the batch.",
         )
     ev.facts["floor_growth_bytes"] = growth
-    graphs = bool(ev.f.get("grad_enabled"))
+    graphs = bool(ev.f.get("grad_enabled")) or ev.forward_pile is not None
+    rose = (
+        f"the memory left after each forward rose by {fb(growth)}, by about the same each forward"
+        if ev.forward_pile is not None
+        else f"even the lowest memory rose by {fb(growth)} over the last seconds"
+    )
     summary = (
-        f"In a loop of forwards {when} (evaluation, inference), even the lowest memory rose by "
-        f"{fb(growth)} over the last seconds: something keeps tensors from every batch"
-        + (", with their autograd graphs (autograd is recording)." if graphs else ".")
+        f"In a loop of forwards {when} (evaluation, inference), {rose}: something keeps tensors from "
+        "every batch" + (", with their autograd graphs (autograd is recording)." if graphs else ".")
     )
     return ev.result(Cause.LEAK, ["no_grad", "leak", "eval_batch"] if graphs else ["leak", "eval_batch"], summary)
 

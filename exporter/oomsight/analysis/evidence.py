@@ -70,7 +70,9 @@ class Evidence:
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
         self.outside_leak = trend.outside_leak(rows, self.total)
         """Memory outside the allocator that rose along the step rows as a leak does (wire 1.6)."""
-        self.piled = piled(f, self.trend.seconds_per_step, self.total)
+        self.forward_pile = trend.forward_pile(f.get("forwards_memory") or [], self.total)
+        """Memory that rose forward after forward, each keeping its graph, with no optimizer step (1.7)."""
+        self.piled = self.forward_pile or piled(f, self.trend.seconds_per_step, self.total)
         """Memory that piled up over many forwards since the last optimizer step (or with none)."""
         self.states = states(f)
         self.training = trains(f)
@@ -126,9 +128,7 @@ class Evidence:
         backward, so checkpointing cannot help. (Backward itself runs with grad mode off, and so does
         the forward of an ``autograd.Function``: a compiled graph's, a reentrant checkpoint's, whose
         caller may well be recording.)"""
-        self.earlier_forwards = (
-            None if self.training or f.get("phase") not in ("forward", None) else _forwards_peak(f)
-        )
+        self.earlier_forwards = None if self.training or f.get("phase") not in ("forward", None) else _forwards_peak(f)
         """In a process that never trains: the highest reading of the forwards that completed before
         the failing one (``trend.forwards_peak``), None without such a loop."""
         in_step_forward = self.training and f.get("phase") == "forward"

@@ -52,6 +52,7 @@ class OomFacts(TypedDict, total=False):
     trend: Sequence[Sequence[float]]  # legacy window trend: [[time, window_min_allocated, steps], ...]
     expandable_segments: bool
     steps_memory: Sequence[Sequence[float]]  # step rows (analysis.trend)
+    forwards_memory: Sequence[Sequence[float]]  # with no step yet: [forward, time, allocated, peak or -1] (1.7)
     largest_free_block_bytes: Optional[int]
     phase: Optional[str]  # forward, backward, optimizer, unknown
     job: Optional[Mapping[str, Any]]
@@ -150,6 +151,7 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         trend=event.get("trend") or [],
         expandable_segments=bool(event.get("process", {}).get("expandable_segments")),
         steps_memory=event.get("steps_memory") or [],
+        forwards_memory=event.get("forwards_memory") or [],
         largest_free_block_bytes=event.get("largest_free_block_bytes"),
         phase=event.get("phase"),
         job=event.get("job"),

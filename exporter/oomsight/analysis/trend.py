@@ -271,6 +271,23 @@ def legacy_leak(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optiona
         return None
 
 
+def forward_pile(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[int]:
+    """Memory that rose forward after forward in a process with no optimizer step: :func:`leak_in`
+    on the memory allocated after each forward that recorded an autograd graph (the OOM event's
+    ``forwards_memory`` rows, wire 1.7), the first forward skipped (it may allocate lazily: cuBLAS
+    workspaces, caches). A loop that keeps every batch's output keeps its graph: the rows rise by
+    about the same each forward, while the forward's own memory (its peak above what it leaves)
+    stays flat; a growing input raises that too. Long series are judged as step rows are, a few
+    rows by the short-series rule. None without such a rise."""
+    try:
+        usable = [r for r in rows if len(r) >= 4 and r[0] > 1]
+        series = [(float(r[0]), float(r[2]), float(r[3] - r[2]) if r[3] >= 0 else None) for r in usable]
+        growth, _judged = leak_in(series, capacity_bytes, short=len(series) < th.count("min_rows"))
+        return int(growth) if growth is not None else None
+    except (ArithmeticError, TypeError, ValueError):
+        return None
+
+
 def piled_up(
     samples: Sequence[Sequence[float]],
     since: Optional[float],

@@ -199,6 +199,9 @@ class OomRecorder:
             captured_by=captured_by,
             **self._layout_at_oom(device),  # type: ignore[typeddict-item]
         )
+        forwards = self._guarded("forward_memory", lambda: ctx.forwards_memory(device))
+        if forwards:  # wire 1.7: a process with no optimizer step yet
+            event["forwards_memory"] = forwards
         return cast(OomEvent, event)
 
     def _layout_at_oom(self, device: int) -> dict[str, Any]:
@@ -421,6 +424,9 @@ class OomContext:
     The runtime passes one built from its parts; the default knows nothing."""
 
     def steps_memory(self, device: int) -> list[list[float]]:
+        return []
+
+    def forwards_memory(self, device: int) -> list[list[float]]:
         return []
 
     def job(self) -> Optional[dict[str, Any]]:

@@ -25,6 +25,7 @@ from oomsight.analysis.units import format_bytes
 from oomsight.config import ConfigError, Settings
 from oomsight.hook.cuda import CudaApi, TorchCuda, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
+from oomsight.hook.forwards import ForwardMemory
 from oomsight.hook.identity import describe_process
 from oomsight.hook.jobsetup import JobProbe, dominant_dtype
 from oomsight.hook.leakscan import scan
@@ -67,6 +68,7 @@ class Hook:
             self.steps = StepTracker(settings.steps, cuda, self.errors)
             self.steps.peak_devices = lambda: list(self.sampler.devices)
         self.step_memory = StepMemory(cuda, self.sampler, self.errors)
+        self.forwards = ForwardMemory(cuda, self.sampler, self.errors, stepped=self._stepped)
         self.job = JobProbe(cuda, self.errors, self.process["expandable_segments"])
         self.oom = OomRecorder(
             settings.oom, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self)
@@ -159,12 +161,17 @@ class Hook:
                 if not self.sources["oom_observer"]:  # another allocator back-end: OOMs as they are raised
                     self._watching = watch_raised(self.oom.observe_exception)
                     self.sources["oom_exceptions"] = self._watching is not None
+            if self.torch is not None and self.steps is not None:
+                self.forwards.arm(self.torch)
             history = self.settings.history
             if history.record:
                 self.sources["history"] = self.oom.history = self.cuda.start_history(history.max_entries, history.mode)
             self.sampler.start_thread()
         except Exception as exc:  # an exception here would surface as DeferredCudaCallError
             self.errors.record("cuda_init", exc)
+
+    def _stepped(self) -> bool:
+        return self.steps is not None and self.steps.count > 0
 
     def _on_step(self) -> None:
         """After every optimizer step (inside the step hook's error guard): cheap checks only."""
@@ -274,6 +281,7 @@ class Hook:
             self._watching = None
         if self.steps is not None:
             self._guarded("step_hook", self.steps.unregister, None)
+        self._guarded("forward_memory", self.forwards.close, None)
         self.sampler.stop_thread()
         if self.oom.history:
             self._guarded("history", self.cuda.stop_history, None)
@@ -308,6 +316,9 @@ class _Context(OomContext):
 
     def steps_memory(self, device: int) -> list[list[float]]:
         return self.hook.step_memory.series(device)
+
+    def forwards_memory(self, device: int) -> list[list[float]]:
+        return self.hook.forwards.series(device)
 
     def job(self) -> Optional[dict[str, Any]]:
         return self.hook.job_setup()

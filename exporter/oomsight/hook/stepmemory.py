@@ -36,6 +36,34 @@ def outside_bytes(nvml: Optional[NvmlSample], r: Reading) -> int:
     return max(int(nvml["process_used_bytes"] or 0) - r.reserved_bytes, 0)
 
 
+class RowBook:
+    """Rows per device, oldest first, at most ``most`` each: when full, the older half is thinned to
+    every other row (the training thread appends; readers take copies)."""
+
+    def __init__(self, most: int = MAX_ROWS) -> None:
+        self.most = most
+        self.rows: dict[int, list[list[Any]]] = {}
+        self.appended: dict[int, int] = {}
+        """Rows ever appended per device (a verdict is judged again only after a new one)."""
+
+    def append(self, index: int, row: list[Any]) -> None:
+        rows = self.rows.setdefault(index, [])
+        rows.append(row)
+        self.appended[index] = self.appended.get(index, 0) + 1
+        if len(rows) > self.most:
+            half = self.most // 2
+            rows[:] = rows[:half:2] + rows[half:]
+
+    def series(self, index: int) -> list[list[float]]:
+        """The rows of a device, oldest first (a copy: the training thread appends meanwhile)."""
+        return [list(r) for r in list(self.rows.get(index, []))]  # list(): one atomic copy under the GIL
+
+    def last(self, index: int) -> list[list[float]]:
+        """The last row of a device (a copy), or none."""
+        rows = self.rows.get(index)
+        return [list(rows[-1])] if rows else []
+
+
 class StepMemory:
     def __init__(
         self,
@@ -52,8 +80,7 @@ class StepMemory:
         self.min_interval = min_interval_seconds
         self.clock = clock
         self.wall = wall
-        self.rows: dict[int, list[list[Any]]] = {}
-        self._appended: dict[int, int] = {}
+        self.book = RowBook()
         self._judged: dict[int, tuple[tuple[int, int], trend.Trend]] = {}
         self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
@@ -77,29 +104,18 @@ class StepMemory:
             exact = previous is None or r.peak_allocated_bytes > previous
             peak = r.peak_allocated_bytes if exact else max(sampled or 0, r.allocated_bytes)
             row = [step, stamp, r.allocated_bytes, peak, r.reserved_bytes, int(exact), outside_bytes(dev.nvml, r)]
-            self._append(dev.index, row)  # ints encode fast
-
-    def _append(self, index: int, row: list[Any]) -> None:
-        rows = self.rows.setdefault(index, [])
-        rows.append(row)
-        self._appended[index] = self._appended.get(index, 0) + 1
-        if len(rows) > MAX_ROWS:
-            half = MAX_ROWS // 2
-            rows[:] = rows[:half:2] + rows[half:]
+            self.book.append(dev.index, row)  # ints encode fast
 
     def series(self, index: int) -> list[list[float]]:
-        """The rows of a device, oldest first (a copy: the training thread appends meanwhile)."""
-        return [list(r) for r in list(self.rows.get(index, []))]  # list(): one atomic copy under the GIL
+        return self.book.series(index)
 
     def last(self, index: int) -> list[list[float]]:
-        """The last row of a device (a copy), or none."""
-        rows = self.rows.get(index)
-        return [list(rows[-1])] if rows else []
+        return self.book.last(index)
 
     def judged(self, index: int, capacity_bytes: int) -> Optional[trend.Trend]:
         """The verdict on a device's rows (sampler thread; None without rows), judged again only
         once a row was added or the capacity changed: at most once a publish, about 0.2 ms."""
-        stamp = (self._appended.get(index, 0), capacity_bytes)
+        stamp = (self.book.appended.get(index, 0), capacity_bytes)
         kept = self._judged.get(index)
         if kept is not None and kept[0] == stamp:
             return kept[1]

@@ -496,6 +496,10 @@ class OomEvent(TypedDict):
     private_pool_free_bytes: NotRequired[Optional[int]]
     #: observer (the allocator's OOM observer) or exception (the OutOfMemoryError) (since 1.6)
     captured_by: NotRequired[str]
+    #: with no optimizer step yet, after forwards of the outermost model that recorded an autograd graph, oldest
+    #: first, at most 128: rows [forward, time, allocated_bytes, peak_bytes] (peak -1: the forward set no new
+    #: lifetime peak) (since 1.7)
+    forwards_memory: NotRequired[list[list[float]]]
 
 
 class ProfileOp(TypedDict):

@@ -31,6 +31,11 @@ frozen and quantised parameters and adapters counted by their local storage, CUD
 activation offload told apart from checkpointing, how an OOM was captured, and the memory outside
 the allocator at each step row."""
 
+FORWARDS = "1.7"
+"""Memory after each forward of the outermost model that recorded an autograd graph, in a process
+with no optimizer step yet (evaluation, inference): a loop that keeps every batch's graph is seen at
+any speed, where the sampler's readings are too slow."""
+
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
 """``int`` within ±2**63; ``number`` finite; ``time`` Unix seconds within ±2**33;

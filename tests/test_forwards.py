@@ -1,0 +1,146 @@
+"""Forward-resolved memory (wire 1.7): a process with no optimizer step rows the memory left after each
+forward of its outermost model that recorded a graph, and an evaluation loop that keeps every batch's
+graph is told a leak at any speed. The real hook over the real torch (CPU modules, a fake allocator
+whose counters each test sets)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from oomsight.analysis import trend
+from oomsight.config import Settings
+from oomsight.hook.runtime import Hook
+
+from fakes import GIB, MIB, FakeCuda
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+CAPACITY = 24 * GIB
+
+
+@pytest.fixture
+def hook_on(spool):
+    made = []
+
+    def build(cuda):
+        settings = Settings().replace(spool_dir=spool, termination_message_path="")
+        hook = Hook(settings, cuda, None, torch=torch)
+        hook.forwards.device_type = "cpu"  # the model of these tests lives on the CPU
+        hook.forwards.min_interval = 0.0
+        made.append(hook)
+        hook.start()
+        hook.sampler.stop_thread()
+        return hook
+
+    yield build
+    for hook in made:
+        hook.stop()
+
+
+def _evaluate(cuda, model, batches, kept_per_forward, oom_at=None, base=4 * GIB, keep=True):
+    """``batches`` forwards; before forward k the allocator says ``base + k * kept_per_forward`` will be
+    left after it (its peak 256 MiB above). With ``oom_at`` the allocator runs out inside that forward."""
+    outputs = []
+    inner = model[0]
+    for k in range(1, batches + 1):
+        left = base + k * kept_per_forward
+        cuda.set(0, allocated=left, peak_allocated=left + 256 * MIB, reserved=left + 512 * MIB)
+        if k == oom_at:
+            handle = inner.register_forward_pre_hook(lambda *_: cuda.observer(0, 2 * GIB, CAPACITY, 64 * MIB))
+            model(torch.randn(2, 8))
+            handle.remove()
+            break
+        out = model(nn.Identity()(torch.randn(2, 8)))  # a stateless module first: not the model
+        if keep:
+            outputs.append(out)
+    return outputs
+
+
+def _model():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _event(spool):
+    (name,) = os.listdir(os.path.join(spool, "events"))
+    with open(os.path.join(spool, "events", name)) as fh:
+        return json.load(fh)
+
+
+def test_an_evaluation_loop_keeping_every_graph_is_a_leak_told_from_its_forwards(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    _evaluate(cuda, _model(), batches=9, kept_per_forward=2 * GIB, oom_at=9)
+    ev = _event(spool)
+    rows = ev["forwards_memory"]
+    assert [r[0] for r in rows] == list(range(1, 9))
+    assert [r[2] for r in rows] == [4 * GIB + k * 2 * GIB for k in range(1, 9)]
+    assert hook.forwards.root_name == "Sequential"
+    d = ev["diagnosis"]
+    assert d["cause"] == "leak", d["summary"]
+    assert d["facts"]["remedies"][0] == "no_grad"
+    assert "after each forward" in d["summary"]
+
+
+def test_a_loop_that_keeps_nothing_is_not_a_leak(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook_on(cuda)
+    _evaluate(cuda, _model(), batches=9, kept_per_forward=0, oom_at=9, base=20 * GIB)
+    ev = _event(spool)
+    assert len(ev["forwards_memory"]) == 8
+    assert ev["diagnosis"]["cause"] != "leak"
+    assert ev["diagnosis"]["facts"]["remedies"][0] == "no_grad"  # still: autograd records with no optimizer
+
+
+def test_forwards_without_autograd_are_not_rowed(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    cuda.grad = False
+    hook = hook_on(cuda)
+    _evaluate(cuda, _model(), batches=5, kept_per_forward=GIB)
+    assert hook.forwards.count == 5
+    assert hook.forwards.series(0) == []
+
+
+def test_the_first_optimizer_step_ends_the_forward_rows_and_removes_the_hook(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    _evaluate(cuda, model, batches=3, kept_per_forward=GIB)
+    assert len(hook.forwards.series(0)) == 3
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    model(torch.randn(2, 8))
+    assert hook.forwards.series(0) == []  # training: the step rows tell
+    assert hook.forwards.count == 5  # the forward after the step removed the hook; none counted after
+    model(torch.randn(2, 8))
+    assert hook.forwards.count == 5
+    assert not model._forward_hooks
+
+
+def test_a_forward_hook_that_fails_is_counted_and_removed_never_raised(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    cuda.read_error = RuntimeError("allocator gone")
+    model(torch.randn(2, 8))
+    model(torch.randn(2, 8))
+    assert hook.errors.counts["forward_memory"] == 1
+    assert not model._forward_hooks
+
+
+def test_rows_rising_by_the_same_amount_are_a_pile_and_a_growing_input_is_not():
+    kept = [[k, float(k), 4 * GIB + k * GIB, 4 * GIB + k * GIB + 300 * MIB] for k in range(1, 9)]
+    assert trend.forward_pile(kept, CAPACITY) == 6 * GIB  # rows 2..8: the first forward is skipped
+    flat = [[k, float(k), 4 * GIB, -1] for k in range(1, 9)]
+    assert trend.forward_pile(flat, CAPACITY) is None
+    # a longer input leaves more and needs more on top of it: the forward's own memory grows too
+    growing = [[k, float(k), 4 * GIB + k * GIB, 4 * GIB + k * GIB + k * GIB] for k in range(1, 9)]
+    assert trend.forward_pile(growing, CAPACITY) is None
+    # three forwards that each kept 2 GiB: the short-series rule (a rise of 5 % of the GPU or more)
+    short = [[k, float(k), 4 * GIB + k * 2 * GIB, -1] for k in range(1, 5)]
+    assert trend.forward_pile(short, CAPACITY) == 4 * GIB
+    assert trend.forward_pile([["x", None, 1, 2], [1e400, 1, 1, 1]], CAPACITY) is None
