@@ -18,7 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import MODELS, build, summary, time_steps, write
+from common import EVAL_MODELS, MODELS, build, summary, time_steps, write
 
 import oomsight
 
@@ -40,9 +40,9 @@ def run(rounds: int, warmup: int, models: list[str], variants: list[str], steps:
         os.sched_setaffinity(0, {2, 3})  # less migration noise; the sampler shares the cores
     results: dict[str, object] = {}
     for name in models:
-        spec = MODELS[name]
+        spec = {**MODELS, **EVAL_MODELS}[name]
         n = steps or spec["steps"]
-        _, step = build(spec["width"], spec["batch"])
+        _, step = build(spec["width"], spec["batch"], bool(spec.get("train", True)))
         for _ in range(3 * warmup):
             step()
         wall: dict[str, list[float]] = {v: [] for v in variants}
@@ -89,7 +89,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--steps", type=int, default=0, help="steps per measurement (default: the model's own)")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of the models")
+    p.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated subset of the models, or {', '.join(EVAL_MODELS)}"
+    )
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, the baseline first")
     args = p.parse_args()
     variants = args.variants.split(",")
@@ -97,7 +99,7 @@ def main() -> None:
         p.error(f"--variants: the first must be baseline, all of {', '.join(VARIANTS)}")
     doc = {
         "rounds": args.rounds,
-        "models": MODELS,
+        "models": {**MODELS, **EVAL_MODELS},
         "variants": variants,
         "results": run(args.rounds, args.warmup, args.models.split(","), variants, args.steps),
     }

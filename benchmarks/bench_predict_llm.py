@@ -104,13 +104,14 @@ def measure(argv: list[str], device: str) -> dict[str, Any]:
         import bitsandbytes  # the real 8-bit optimizer where the GPU machine has it
 
         optimizer = bitsandbytes.optim.AdamW8bit
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     with torch.device(device):
         model = spec["build"]()
     opt = optimizer(model.parameters())
     batch = spec["batch"](args.batch, device)
+    if device == "cuda":  # the steps' peak with the model resident, as predicted: not the build's
+        torch.cuda.synchronize()  # (``--dtype bf16`` builds in fp32 and casts: 2x the weights at once)
+        torch.cuda.reset_peak_memory_stats()
     step = spec.get("step") or _default_step(settings)
     for _ in range(settings["steps"]):
         step(model, batch, opt)
@@ -152,12 +153,26 @@ def _predict(name: str) -> dict[str, Any]:
     return {**result["prediction"], "wall_seconds": round(time.perf_counter() - started, 1)}
 
 
+def _rows(path: str | None) -> dict[str, dict[str, Any]]:
+    """The rows an earlier ``--phase measure`` run wrote to ``path``, by name."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return {row["name"]: row for row in json.load(fh)["rows"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default=None, help="comma-separated names (default: all but the tiny-* smoke tests)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per child")
+    parser.add_argument(
+        "--phase",
+        default="both",
+        choices=("both", "measure", "predict"),
+        help="measure only (on the GPU machine), or predict only, filling the rows of --out's measurements",
+    )
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--predict", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -166,10 +181,13 @@ def main() -> int:
         print("RESULT " + json.dumps(found), flush=True)
         return 0
     names = args.only.split(",") if args.only else [n for n in CONFIGS if not n.startswith("tiny-")]
+    earlier = _rows(args.out) if args.phase == "predict" else {}
     rows = []
     for name in names:
-        predicted = _child("predict", name, args.device, args.timeout)
-        measured = _child("measure", name, args.device, args.timeout)
+        predicted = _child("predict", name, args.device, args.timeout) if args.phase != "measure" else {}
+        measured = earlier.get(name, {}).get("measured", {})
+        if args.phase != "predict":
+            measured = _child("measure", name, args.device, args.timeout)
         row: dict[str, Any] = {"name": name, "argv": CONFIGS[name], "predicted": predicted, "measured": measured}
         if predicted.get("peak_allocated_bytes") and measured.get("peak_allocated_bytes"):
             row["error_allocated"] = predicted["peak_allocated_bytes"] / measured["peak_allocated_bytes"] - 1.0

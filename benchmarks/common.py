@@ -17,9 +17,14 @@ MODELS = {
     # the same shape at 256 wide, batch 32: kernel-launch-bound, CPU time costs in full
     "launch_bound": {"width": 256, "batch": 32, "steps": 300},
 }
+EVAL_MODELS = {
+    # the launch-bound shape as an evaluation loop: forwards with autograd recording, no optimizer
+    # (oomsight rows the memory after each forward there: hook.forwards)
+    "eval_launch_bound": {"width": 256, "batch": 32, "steps": 300, "train": False},
+}
 
 
-def build(width: int, batch: int) -> tuple[Any, Any]:
+def build(width: int, batch: int, train: bool = True) -> tuple[Any, Any]:
     import torch
     from torch import nn
 
@@ -27,6 +32,12 @@ def build(width: int, batch: int) -> tuple[Any, Any]:
     model = nn.Sequential(*[nn.Linear(width, width) for _ in range(8)]).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(batch, width, device="cuda")
+    if not train:
+
+        def forward() -> None:
+            model(x).square().mean()  # autograd records; the output and its graph are dropped
+
+        return model, forward
 
     def step() -> None:
         model(x).square().mean().backward()
