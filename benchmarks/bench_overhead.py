@@ -29,6 +29,8 @@ VARIANTS = {
     "oomsight_history_all": {"record_history": True, "history_mode": "all"},
     # the sampler at 100x its default rate: its cost per tick, amplified out of the noise
     "oomsight_sample_1khz": {"sample_interval_seconds": 0.001},
+    # no step hook and so no forward rows: beside oomsight_defaults on an evaluation loop, the forward hook's cost
+    "oomsight_no_step_hook": {"step_hook": False},
 }
 
 

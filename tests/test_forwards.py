@@ -12,6 +12,7 @@ import pytest
 
 from oomsight.analysis import trend
 from oomsight.config import Settings
+from oomsight.hook.forwards import IDLE_FORWARDS
 from oomsight.hook.runtime import Hook
 
 from fakes import GIB, MIB, FakeCuda
@@ -99,9 +100,14 @@ def test_forwards_without_autograd_are_not_rowed(hook_on, spool):
     cuda = FakeCuda(total=CAPACITY)
     cuda.grad = False
     hook = hook_on(cuda)
-    _evaluate(cuda, _model(), batches=5, kept_per_forward=GIB)
+    model = _model()
+    _evaluate(cuda, model, batches=5, kept_per_forward=GIB)
     assert hook.forwards.count == 5
     assert hook.forwards.series(0) == []
+    # an inference process: after IDLE_FORWARDS forwards without autograd the hook is gone
+    _evaluate(cuda, model, batches=IDLE_FORWARDS, kept_per_forward=0, keep=False)
+    assert hook.forwards.count == IDLE_FORWARDS
+    assert not model._forward_hooks
 
 
 def test_the_first_optimizer_step_ends_the_forward_rows_and_removes_the_hook(hook_on, spool):

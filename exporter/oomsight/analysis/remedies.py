@@ -123,9 +123,8 @@ IN_USE: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "split": lambda job: not job.get("expandable_segments"),
     "set_to_none": lambda job: job.get("set_to_none") is True,
     "shard": sharded,
-    "reshard_after_forward": lambda job: (
-        _par(job).get("reshard_after_forward") is True or _par(job).get("sharding") in FULL_SHARDING
-    ),
+    "reshard_after_forward": lambda job: _par(job).get("reshard_after_forward") is True
+    or _par(job).get("sharding") in FULL_SHARDING,
     "full_shard": lambda job: _par(job).get("sharding") in FULL_SHARDING,
     "next_zero_stage": lambda job: _par(job).get("zero_stage") == 3,
     "cpu_offload": lambda job: _par(job).get("offload") is True,

@@ -34,257 +34,158 @@ class Threshold:
 TABLE: dict[str, Threshold] = {
     # --- the step rows (analysis.trend) -------------------------------------------------------
     "warmup_steps": Threshold(
-        2,
-        "optimizer steps",
-        "the first optimizer.step() allocates the optimizer state and the second may "
+        2, "optimizer steps", "the first optimizer.step() allocates the optimizer state and the second may "
         "still allocate lazily (DDP rebuilds its buckets after iteration 1): rows of these steps are skipped",
-        "trend",
-        integer=True,
+        "trend", integer=True,
     ),
     "min_rows": Threshold(
-        6,
-        "rows",
-        "the fewest rows after warm-up whose line fit keeps 4 degrees of freedom; with fewer, only "
-        "the short-series rule judges, and only at an OOM",
-        "trend",
-        integer=True,
+        6, "rows", "the fewest rows after warm-up whose line fit keeps 4 degrees of freedom; with fewer, only "
+        "the short-series rule judges, and only at an OOM", "trend", integer=True,
         sensitive="at 4 rows (-25 %) the held-out gpt2_debug_keeps_attentions_fast, a leak, is flagged from its "
         "step rows before it runs out (a right flag, earlier; no false one). Fewer rows make the line fit's bar "
         "(4 + 48/2 = 28 standard errors at 4 rows) the only guard against noise: 6 stays",
     ),
     "recent_rows": Threshold(
-        12,
-        "rows",
-        "the recent window judged for a leak that starts late and for growing peaks; the larger "
-        "windows are 2, 4 and 8 times it (a leak in stairs every few steps)",
-        "trend",
-        integer=True,
+        12, "rows", "the recent window judged for a leak that starts late and for growing peaks; the larger "
+        "windows are 2, 4 and 8 times it (a leak in stairs every few steps)", "trend", integer=True,
     ),
     "rise_share": Threshold(
-        0.8,
-        "share of consecutive rows",
-        "a leak keeps something from every step, so the floor rises at "
+        0.8, "share of consecutive rows", "a leak keeps something from every step, so the floor rises at "
         "almost every row; one row in five may fall back (what the loop keeps across the boundary varies)",
         "trend",
     ),
     "growth_share": Threshold(
-        0.02,
-        "share of capacity",
-        "a leak must have grown by min(growth_bytes, this share): below, it is "
-        "noise of what the loop keeps, not what fills the GPU",
-        "trend",
+        0.02, "share of capacity", "a leak must have grown by min(growth_bytes, this share): below, it is "
+        "noise of what the loop keeps, not what fills the GPU", "trend",
     ),
     "growth_bytes": Threshold(
-        256 * MIB,
-        "bytes",
-        "half of what one NCCL communicator takes (544-688 MB observed) and less than a "
+        256 * MIB, "bytes", "half of what one NCCL communicator takes (544-688 MB observed) and less than a "
         "CUDA context (300-600 MB): a rise smaller than either cannot decide an OOM, a larger one can",
         "trend",
     ),
     "transient_share": Threshold(
-        0.5,
-        "share of the floor's growth",
-        "a leak raises the floor, not the step's own memory (peak - "
-        "floor): that may grow by less than half the floor's rise (a larger input raises both)",
-        "trend",
+        0.5, "share of the floor's growth", "a leak raises the floor, not the step's own memory (peak - "
+        "floor): that may grow by less than half the floor's rise (a larger input raises both)", "trend",
     ),
     "growing_share": Threshold(
-        0.6,
-        "share of consecutive rows",
-        "peaks that rise at most rows of the recent window: growing input "
-        "(batches, sequences) varies, so fewer rows than a leak's rise",
-        "trend",
+        0.6, "share of consecutive rows", "peaks that rise at most rows of the recent window: growing input "
+        "(batches, sequences) varies, so fewer rows than a leak's rise", "trend",
     ),
     "clean_t": Threshold(
-        4.0,
-        "standard errors",
-        "a floor rising at almost every row must also fit a rising line this far "
-        "above zero: noise rises at 4 rows of 5 now and then, never along a line",
-        "trend",
+        4.0, "standard errors", "a floor rising at almost every row must also fit a rising line this far "
+        "above zero: noise rises at 4 rows of 5 now and then, never along a line", "trend",
     ),
     "few_rows_t": Threshold(
-        48.0,
-        "standard errors x degrees of freedom",
-        "added to both t bars over the rows' degrees of freedom (the "
-        "clean bar is 16 for 6 rows, 8.8 for 12, 5.2 for 42): Student's t has heavy tails at few of them",
-        "trend",
+        48.0, "standard errors x degrees of freedom", "added to both t bars over the rows' degrees of freedom (the "
+        "clean bar is 16 for 6 rows, 8.8 for 12, 5.2 for 42): Student's t has heavy tails at few of them", "trend",
     ),
     "noisy_t": Threshold(
-        6.0,
-        "standard errors",
-        "a floor that does not rise at almost every row is a leak only with a "
-        "steeper fit and its lowest value rising through each third",
-        "trend",
+        6.0, "standard errors", "a floor that does not rise at almost every row is a leak only with a "
+        "steeper fit and its lowest value rising through each third", "trend",
     ),
     "short_min_rows": Threshold(
-        3,
-        "rows",
-        "at an OOM within a few steps, two rises of the floor are the least that shows a steady amount kept per step",
-        "trend",
-        integer=True,
+        3, "rows", "at an OOM within a few steps, two rises of the floor are the least that shows a "
+        "steady amount kept per step", "trend", integer=True,
     ),
     "short_growth_share": Threshold(
-        0.05,
-        "share of capacity",
-        "a short series is a leak only when its rise is large enough to have "
-        "caused the OOM by itself within a few steps",
-        "trend",
+        0.05, "share of capacity", "a short series is a leak only when its rise is large enough to have "
+        "caused the OOM by itself within a few steps", "trend",
     ),
     "short_steady_ratio": Threshold(
-        0.3,
-        "smallest rise / largest rise",
-        "a leak keeps about the same every step; a warm-up or a growing input rises by uneven amounts",
-        "trend",
+        0.3, "smallest rise / largest rise", "a leak keeps about the same every step; a warm-up or a "
+        "growing input rises by uneven amounts", "trend",
     ),
     "outside_growth_bytes": Threshold(
-        256 * MIB,
-        "bytes",
-        "memory outside the allocator that rose by this much along the step rows is a "
+        256 * MIB, "bytes", "memory outside the allocator that rose by this much along the step rows is a "
         "leak of its own: half of one NCCL communicator, less than a CUDA context, so a communicator or an "
-        "extension's buffer made per step shows within a few steps (not only at 25 % of the GPU)",
-        "trend",
+        "extension's buffer made per step shows within a few steps (not only at 25 % of the GPU)", "trend",
     ),
     # --- sampled readings between steps (analysis.trend) ---------------------------------------
     "pile_min_readings": Threshold(
-        8,
-        "readings",
-        "0.8 s of the 10 Hz sampler: fewer readings cannot show four quarters rising",
-        "trend",
-        integer=True,
+        8, "readings", "0.8 s of the 10 Hz sampler: fewer readings cannot show four quarters rising",
+        "trend", integer=True,
     ),
     "pile_min_seconds": Threshold(
-        3.0,
-        "seconds",
-        "in a process that never stepped, nothing tells one long forward from many; three "
-        "seconds of rising lows is many forwards of any model that fits",
-        "trend, evidence",
+        3.0, "seconds", "in a process that never stepped, nothing tells one long forward from many; three "
+        "seconds of rising lows is many forwards of any model that fits", "trend, evidence",
     ),
     "pile_step_times": Threshold(
-        3.0,
-        "step times",
-        "after optimizer steps memory must keep rising for this many step times: a forward takes less than one step",
-        "evidence",
+        3.0, "step times", "after optimizer steps memory must keep rising for this many step times: a "
+        "forward takes less than one step", "evidence",
     ),
     "pile_after_steps_seconds": Threshold(
-        1.0,
-        "seconds",
-        "... and for at least this long (ten sampler readings)",
-        "evidence",
+        1.0, "seconds", "... and for at least this long (ten sampler readings)", "evidence",
     ),
     "forwards_churn": Threshold(
-        2.0,
-        "x the lifetime peak",
-        "forwards ran before the failing one when the bytes allocated in the "
+        2.0, "x the lifetime peak", "forwards ran before the failing one when the bytes allocated in the "
         "last seconds reach twice the peak (allocated and freed again and again); loading a model "
-        "allocates its weights once",
-        "trend",
+        "allocates its weights once", "trend",
     ),
     "forwards_quiet_seconds": Threshold(
-        1.0,
-        "seconds",
-        "the failing forward's own rise is left out of the earlier forwards' peak",
-        "trend",
+        1.0, "seconds", "the failing forward's own rise is left out of the earlier forwards' peak", "trend",
     ),
     "falls_back_share": Threshold(
-        0.01,
-        "share of the readings' rise",
-        "a fall smaller than this is the sampler's noise, not a forward freeing its temporaries",
-        "trend",
+        0.01, "share of the readings' rise", "a fall smaller than this is the sampler's noise, not a "
+        "forward freeing its temporaries", "trend",
     ),
     "falls_back_count": Threshold(
-        3,
-        "falls",
-        "forwards free their temporaries again and again; a model loading only rises",
-        "trend",
-        integer=True,
+        3, "falls", "forwards free their temporaries again and again; a model loading only rises",
+        "trend", integer=True,
     ),
     # --- the OOM rules (analysis.evidence, analysis.diagnosis) ----------------------------------
     "outside_share": Threshold(
-        0.25,
-        "share of capacity",
-        "memory outside this process's allocator (or of other processes) this "
-        "large is the cause whatever the job's own need: several NCCL communicators and contexts",
-        "diagnosis",
+        0.25, "share of capacity", "memory outside this process's allocator (or of other processes) this "
+        "large is the cause whatever the job's own need: several NCCL communicators and contexts", "diagnosis",
     ),
     "outside_large_bytes": Threshold(
-        2 * 1024 * MIB,
-        "bytes",
-        "this process's memory outside its allocator above what a CUDA context "
+        2 * 1024 * MIB, "bytes", "this process's memory outside its allocator above what a CUDA context "
         "(300-600 MB) and one NCCL communicator (544 MB to 1.6 GB observed) take: several communicators, NVLS "
         "buffers or a library's pool, the cause when the job's own need fits beside a context alone",
         "diagnosis",
     ),
     "context_bytes": Threshold(
-        600 * MIB,
-        "bytes",
-        "what a CUDA context takes at most (300-600 MB, by architecture and lazy loading): "
-        "memory outside the allocator that no remedy removes",
-        "diagnosis",
+        600 * MIB, "bytes", "what a CUDA context takes at most (300-600 MB, by architecture and lazy loading): "
+        "memory outside the allocator that no remedy removes", "diagnosis",
     ),
     "decisive_share": Threshold(
-        0.05,
-        "share of capacity",
-        "other processes holding less are still the cause when the job's own known need fits the GPU without them",
-        "diagnosis",
+        0.05, "share of capacity", "other processes holding less are still the cause when the job's own "
+        "known need fits the GPU without them", "diagnosis",
     ),
     "oversized_share": Threshold(
-        0.5,
-        "share of usable bytes",
-        "a request more than half of what the process could use cannot be served by any arrangement of the rest",
-        "diagnosis",
+        0.5, "share of usable bytes", "a request more than half of what the process could use cannot be "
+        "served by any arrangement of the rest", "diagnosis",
     ),
     "fragmentation_share": Threshold(
-        0.05,
-        "share of capacity",
-        "cached-free bytes below this are the allocator's normal rounding and small-pool slack, not the cause",
-        "diagnosis",
+        0.05, "share of capacity", "cached-free bytes below this are the allocator's normal rounding and "
+        "small-pool slack, not the cause", "diagnosis",
     ),
     "private_pool_share": Threshold(
-        0.05,
-        "share of capacity",
-        "bytes reserved in private pools (CUDA graphs, MemPool) below this are "
-        "a graph's own working set, not what starved the default pool",
-        "diagnosis",
+        0.05, "share of capacity", "bytes reserved in private pools (CUDA graphs, MemPool) below this are "
+        "a graph's own working set, not what starved the default pool", "diagnosis",
     ),
     "model_states_share": Threshold(
-        0.7,
-        "share of capacity",
-        "parameters, gradients and optimizer state above this leave activations "
-        "too little room for any activation remedy to help",
-        "diagnosis",
+        0.7, "share of capacity", "parameters, gradients and optimizer state above this leave activations "
+        "too little room for any activation remedy to help", "diagnosis",
     ),
     "frozen_dominant_share": Threshold(
-        0.5,
-        "share of the model states",
-        "frozen weights that are most of the model states are what a "
-        "remedy must shrink (a quantised or offloaded base), not the trained part",
-        "diagnosis",
+        0.5, "share of the model states", "frozen weights that are most of the model states are what a "
+        "remedy must shrink (a quantised or offloaded base), not the trained part", "diagnosis",
     ),
     "light_optimizer_state_ratio": Threshold(
-        0.1,
-        "x the parameter bytes",
-        "Adafactor's factored second moment is a few % of the parameters; 10 % "
-        "covers its row/column statistics and small tensors kept whole",
-        "diagnosis",
+        0.1, "x the parameter bytes", "Adafactor's factored second moment is a few % of the parameters; 10 % "
+        "covers its row/column statistics and small tensors kept whole", "diagnosis",
     ),
     "demand_margin": Threshold(
-        0.1,
-        "share of the earlier steps' own memory",
-        "the failing step outgrew earlier ones when its own "
-        "memory exceeds theirs by more than the allocator's rounding and the sampler's miss",
-        "evidence",
+        0.1, "share of the earlier steps' own memory", "the failing step outgrew earlier ones when its own "
+        "memory exceeds theirs by more than the allocator's rounding and the sampler's miss", "evidence",
     ),
     "demand_slack_share": Threshold(
-        0.01,
-        "share of capacity",
-        "... plus this much (steps that need almost nothing of their own)",
+        0.01, "share of capacity", "... plus this much (steps that need almost nothing of their own)",
         "evidence, diagnosis",
     ),
     "forwards_margin": Threshold(
-        0.25,
-        "share of the earlier forwards' peak",
-        "a 10 Hz reading misses a forward's short-lived peak by up to this much",
-        "diagnosis",
+        0.25, "share of the earlier forwards' peak", "a 10 Hz reading misses a forward's short-lived peak "
+        "by up to this much", "diagnosis",
     ),
 }
 

@@ -56,8 +56,9 @@ class StepSettings:
     """The global optimizer step hook (the step tracker)."""
 
     hook: bool = True
-    """Register the global optimizer step hooks (steps, step time, memory by category). Off: no step rows, job setup,
-    leak scan or scheduled profiling windows (``OOMSIGHT_STEP_HOOK``; ``start(step_hook=...)``)."""
+    """Register the global optimizer step hooks (steps, step time, memory by category), and before the first step a
+    forward hook on the outermost model (forward rows). Off: no step or forward rows, job setup, leak scan or
+    scheduled profiling windows (``OOMSIGHT_STEP_HOOK``; ``start(step_hook=...)``)."""
 
     peaks: bool = False
     """**opt-in**: read and reset the allocator peak after each optimizer step. This calls

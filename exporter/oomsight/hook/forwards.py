@@ -14,7 +14,9 @@ it (eagerly, not while ``torch.compile`` traces) is the outermost model of that 
 then removes itself and a forward hook is registered on that module alone. The forward hook counts
 the forward, and while no optimizer step has come and autograd records, reads the allocator (one
 raw call, ~20 µs on an H200) at most every ``min_interval_seconds``. At the first optimizer step it
-removes itself: training has its step rows.
+removes itself (training has its step rows), and after ``IDLE_FORWARDS`` forwards in a row without
+autograd (inference). It costs about 1.6 µs a forward on a CPU core (``benchmarks/results``'s
+``overhead-eval.json`` measures it on the H200).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from oomsight.hook.sampler import Sampler
 from oomsight.hook.stepmemory import RowBook
 
 MAX_ROWS = 128
+IDLE_FORWARDS = 64
+"""Forwards in a row without autograd recording after which the hook removes itself: an inference
+process under ``no_grad``/``inference_mode`` has nothing to row and pays for no hook after these."""
 MIN_INTERVAL_SECONDS = 0.01
 """At most 100 reads a second: 0.2 % of the thread's time at 20 µs a read, in the worst case of
 forwards faster than that."""
@@ -62,6 +67,7 @@ class ForwardMemory:
         self._handles: list[Any] = []
         self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
+        self._idle = 0
 
     def arm(self, torch: Any) -> None:
         """Register the one global pre-hook that finds the outermost model (at CUDA's initialisation)."""
@@ -102,8 +108,14 @@ class ForwardMemory:
             if self.stepped():
                 self.close()
                 return
+            if not self.cuda.grad_enabled():
+                self._idle += 1
+                if self._idle >= IDLE_FORWARDS:
+                    self.close()
+                return
+            self._idle = 0
             now = self.clock()
-            if now - self._last_read < self.min_interval or not self.cuda.grad_enabled():
+            if now - self._last_read < self.min_interval:
                 return
             self._last_read = now
             self._read()

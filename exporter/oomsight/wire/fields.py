@@ -87,49 +87,32 @@ NVML = Table(
     ),
 )
 STATES_LAYOUT = (
-    opt(
-        "frozen_parameters_bytes",
-        "int",
-        "of the parameters, those no optimizer trains (requires_grad false)",
-        default=0,
-        since=LAYOUT,
-    ),
-    opt(
-        "quantized_parameters_bytes",
-        "int",
-        "of the parameters, those in a quantised storage",
-        default=0,
-        since=LAYOUT,
-    ),
-    opt(
-        "gradient_buckets_bytes",
-        "int",
-        "of the gradients, DDP's bucket copies (0: gradients are views of them)",
-        default=0,
-        since=LAYOUT,
-    ),
-    opt(
-        "unsharded_parameters_bytes",
-        "int",
-        "all-gathered (unsharded) FSDP parameters alive besides the shards",
-        default=0,
-        since=LAYOUT,
-    ),
-    opt("adapter_parameters_bytes", "int", "of the parameters, adapter (LoRA) weights", default=0, since=LAYOUT),
-    opt(
-        "untrained_gradients_bytes",
-        "int",
-        "of the gradients, those of parameters no optimizer trains (a model left with requires_grad on)",
-        default=0,
-        since=LAYOUT,
-    ),
-    opt(
-        "frozen_modules",
-        "list",
-        "top-level modules whose parameters are all frozen, largest first (at most 8)",
-        items="str",
-        since=LAYOUT,
-    ),
+        opt(
+            "frozen_parameters_bytes", "int", "of the parameters, those no optimizer trains (requires_grad false)",
+            default=0, since=LAYOUT,
+        ),
+        opt(
+            "quantized_parameters_bytes", "int", "of the parameters, those in a quantised storage",
+            default=0, since=LAYOUT,
+        ),
+        opt(
+            "gradient_buckets_bytes", "int", "of the gradients, DDP's bucket copies (0: gradients are views of them)",
+            default=0, since=LAYOUT,
+        ),
+        opt(
+            "unsharded_parameters_bytes", "int", "all-gathered (unsharded) FSDP parameters alive besides the shards",
+            default=0, since=LAYOUT,
+        ),
+        opt("adapter_parameters_bytes", "int", "of the parameters, adapter (LoRA) weights", default=0, since=LAYOUT),
+        opt(
+            "untrained_gradients_bytes", "int",
+            "of the gradients, those of parameters no optimizer trains (a model left with requires_grad on)",
+            default=0, since=LAYOUT,
+        ),
+        opt(
+            "frozen_modules", "list", "top-level modules whose parameters are all frozen, largest first (at most 8)",
+            items="str", since=LAYOUT,
+        ),
 )
 """What both the snapshot's categories and an OOM's model states say of the parameters' layout."""
 CATEGORIES = Table(
@@ -261,15 +244,12 @@ PARALLELISM = Table(
     (
         req("world_size", "int", "ranks of the default process group (1 without torch.distributed)"),
         req(
-            "strategy",
-            "str",
-            "the data-parallel wrapper in use",
+            "strategy", "str", "the data-parallel wrapper in use",
             choices=("none", "ddp", "fsdp", "fsdp2", "zero", "dtensor"),
         ),
         nullable("zero_stage", "int", "DeepSpeed ZeRO stage 0-3"),
         nullable(
-            "sharding",
-            "str",
+            "sharding", "str",
             "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (FSDP2: by its reshard setting)",
         ),
         nullable("shard_size", "int", "ranks one parameter is sharded over"),
@@ -375,9 +355,7 @@ MODEL_STATES = Table(
         opt("optimizer_state_bytes", "int", "optimizer state held now", default=0),
         nullable("optimizer_state_expected_bytes", "int", "optimizer state once initialised (null: unknown)"),
         nullable(
-            "optimizers",
-            "int",
-            "optimizers found (0: none, the parameters were found as live tensors); null: unknown",
+            "optimizers", "int", "optimizers found (0: none, the parameters were found as live tensors); null: unknown",
             since=AT_OOM,
         ),
         nullable("param_dtype", "str", 'the dtype holding most parameter bytes, e.g. "bfloat16"', since=AT_OOM),
@@ -420,9 +398,7 @@ OOM_EVENT = Table(
         nullable("physical_free_bytes", "int", "free on the device before any per-process cap", since=STEP_MEMORY),
         nullable("limit_bytes", "int", "cap of set_per_process_memory_fraction; null if unset", since=STEP_MEMORY),
         nullable(
-            "grad_enabled",
-            "bool",
-            "autograd was recording in the failing thread (false: no_grad, inference_mode)",
+            "grad_enabled", "bool", "autograd was recording in the failing thread (false: no_grad, inference_mode)",
             since=AT_OOM,
         ),
         opt(
@@ -430,31 +406,22 @@ OOM_EVENT = Table(
             "list",
             "the sampler's last readings, oldest first: [time, allocated_bytes] and, since 1.5, "
             "peak_allocated_bytes and allocated_total_bytes",
-            items="row",
-            since=AT_OOM,
+            items="row", since=AT_OOM,
         ),
         nullable("last_step_time", "time", "Unix time the last optimizer step completed", since=AT_OOM),
         nullable("module_training", "bool", "the outermost nn.Module trains (false: eval)", since=JUDGED),
         nullable(
-            "module_frozen",
-            "bool",
-            "the outermost nn.Module on the failing stack has no trainable parameter",
+            "module_frozen", "bool", "the outermost nn.Module on the failing stack has no trainable parameter",
             since=LAYOUT,
         ),
         nullable(
-            "private_pool_bytes",
-            "int",
-            "reserved bytes in private pools (CUDA graphs, MemPool) at the OOM",
+            "private_pool_bytes", "int", "reserved bytes in private pools (CUDA graphs, MemPool) at the OOM",
             since=LAYOUT,
         ),
         nullable("private_pool_free_bytes", "int", "of those, bytes not allocated", since=LAYOUT),
         opt(
-            "captured_by",
-            "str",
-            "observer (the allocator's OOM observer) or exception (the OutOfMemoryError)",
-            default="observer",
-            since=LAYOUT,
-            choices=("observer", "exception"),
+            "captured_by", "str", "observer (the allocator's OOM observer) or exception (the OutOfMemoryError)",
+            default="observer", since=LAYOUT, choices=("observer", "exception"),
         ),
         opt(
             "forwards_memory",
@@ -462,8 +429,7 @@ OOM_EVENT = Table(
             "with no optimizer step yet, after forwards of the outermost model that recorded an autograd "
             "graph, oldest first, at most 128: rows [forward, time, allocated_bytes, peak_bytes] (peak -1: "
             "the forward set no new lifetime peak)",
-            items="row",
-            since=FORWARDS,
+            items="row", since=FORWARDS,
         ),
     ),
     kind="oom_event",
@@ -503,3 +469,4 @@ def tables() -> list[Table]:
     for t in DOCUMENTS.values():
         visit(t)
     return out
+
