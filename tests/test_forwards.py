@@ -31,6 +31,7 @@ def hook_on(spool):
         settings = Settings().replace(spool_dir=spool, termination_message_path="")
         hook = Hook(settings, cuda, None, torch=torch)
         hook.forwards.device_type = "cpu"  # the model of these tests lives on the CPU
+        hook.steps.device_type = "cpu"  # (its tensors counted as device 0's)
         hook.forwards.min_interval = 0.0
         made.append(hook)
         hook.start()
@@ -94,6 +95,21 @@ def test_a_loop_that_keeps_nothing_is_not_a_leak(hook_on, spool):
     assert len(ev["forwards_memory"]) == 8
     assert ev["diagnosis"]["cause"] != "leak"
     assert ev["diagnosis"]["facts"]["remedies"][0] == "no_grad"  # still: autograd records with no optimizer
+
+
+def test_a_first_step_that_sums_its_micro_batches_losses_is_not_a_pile(hook_on, spool):
+    """An optimizer exists, none has stepped: forwards keeping their graphs until one backward are the
+    step's activations, never told to run without autograd."""
+    cuda = FakeCuda(total=CAPACITY)
+    hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 (alive at the OOM, as a training job's)
+    _evaluate(cuda, model, batches=9, kept_per_forward=2 * GIB, oom_at=9)
+    ev = _event(spool)
+    assert len(ev["forwards_memory"]) == 8
+    assert ev["model_states"]["optimizers"] == 1
+    assert ev["diagnosis"]["cause"] != "leak"
+    assert "no_grad" not in ev["diagnosis"]["facts"]["remedies"]
 
 
 def test_forwards_without_autograd_are_not_rowed(hook_on, spool):
