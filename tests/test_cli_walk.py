@@ -100,8 +100,8 @@ def run_interrupted(tmp: Path) -> Result:
         tmp,
         """
         import sys, time
-        print("started", flush=True)
-        try:
+        try:  # "started" inside the try: a SIGINT that lands right after the line is still caught
+            print("started", flush=True)
             time.sleep(60)
         except KeyboardInterrupt:
             sys.exit(130)
