@@ -12,7 +12,7 @@ import pytest
 
 from oomsight.analysis import trend
 from oomsight.config import Settings
-from oomsight.hook.forwards import IDLE_FORWARDS
+from oomsight.hook.forwards import FIND_CALLS, IDLE_FORWARDS
 from oomsight.hook.runtime import Hook
 
 from fakes import GIB, MIB, FakeCuda
@@ -141,6 +141,18 @@ def test_the_first_optimizer_step_ends_the_forward_rows_and_removes_the_hook(hoo
     model(torch.randn(2, 8))
     assert hook.forwards.count == 5
     assert not model._forward_hooks
+
+
+def test_a_program_whose_modules_hold_nothing_on_the_device_is_not_hooked_for_long(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    hook.forwards.device_type = "cuda"  # these CPU modules are not the model looked for
+    hooks = torch.nn.modules.module._global_forward_pre_hooks
+    assert len(hooks) == 1
+    model = _model()
+    for _ in range(FIND_CALLS // 3 + 1):
+        model(torch.randn(2, 8))  # 4 module calls each
+    assert len(hooks) == 0 and hook.forwards.root_name is None
 
 
 def test_a_forward_hook_that_fails_is_counted_and_removed_never_raised(hook_on, spool):

@@ -30,6 +30,9 @@ from oomsight.hook.sampler import Sampler
 from oomsight.hook.stepmemory import RowBook
 
 MAX_ROWS = 128
+FIND_CALLS = 4096
+"""Module calls the finding pre-hook looks at before it gives up (a program whose modules never hold
+state on the device pays for no global hook after these)."""
 IDLE_FORWARDS = 64
 """Forwards in a row without autograd recording after which the hook removes itself: an inference
 process under ``no_grad``/``inference_mode`` has nothing to row and pays for no hook after these."""
@@ -68,6 +71,7 @@ class ForwardMemory:
         self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
         self._idle = 0
+        self._looked = 0
 
     def arm(self, torch: Any) -> None:
         """Register the one global pre-hook that finds the outermost model (at CUDA's initialisation)."""
@@ -87,7 +91,8 @@ class ForwardMemory:
             compiler = getattr(self._torch, "compiler", None)
             if compiler is not None and compiler.is_compiling():
                 return  # traced into a compiled graph: never act there
-            if self.stepped():
+            self._looked += 1
+            if self.stepped() or self._looked > FIND_CALLS:
                 self.close()
                 return
             state = next(module.parameters(), None)
