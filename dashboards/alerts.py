@@ -119,8 +119,9 @@ def forecast_alerts() -> list[Alert]:
             "warning",
             "The memory that survives between training steps keeps growing: a leak.",
             f"The between-steps floor of allocated memory of {WHERE} rises step after step while each step's "
-            "own memory does not (oomsight_leak_suspected). Classic cause: tensors kept alive with their "
-            "autograd graph (loss, outputs) across steps.",
+            "own memory does not, or, in a process with no optimizer step, the memory left after each forward "
+            "that records a graph rises forward after forward (oomsight_leak_suspected). Classic cause: tensors "
+            "kept alive with their autograd graph (loss, outputs) across steps or batches.",
         ),
     ]
 

@@ -15,7 +15,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from oomsight.metrics.collector import SpoolCollector, families
-from oomsight.metrics.family import CATEGORY_HELP, HEADROOM_HELP, SLOPE_HELP
+from oomsight.metrics.family import CATEGORY_HELP, HEADROOM_HELP, LEAK_HELP, SLOPE_HELP
 from oomsight.wire.reader import BUDGET_REASONS
 
 from hostile import NOW, event, event_path, put, snapshot, snapshot_path
@@ -61,12 +61,19 @@ OLD_CATEGORY = (
     "Device memory by category: parameters, gradients and optimizer state summed from the optimizers' tensors; "
     "activations = peak allocated minus those (a lower bound unless OOMSIGHT_STEP_PEAKS is on)."
 )
+OLD_LEAK = (
+    "1 while the between-steps floor of allocated memory rises step after step and the step's own memory does "
+    "not (docs/diagnosis.md)."
+)
 INTENDED = {
     f" {old}\n".encode(): f" {new}\n".encode()
-    for old, new in ((OLD_HEADROOM, HEADROOM_HELP), (OLD_SLOPE, SLOPE_HELP), (OLD_CATEGORY, CATEGORY_HELP))
-}
+    for old, new in (
+        (OLD_HEADROOM, HEADROOM_HELP), (OLD_SLOPE, SLOPE_HELP), (OLD_CATEGORY, CATEGORY_HELP), (OLD_LEAK, LEAK_HELP)
+    )
+}  # fmt: skip
 """Changes made on purpose since the fixtures were recorded (issue 25: HELP texts that said less than
-the truth; issue 24: parameters are every model's, frozen too, by local storage): old text -> new text."""
+the truth; issue 24: parameters are every model's, frozen too, by local storage; wire 1.7: the leak flag
+also reads the forward rows): old text -> new text."""
 
 
 @pytest.mark.parametrize("name", [name for name, _ in exposition_states.states()])

@@ -112,6 +112,37 @@ def test_a_first_step_that_sums_its_micro_batches_losses_is_not_a_pile(hook_on, 
     assert "no_grad" not in ev["diagnosis"]["facts"]["remedies"]
 
 
+def test_a_live_evaluation_leak_raises_the_leak_flag_before_the_oom(hook_on, spool):
+    """The hook judges its forward rows at each publish (once per new row) and writes the rise in the
+    snapshot; the sidecar's oomsight_leak_suspected reads it. A loop keeping nothing: no flag."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from oomsight.metrics.collector import SpoolCollector
+    from oomsight.wire.spool import SpoolReader
+    from oomsight.wire.schema import validate
+
+    def flag():
+        registry = CollectorRegistry()
+        registry.register(SpoolCollector(spool))
+        line = [x for x in generate_latest(registry).decode().splitlines() if x.startswith("oomsight_leak_suspected{")]
+        return float(line[0].rsplit(" ", 1)[1])
+
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    _evaluate(cuda, model, batches=6, kept_per_forward=0, base=4 * GIB)
+    hook.sampler.tick()
+    hook.sampler.publish()
+    (doc,) = SpoolReader(spool).read().snapshots
+    assert doc["devices"][0]["forward_pile_bytes"] == 0 and flag() == 0.0  # (the reader fills the default)
+    _evaluate(cuda, model, batches=8, kept_per_forward=GIB, base=4 * GIB)
+    hook.sampler.publish()
+    (doc,) = SpoolReader(spool).read().snapshots
+    assert validate(doc) == "snapshot"
+    assert doc["devices"][0]["forward_pile_bytes"] >= 4 * GIB  # of the 8 GiB the last 8 forwards kept
+    assert flag() == 1.0
+
+
 def test_forwards_without_autograd_are_not_rowed(hook_on, spool):
     cuda = FakeCuda(total=CAPACITY)
     cuda.grad = False

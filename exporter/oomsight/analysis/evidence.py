@@ -70,11 +70,9 @@ class Evidence:
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
         self.outside_leak = trend.outside_leak(rows, self.total)
         """Memory outside the allocator that rose along the step rows as a leak does (wire 1.6)."""
-        forwards = [] if trains(f) else f.get("forwards_memory") or []
-        self.forward_pile = trend.forward_pile(forwards, self.total)
+        self.forward_pile = trend.forward_pile([] if trains(f) else f.get("forwards_memory") or [], self.total)
         """Memory that rose forward after forward, each keeping its graph, in a process with no optimizer
-        (1.7). Where an optimizer exists but has not stepped, forwards that keep their graphs until one
-        backward (losses summed over micro-batches) are a training step's activations, not a pile."""
+        (1.7; with one, forwards kept until one backward are a step's activations, not a pile)."""
         self.piled = self.forward_pile or piled(f, self.trend.seconds_per_step, self.total)
         """Memory that piled up over many forwards since the last optimizer step (or with none)."""
         self.states = states(f)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from oomsight.analysis import trend
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
@@ -72,6 +73,7 @@ class ForwardMemory:
         self._last_read = -float("inf")
         self._idle = 0
         self._looked = 0
+        self._judged: dict[int, tuple[tuple[int, int], Optional[int]]] = {}
 
     def arm(self, torch: Any) -> None:
         """Register the one global pre-hook that finds the outermost model (at CUDA's initialisation)."""
@@ -143,3 +145,14 @@ class ForwardMemory:
         """The device's rows ``[forward, time, allocated_bytes, peak_bytes or -1]``, oldest first;
         none once an optimizer step came (then the step rows tell)."""
         return [] if self.stepped() else self.book.series(index)
+
+    def pile(self, index: int, capacity_bytes: int) -> Optional[int]:
+        """The device's rows judged (``trend.forward_pile``, sampler thread): the rise where the memory
+        left after each forward climbs as a leak does, else None; judged again only after a new row."""
+        stamp = (self.book.appended.get(index, 0), capacity_bytes)
+        kept = self._judged.get(index)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        found = trend.forward_pile(self.series(index), capacity_bytes)
+        self._judged[index] = (stamp, found)
+        return found

@@ -260,14 +260,18 @@ class Hook:
 
     def _judged_steps(self) -> dict[str, dict[int, Any]]:
         """Each device's verdict on its step rows and its last row (the snapshot's ``step_trend``
-        and ``steps_memory``): the sidecar reads the verdict instead of judging 256 rows a scrape."""
-        verdicts, last = {}, {}
+        and ``steps_memory``): the sidecar reads the verdict instead of judging 256 rows a scrape;
+        with no optimizer step, the rise its forward rows show (``forward_pile_bytes``, wire 1.7)."""
+        verdicts, last, piles = {}, {}, {}
         for dev in list(self.sampler.devices.values()):
             t = self.step_memory.judged(dev.index, dev.limit or dev.total or 1)
             if t is not None:
                 verdicts[dev.index] = trend.verdict(t)
                 last[dev.index] = self.step_memory.last(dev.index)
-        return {"step_trend": verdicts, "steps_memory": last}
+            pile = self.forwards.pile(dev.index, dev.limit or dev.total or 1)
+            if pile:
+                piles[dev.index] = pile
+        return {"step_trend": verdicts, "steps_memory": last, "forward_piles": piles}
 
     def stop(self, reason: str = "stopped") -> None:
         """Stop sampling and write the final snapshot (state ``exited``)."""

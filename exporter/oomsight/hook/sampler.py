@@ -318,7 +318,7 @@ class Sampler:
         except Exception as exc:
             self.errors.record("memory_limit", exc)
         step_peak = extra.get("step_peaks", {}).get(dev.index)
-        return DeviceSnapshot(
+        doc = DeviceSnapshot(
             index=dev.index,
             uuid=dev.uuid,
             name=dev.name,
@@ -346,6 +346,10 @@ class Sampler:
             step_trend=extra.get("step_trend", {}).get(dev.index),
             prediction=extra.get("predictions", {}).get(dev.index),
         )
+        pile = extra.get("forward_piles", {}).get(dev.index)
+        if pile:  # wire 1.7: only where the hook judged one
+            doc["forward_pile_bytes"] = pile
+        return doc
 
 
 def categories_with_activations(

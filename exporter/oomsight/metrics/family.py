@@ -183,7 +183,10 @@ def _trend(d: DeviceSnapshot, key: str) -> Optional[float]:
 
 
 def leak_suspected(d: DeviceSnapshot) -> bool:
-    """The step rows' verdict where the hook wrote them, else the legacy sampled trough trend."""
+    """The step rows' verdict where the hook wrote them, else the legacy sampled trough trend; with
+    no optimizer step, also the hook's verdict on its forward rows (wire 1.7)."""
+    if d.get("forward_pile_bytes"):
+        return True
     t = device_trend(d)
     if t is not None:
         return t["leak"]
@@ -248,6 +251,11 @@ CATEGORY_HELP = (
     "Device memory by category: parameters (every parameter of the models, trainable and frozen), gradients "
     "and optimizer state, each tensor by its local storage on this device (a shard for a sharded one); "
     "activations = peak allocated minus those (a lower bound unless OOMSIGHT_STEP_PEAKS is on)."
+)
+LEAK_HELP = (
+    "1 while the between-steps floor of allocated memory rises step after step and the step's own memory does "
+    "not, or, with no optimizer step, the memory left after each forward that records a graph rises forward "
+    "after forward (docs/diagnosis.md)."
 )
 SLOPE_HELP = (
     "Slope of the between-steps floor of allocated memory in bytes per optimizer step, not bytes (least squares "
@@ -557,7 +565,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     gauge(
         "oomsight_leak_suspected",
-        "1 while the between-steps floor of allocated memory rises step after step and the step's own memory does not (docs/diagnosis.md).",
+        LEAK_HELP,
         DEVICE,
         lambda d: float(leak_suspected(d)),
     ),

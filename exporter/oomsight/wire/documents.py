@@ -230,6 +230,9 @@ class DeviceSnapshot(TypedDict):
     prediction: NotRequired[Optional[PeakPrediction]]
     #: the hook's verdict on its step rows (since 1.5)
     step_trend: NotRequired[Optional[StepTrend]]
+    #: with no optimizer step yet: how far the memory left after each forward that recorded an autograd graph
+    #: rose as a leak makes it rise (the hook's verdict on its forward rows); absent without a rise (since 1.7)
+    forward_pile_bytes: NotRequired[int]
 
 
 class StepInfo(TypedDict):

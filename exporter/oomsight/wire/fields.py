@@ -197,6 +197,13 @@ DEVICE = Table(
         ),
         nullable("prediction", "object", "the job's predicted peak on this device", table=PREDICTION, since=PREDICTED),
         nullable("step_trend", "object", "the hook's verdict on its step rows", table=STEP_TREND, since=JUDGED),
+        opt(
+            "forward_pile_bytes",
+            "int",
+            "with no optimizer step yet: how far the memory left after each forward that recorded an autograd "
+            "graph rose as a leak makes it rise (the hook's verdict on its forward rows); absent without a rise",
+            default=0, since=FORWARDS,
+        ),
     ),
 )
 STEPS = Table(
