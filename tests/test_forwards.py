@@ -118,8 +118,8 @@ def test_a_live_evaluation_leak_raises_the_leak_flag_before_the_oom(hook_on, spo
     from prometheus_client import CollectorRegistry, generate_latest
 
     from oomsight.metrics.collector import SpoolCollector
-    from oomsight.wire.spool import SpoolReader
     from oomsight.wire.schema import validate
+    from oomsight.wire.spool import SpoolReader
 
     def flag():
         registry = CollectorRegistry()
@@ -149,12 +149,50 @@ def test_forwards_without_autograd_are_not_rowed(hook_on, spool):
     hook = hook_on(cuda)
     model = _model()
     _evaluate(cuda, model, batches=5, kept_per_forward=GIB)
-    assert hook.forwards.count == 5
-    assert hook.forwards.series(0) == []
-    # an inference process: after IDLE_FORWARDS forwards without autograd the hook is gone
+    assert hook.forwards.root_name is None and not model._forward_hooks  # inference: never hooked
+    cuda.grad = True
+    _evaluate(cuda, model, batches=1, kept_per_forward=GIB)
+    assert hook.forwards.root_name == "Sequential" and len(hook.forwards.series(0)) == 1
+    # then an inference loop: after IDLE_FORWARDS forwards without autograd the hook is gone
+    cuda.grad = False
     _evaluate(cuda, model, batches=IDLE_FORWARDS, kept_per_forward=0, keep=False)
-    assert hook.forwards.count == IDLE_FORWARDS
-    assert not model._forward_hooks
+    assert hook.forwards.count == 1 + IDLE_FORWARDS
+    assert not model._forward_hooks and len(hook.forwards.series(0)) == 1
+
+
+def test_a_copy_of_the_hooked_model_is_ignored_and_a_pickled_one_loads_without_oomsight(hook_on, spool):
+    """deepcopy (an EMA copy, a teacher) and torch.save(model) of a model that has the forward hook."""
+    import copy
+    import pickle
+    import subprocess
+    import sys
+
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    _evaluate(cuda, model, batches=2, kept_per_forward=GIB)
+    twin = copy.deepcopy(model)
+    twin(torch.randn(2, 8))
+    assert hook.forwards.count == 2  # the copy's forward is not the model's
+    model(torch.randn(2, 8))
+    assert hook.forwards.count == 3
+    blob = pickle.dumps(model)
+    code = "import pickle, sys, torch; m = pickle.loads(sys.stdin.buffer.read()); m(torch.randn(2, 8)); print('ok')"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no oomsight importable there
+    done = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, timeout=120)
+    assert done.stdout.strip() == b"ok", done.stderr[-2000:]
+    assert b"oomsight" not in blob.replace(b"oomsight.dropped_forward_hook", b"")
+
+
+def test_scripting_a_model_that_has_the_hook_names_it(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    _evaluate(cuda, model, batches=1, kept_per_forward=GIB)
+    with pytest.raises(RuntimeError, match="oomsight_forward_rows: TorchScript cannot compile"):
+        torch.jit.script(model)
+    hook.forwards.close()  # as after the first optimizer step: the hook is gone
+    torch.jit.script(model)
 
 
 def test_the_first_optimizer_step_ends_the_forward_rows_and_removes_the_hook(hook_on, spool):

@@ -9,8 +9,9 @@ can fill the GPU within a second, faster than the sampler reads. The step rows c
 optimizer steps); these rows can, at any speed (``analysis.trend.forward_pile``).
 
 How the model is found without a global module hook on every call: at CUDA's initialisation one
-global forward pre-hook is registered; the first module with parameters or buffers called after
-it (eagerly, not while ``torch.compile`` traces) is the outermost model of that call. The pre-hook
+global forward pre-hook is registered; the first module with state on the device called after it
+with autograd recording (eagerly, not while ``torch.compile`` traces) is the outermost model of
+that call (under ``no_grad`` nothing is rowed, so an inference process never hooks its model). The pre-hook
 then removes itself and a forward hook is registered on that module alone. The forward hook counts
 the forward, and while no optimizer step has come and autograd records, reads the allocator (one
 raw call, ~20 µs on an H200) at most every ``min_interval_seconds``. At the first optimizer step it
@@ -21,7 +22,9 @@ autograd (inference). It costs about 1.6 µs a forward on a CPU core (``benchmar
 
 from __future__ import annotations
 
+import logging
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 from oomsight.analysis import trend
@@ -97,6 +100,8 @@ class ForwardMemory:
             if self.stepped() or self._looked > FIND_CALLS:
                 self.close()
                 return
+            if not self.cuda.grad_enabled():
+                return  # nothing to row: under no_grad the model gets no hook (inference, export)
             state = next(module.parameters(), None)
             if state is None:
                 state = next(module.buffers(), None)
@@ -104,12 +109,13 @@ class ForwardMemory:
                 return  # a transform or container without state, or a model elsewhere: not this one
             self.close()
             self.root_name = type(module).__name__
-            self._handles.append(module.register_forward_hook(self._after))
+            self._handles.append(module.register_forward_hook(AfterForward(self, module)))
         except Exception as exc:
             self.errors.record("forward_memory", exc)
             self.close()
 
-    def _after(self, _module: Any, _args: Any, _output: Any) -> None:
+    def after(self) -> None:
+        """After a forward of the model (its hook, :class:`AfterForward`)."""
         try:
             self.count += 1
             if self.stepped():
@@ -156,3 +162,39 @@ class ForwardMemory:
         found = trend.forward_pile(self.series(index), capacity_bytes)
         self._judged[index] = (stamp, found)
         return found
+
+
+class AfterForward:
+    """The forward hook on the model. It acts for that module only and never while ``torch.compile``
+    or ``torch.export`` traces. A ``copy.deepcopy`` of the model (an EMA copy, a teacher) shares it,
+    and it ignores the copy; a pickled model (``torch.save(model)``) carries a no-op of the standard
+    library in its place (``Logger.debug`` of a logger of its own), so loading needs no oomsight.
+    ``torch.jit.script`` compiles a module's hooks and cannot compile this one: its error names
+    ``oomsight_forward_rows``; script after the first optimizer step, under ``no_grad``, or with
+    ``OOMSIGHT_STEP_HOOK=0`` (docs/diagnosis.md)."""
+
+    __name__ = "oomsight_forward_rows"
+
+    def __init__(self, memory: ForwardMemory, root: Any) -> None:
+        self.memory = memory
+        self.root = weakref.ref(root)
+
+    def __call__(self, module: Any, _args: Any, _output: Any) -> None:
+        compiler = getattr(self.memory._torch, "compiler", None)
+        if module is self.root() and not (compiler is not None and compiler.is_compiling()):
+            self.memory.after()
+
+    @property
+    def __globals__(self) -> dict[str, Any]:
+        """Read by ``torch.jit.script`` alone, compiling the module's hooks: say what to do instead."""
+        raise RuntimeError(
+            "oomsight_forward_rows: TorchScript cannot compile oomsight's forward hook on this model (it rows "
+            "the memory after each forward until the first optimizer step); script the model under "
+            "torch.no_grad() or after an optimizer step, or set OOMSIGHT_STEP_HOOK=0"
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> AfterForward:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return getattr, (logging.getLogger("oomsight.dropped_forward_hook"), "debug")
