@@ -16,8 +16,9 @@ then removes itself and a forward hook is registered on that module alone. The f
 the forward, and while no optimizer step has come and autograd records, reads the allocator (one
 raw call, ~20 µs on an H200) at most every ``min_interval_seconds``. At the first optimizer step it
 removes itself (training has its step rows), and after ``IDLE_FORWARDS`` forwards in a row without
-autograd (inference). It costs about 1.6 µs a forward on a CPU core (``benchmarks/results``'s
-``overhead-eval.json`` measures it on the H200).
+autograd (inference). It costs 1.2 µs a forward on a CPU core, 0.85 µs of which torch spends on
+calling any forward hook (``benchmarks/bench_forward_hook.py``); ``overhead-eval.json`` measures the
+whole of oomsight on an evaluation loop on the H200.
 """
 
 from __future__ import annotations
