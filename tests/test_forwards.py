@@ -143,6 +143,77 @@ def test_a_live_evaluation_leak_raises_the_leak_flag_before_the_oom(hook_on, spo
     assert flag() == 1.0
 
 
+def _ours(hook):
+    """oomsight's global pre-hooks that find a model (the job probe's windows have their own)."""
+    return [
+        h
+        for h in torch.nn.modules.module._global_forward_pre_hooks.values()
+        if getattr(h, "__self__", None) is hook.forwards
+    ]
+
+
+def _train(model, opt, steps):
+    for _ in range(steps):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_a_validation_phase_in_a_training_job_that_keeps_its_graphs_is_a_leak(hook_on, spool):
+    """Once the steps pause (3 step times, 1 s at least) the sampler thread arms the rows again; a
+    validation loop in eval mode that keeps every batch's graph is told apart from the steps."""
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(model, opt, 3)
+    assert not model._forward_hooks and hook.forwards.series(0) == []
+    hook._arm_forwards_in_a_pause()  # no pause yet: nothing armed
+    assert not _ours(hook)
+    hook.steps.last_step_wall -= 5.0  # the steps paused
+    hook._arm_forwards_in_a_pause()
+    model.eval()
+    _evaluate(cuda, model, batches=9, kept_per_forward=2 * GIB, oom_at=9)
+    ev = _event(spool)
+    assert len(ev["forwards_memory"]) == 8 and ev["module_training"] is False
+    d = ev["diagnosis"]
+    assert d["cause"] == "leak" and d["facts"]["remedies"][0] == "no_grad", d["summary"]
+    assert "after the last optimizer step" in d["summary"]
+
+
+def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(model, opt, 2)
+    hook.steps.last_step_wall -= 5.0
+    hook._arm_forwards_in_a_pause()
+    _evaluate(cuda, model, batches=3, kept_per_forward=GIB)  # a training-mode forward with grad: rowed
+    assert len(hook.forwards.series(0)) == 3
+    _train(model, opt, 2)  # the steps resume: the rows are stale, the hook goes at the next forward
+    assert hook.forwards.series(0) == [] and not model._forward_hooks
+    hook._arm_forwards_in_a_pause()  # armed again only after a new pause
+    assert not _ours(hook)
+
+
+def test_a_pause_with_no_grad_validation_hooks_no_model(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(model, opt, 2)
+    hook.steps.last_step_wall -= 5.0
+    hook._arm_forwards_in_a_pause()
+    cuda.grad = False  # the fake allocator's view of torch.no_grad()
+    with torch.no_grad():
+        for _ in range(FIND_CALLS // 4 + 1):
+            model(torch.randn(2, 8))
+    assert not model._forward_hooks and not _ours(hook)
+    hook._arm_forwards_in_a_pause()  # the same pause: not armed again
+    assert not _ours(hook)
+
+
 def test_forwards_without_autograd_are_not_rowed(hook_on, spool):
     cuda = FakeCuda(total=CAPACITY)
     cuda.grad = False
@@ -216,12 +287,11 @@ def test_a_program_whose_modules_hold_nothing_on_the_device_is_not_hooked_for_lo
     cuda = FakeCuda(total=CAPACITY)
     hook = hook_on(cuda)
     hook.forwards.device_type = "cuda"  # these CPU modules are not the model looked for
-    hooks = torch.nn.modules.module._global_forward_pre_hooks
-    assert len(hooks) == 1
+    assert len(_ours(hook)) == 1
     model = _model()
     for _ in range(FIND_CALLS // 3 + 1):
         model(torch.randn(2, 8))  # 4 module calls each
-    assert len(hooks) == 0 and hook.forwards.root_name is None
+    assert not _ours(hook) and hook.forwards.root_name is None
 
 
 def test_a_forward_hook_that_fails_is_counted_and_removed_never_raised(hook_on, spool):

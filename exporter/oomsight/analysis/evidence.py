@@ -70,9 +70,9 @@ class Evidence:
         self.short_leak = None if self.trend.leak else trend.leak_before_oom(rows, self.total)
         self.outside_leak = trend.outside_leak(rows, self.total)
         """Memory outside the allocator that rose along the step rows as a leak does (wire 1.6)."""
-        self.forward_pile = trend.forward_pile([] if trains(f) else f.get("forwards_memory") or [], self.total)
-        """Memory that rose forward after forward, each keeping its graph, in a process with no optimizer
-        (1.7; with one, forwards kept until one backward are a step's activations, not a pile)."""
+        self.forward_pile = trend.forward_pile(forward_rows(f, self.job), self.total)
+        """Memory that rose forward after forward, each keeping its graph, with no optimizer step since
+        (wire 1.7): in a process with no optimizer, or in a training job's pause (an evaluation)."""
         self.piled = self.forward_pile or piled(f, self.trend.seconds_per_step, self.total)
         """Memory that piled up over many forwards since the last optimizer step (or with none)."""
         self.states = states(f)
@@ -194,6 +194,20 @@ def _forwards_peak(f: OomFacts) -> Optional[float]:
     if not isinstance(now, (int, float)):
         return None
     return trend.forwards_peak(f.get("sampled_allocated") or [], float(now))
+
+
+def forward_rows(f: OomFacts, job: Mapping[str, Any]) -> Sequence[Sequence[float]]:
+    """The forward rows to judge. Where an optimizer exists but never stepped, none: losses summed
+    over micro-batches before one backward are the first step's activations, not a pile. After a
+    step, the rows of a pause (the hook rows forwards only once the steps paused): judged where the
+    failing model is in eval mode, or where they are more than twice the job's micro-batches."""
+    rows = f.get("forwards_memory") or []
+    if not rows or not trains(f):
+        return rows
+    if f.get("last_step_time") is None:
+        return []
+    micro = int(job.get("accumulation_steps") or 1)
+    return rows if f.get("module_training") is False or len(rows) > 2 * micro else []
 
 
 def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:

@@ -1,6 +1,6 @@
-"""Forward-resolved memory, for a process that has not stepped an optimizer (evaluation, inference,
-a training job before its first step): memory allocated right after each forward of the outermost
-model that recorded an autograd graph.
+"""Forward-resolved memory where no optimizer step comes (evaluation, inference, a training job
+before its first step, and a training job's pause: a validation phase): memory allocated right
+after each forward of the outermost model that recorded an autograd graph.
 
 Such a forward keeps its activations for as long as its output lives. An evaluation loop that
 forgets ``torch.no_grad()`` and keeps the outputs (``preds.append(model(x))``) keeps a whole graph
@@ -11,19 +11,22 @@ optimizer steps); these rows can, at any speed (``analysis.trend.forward_pile``)
 How the model is found without a global module hook on every call: at CUDA's initialisation one
 global forward pre-hook is registered; the first module with state on the device called after it
 with autograd recording (eagerly, not while ``torch.compile`` traces) is the outermost model of
-that call (under ``no_grad`` nothing is rowed, so an inference process never hooks its model). The pre-hook
-then removes itself and a forward hook is registered on that module alone. The forward hook counts
+that call (under ``no_grad`` nothing is rowed, so an inference process never hooks its model).
+The pre-hook then removes itself and a forward hook is registered on that module alone. The forward hook counts
 the forward, and while no optimizer step has come and autograd records, reads the allocator (one
-raw call, ~20 µs on an H200) at most every ``min_interval_seconds``. At the first optimizer step it
+raw call, ~20 µs on an H200) at most every ``min_interval_seconds``. At the next optimizer step it
 removes itself (training has its step rows), and after ``IDLE_FORWARDS`` forwards in a row without
-autograd (inference). It costs 1.2 µs a forward on a CPU core, 0.85 µs of which torch spends on
-calling any forward hook (``benchmarks/bench_forward_hook.py``); ``overhead-eval.json`` measures the
-whole of oomsight on an evaluation loop on the H200.
+autograd (inference). Once a training job's steps pause (3 step times, 1 s at least: the runtime
+looks at each publish) the pre-hook is armed again, once per pause, with the rows of before dropped.
+It costs 1.2 µs a forward on a CPU core, 0.85 µs of which torch spends on calling any forward
+hook (``benchmarks/bench_forward_hook.py``); ``overhead-eval.json`` measures the whole of oomsight
+on an evaluation loop on the H200.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from typing import Any, Callable, Optional
@@ -52,7 +55,7 @@ class ForwardMemory:
         cuda: CudaApi,
         sampler: Sampler,
         errors: ErrorBook,
-        stepped: Callable[[], bool],
+        steps: Callable[[], int],
         min_interval_seconds: float = MIN_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
@@ -60,8 +63,8 @@ class ForwardMemory:
         self.cuda = cuda
         self.sampler = sampler
         self.errors = errors
-        self.stepped = stepped
-        """Whether an optimizer step has come (then these rows stop)."""
+        self.steps = steps
+        """Optimizer steps so far: one since the arming ends the hooks and the rows."""
         self.min_interval = min_interval_seconds
         self.clock = clock
         self.wall = wall
@@ -78,17 +81,33 @@ class ForwardMemory:
         self._idle = 0
         self._looked = 0
         self._judged: dict[int, tuple[tuple[int, int], Optional[int]]] = {}
+        self._armed_steps: Optional[int] = None
+        self._lock = threading.Lock()
 
-    def arm(self, torch: Any) -> None:
-        """Register the one global pre-hook that finds the outermost model (at CUDA's initialisation)."""
-        if self._handles or self.stepped():
-            return
-        self._torch = torch
-        self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._find))
+    def stepped(self) -> bool:
+        """An optimizer step came since the arming (then these hooks and rows are done)."""
+        return self._armed_steps is None or self.steps() != self._armed_steps
+
+    def arm(self, torch: Any) -> bool:
+        """Register the one global pre-hook that finds the outermost model: at CUDA's initialisation,
+        and again (from the sampler thread) once a training job's steps pause (an evaluation phase),
+        at most once per step count. Rows of an earlier arming are dropped."""
+        with self._lock:
+            steps = self.steps()
+            if self._handles or steps == self._armed_steps:
+                return False
+            self._torch = torch
+            self._armed_steps = steps
+            self.book, self._lifetime, self._judged = RowBook(MAX_ROWS), {}, {}
+            self._looked = self._idle = 0
+            self._last_read = -float("inf")
+            self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._find))
+            return True
 
     def close(self) -> None:
         """Remove every hook; the rows stay for an OOM to report."""
-        handles, self._handles = self._handles, []
+        with self._lock:
+            handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
 
@@ -110,7 +129,8 @@ class ForwardMemory:
                 return  # a transform or container without state, or a model elsewhere: not this one
             self.close()
             self.root_name = type(module).__name__
-            self._handles.append(module.register_forward_hook(AfterForward(self, module)))
+            with self._lock:
+                self._handles.append(module.register_forward_hook(AfterForward(self, module)))
         except Exception as exc:
             self.errors.record("forward_memory", exc)
             self.close()

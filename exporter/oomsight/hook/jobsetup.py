@@ -133,6 +133,13 @@ class JobProbe:
         if seen.get("counting") and seen["backwards"]:
             self.setup["accumulation_steps"] = seen["backwards"]
 
+    def stop(self) -> None:
+        """Remove an open window's hooks without learning from it (the hook stops: no step will close it)."""
+        self._seen = None
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
     def snapshot(self) -> dict[str, Any]:
         return dict(self.setup)
 

@@ -39,6 +39,8 @@ from oomsight.hook.steps import StepTracker, model_states
 from oomsight.wire.schema import BatchAdvice, LeakFinding, PeakPrediction
 from oomsight.wire.spool import SpoolWriter
 
+FORWARD_PAUSE_SECONDS = 1.0
+"""A pause in a training job's optimizer steps after which its forwards are rowed (3 step times at least)."""
 LEAK_SCAN_INTERVAL_SECONDS = 300.0
 """At most one scan for graph-holding tensors per five minutes (gc.get_objects() is not free)."""
 
@@ -68,7 +70,7 @@ class Hook:
             self.steps = StepTracker(settings.steps, cuda, self.errors)
             self.steps.peak_devices = lambda: list(self.sampler.devices)
         self.step_memory = StepMemory(cuda, self.sampler, self.errors)
-        self.forwards = ForwardMemory(cuda, self.sampler, self.errors, stepped=self._stepped)
+        self.forwards = ForwardMemory(cuda, self.sampler, self.errors, steps=self._steps)
         self.job = JobProbe(cuda, self.errors, self.process["expandable_segments"])
         self.oom = OomRecorder(
             settings.oom, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self)
@@ -170,8 +172,18 @@ class Hook:
         except Exception as exc:  # an exception here would surface as DeferredCudaCallError
             self.errors.record("cuda_init", exc)
 
-    def _stepped(self) -> bool:
-        return self.steps is not None and self.steps.count > 0
+    def _steps(self) -> int:
+        return self.steps.count if self.steps is not None else 0
+
+    def _arm_forwards_in_a_pause(self) -> None:
+        """Sampler thread: once a training job's optimizer steps pause for 3 step times (at least
+        ``FORWARD_PAUSE_SECONDS``), an evaluation phase may run: row its forwards (hook.forwards)."""
+        steps = self.steps
+        if self.torch is None or steps is None or not steps.count or steps.last_step_wall is None:
+            return
+        pause = max(FORWARD_PAUSE_SECONDS, 3 * (steps.last_duration or 0.0))
+        if time.time() - steps.last_step_wall >= pause:
+            self.forwards.arm(self.torch)
 
     def _on_step(self) -> None:
         """After every optimizer step (inside the step hook's error guard): cheap checks only."""
@@ -225,6 +237,7 @@ class Hook:
             self.oom.retry_unwritten()
         if self.profiler is not None:
             self.profiler.poll(self.settings.spool.dir)
+        self._guarded("forward_memory", self._arm_forwards_in_a_pause, None)
         self._check_leak()
 
     def _extra(self) -> dict[str, Any]:
@@ -286,6 +299,7 @@ class Hook:
         if self.steps is not None:
             self._guarded("step_hook", self.steps.unregister, None)
         self._guarded("forward_memory", self.forwards.close, None)
+        self._guarded("job_probe", self.job.stop, None)
         self.sampler.stop_thread()
         if self.oom.history:
             self._guarded("history", self.cuda.stop_history, None)
