@@ -181,7 +181,8 @@ def test_a_validation_phase_in_a_training_job_that_keeps_its_graphs_is_a_leak(ho
     assert "after the last optimizer step" in d["summary"]
 
 
-def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
+def _paused(hook_on):
+    """Two training steps, then a pause long enough for the forward rows to be armed again."""
     cuda = FakeCuda(total=CAPACITY)
     hook = hook_on(cuda)
     model = _model()
@@ -189,6 +190,11 @@ def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
     _train(model, opt, 2)
     hook.steps.last_step_wall -= 5.0
     hook._arm_forwards_in_a_pause()
+    return cuda, hook, model, opt
+
+
+def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
+    cuda, hook, model, opt = _paused(hook_on)
     _evaluate(cuda, model, batches=3, kept_per_forward=GIB)  # a training-mode forward with grad: rowed
     assert len(hook.forwards.series(0)) == 3
     _train(model, opt, 2)  # the steps resume: the rows are stale, the hook goes at the next forward
@@ -198,13 +204,7 @@ def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
 
 
 def test_a_pause_with_no_grad_validation_hooks_no_model(hook_on, spool):
-    cuda = FakeCuda(total=CAPACITY)
-    hook = hook_on(cuda)
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train(model, opt, 2)
-    hook.steps.last_step_wall -= 5.0
-    hook._arm_forwards_in_a_pause()
+    cuda, hook, model, _opt = _paused(hook_on)
     cuda.grad = False  # the fake allocator's view of torch.no_grad()
     with torch.no_grad():
         for _ in range(FIND_CALLS // 4 + 1):
