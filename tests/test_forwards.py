@@ -166,7 +166,11 @@ def test_a_validation_phase_in_a_training_job_that_keeps_its_graphs_is_a_leak(ho
     hook = hook_on(cuda)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train(model, opt, 3)
+    _train(model, opt, 1)
+    hook.steps.last_step_wall -= 5.0
+    hook._arm_forwards_in_a_pause()  # one step: no step time yet, so no pause can be told
+    assert not _ours(hook)
+    _train(model, opt, 2)
     assert not model._forward_hooks and hook.forwards.series(0) == []
     hook._arm_forwards_in_a_pause()  # no pause yet: nothing armed
     assert not _ours(hook)

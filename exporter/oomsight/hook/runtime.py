@@ -177,11 +177,12 @@ class Hook:
 
     def _arm_forwards_in_a_pause(self) -> None:
         """Sampler thread: once a training job's optimizer steps pause for 3 step times (at least
-        ``FORWARD_PAUSE_SECONDS``), an evaluation phase may run: row its forwards (hook.forwards)."""
+        ``FORWARD_PAUSE_SECONDS``; known from the second step), an evaluation phase may run: row its
+        forwards (hook.forwards)."""
         steps = self.steps
-        if self.torch is None or steps is None or not steps.count or steps.last_step_wall is None:
-            return
-        pause = max(FORWARD_PAUSE_SECONDS, 3 * (steps.last_duration or 0.0))
+        if self.torch is None or steps is None or steps.last_step_wall is None or steps.last_duration is None:
+            return  # a step time is known from the second step on: before it, no pause can be told
+        pause = max(FORWARD_PAUSE_SECONDS, 3 * steps.last_duration)
         if time.time() - steps.last_step_wall >= pause:
             self.forwards.arm(self.torch)
 
