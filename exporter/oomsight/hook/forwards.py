@@ -76,11 +76,9 @@ class ForwardMemory:
         """The device type of the model to find (tests find a CPU one)."""
         self._torch: Any = None
         self._handles: list[Any] = []
-        self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
         self._idle = 0
         self._looked = 0
-        self._judged: dict[int, tuple[tuple[int, int], Optional[int]]] = {}
         self._armed_steps: Optional[int] = None
         self._lock = threading.Lock()
 
@@ -98,7 +96,7 @@ class ForwardMemory:
                 return False
             self._torch = torch
             self._armed_steps = steps
-            self.book, self._lifetime, self._judged = RowBook(MAX_ROWS), {}, {}
+            self.book = RowBook(MAX_ROWS)
             self._looked = self._idle = 0
             self._last_read = -float("inf")
             self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._find))
@@ -162,10 +160,8 @@ class ForwardMemory:
         main = self.sampler.main_device  # before the sampler's first tick knows the devices
         for index in list(self.sampler.devices) or ([main] if main is not None else []):
             r = self.cuda.read(index)
-            previous = self._lifetime.get(index)
-            self._lifetime[index] = r.peak_allocated_bytes
             # the forward's own peak is known only where it set a new lifetime peak
-            peak = r.peak_allocated_bytes if previous is None or r.peak_allocated_bytes > previous else -1
+            peak = r.peak_allocated_bytes if self.book.new_peak(index, r.peak_allocated_bytes) else -1
             self.book.append(index, [self.count, stamp, r.allocated_bytes, peak])
 
     def series(self, index: int) -> list[list[float]]:
@@ -176,13 +172,7 @@ class ForwardMemory:
     def pile(self, index: int, capacity_bytes: int) -> Optional[int]:
         """The device's rows judged (``trend.forward_pile``, sampler thread): the rise where the memory
         left after each forward climbs as a leak does, else None; judged again only after a new row."""
-        stamp = (self.book.appended.get(index, 0), capacity_bytes)
-        kept = self._judged.get(index)
-        if kept is not None and kept[0] == stamp:
-            return kept[1]
-        found = trend.forward_pile(self.series(index), capacity_bytes)
-        self._judged[index] = (stamp, found)
-        return found
+        return self.book.judged(index, capacity_bytes, lambda rows: trend.forward_pile(rows, capacity_bytes))
 
 
 class AfterForward:

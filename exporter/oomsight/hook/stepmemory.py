@@ -13,13 +13,15 @@ step when steps are slower than that, every k-th step when they are faster.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from oomsight.analysis import trend
 from oomsight.hook.cuda import CudaApi, Reading
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
 from oomsight.wire.schema import NvmlSample
+
+T = TypeVar("T")
 
 MAX_ROWS = 256
 """Rows kept per device; when full, the older half is thinned to every other row."""
@@ -45,6 +47,26 @@ class RowBook:
         self.rows: dict[int, list[list[Any]]] = {}
         self.appended: dict[int, int] = {}
         """Rows ever appended per device (a verdict is judged again only after a new one)."""
+        self._lifetime: dict[int, int] = {}
+        self._judged: dict[int, tuple[tuple[int, int], Any]] = {}
+
+    def new_peak(self, index: int, peak_allocated_bytes: int) -> bool:
+        """Whether the allocator's lifetime peak rose since this device's previous read (then the
+        peak of what ran in between is exact); the first read counts as one."""
+        previous = self._lifetime.get(index)
+        self._lifetime[index] = peak_allocated_bytes
+        return previous is None or peak_allocated_bytes > previous
+
+    def judged(self, index: int, capacity_bytes: int, judge: Callable[[list[list[float]]], T]) -> T:
+        """``judge(rows)`` of a device, judged again only once a row was added or the capacity changed
+        (sampler thread: at most once a publish)."""
+        stamp = (self.appended.get(index, 0), capacity_bytes)
+        kept = self._judged.get(index)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]  # type: ignore[no-any-return]
+        found = judge(self.series(index))
+        self._judged[index] = (stamp, found)
+        return found
 
     def append(self, index: int, row: list[Any]) -> None:
         rows = self.rows.setdefault(index, [])
@@ -81,8 +103,6 @@ class StepMemory:
         self.clock = clock
         self.wall = wall
         self.book = RowBook()
-        self._judged: dict[int, tuple[tuple[int, int], trend.Trend]] = {}
-        self._lifetime: dict[int, int] = {}
         self._last_read = -float("inf")
 
     def on_step(self, step: int) -> None:
@@ -99,9 +119,7 @@ class StepMemory:
                 self.errors.record("step_memory", exc)
                 continue
             sampled = dev.take_interval_max()
-            previous = self._lifetime.get(dev.index)
-            self._lifetime[dev.index] = r.peak_allocated_bytes
-            exact = previous is None or r.peak_allocated_bytes > previous
+            exact = self.book.new_peak(dev.index, r.peak_allocated_bytes)
             peak = r.peak_allocated_bytes if exact else max(sampled or 0, r.allocated_bytes)
             row = [step, stamp, r.allocated_bytes, peak, r.reserved_bytes, int(exact), outside_bytes(dev.nvml, r)]
             self.book.append(dev.index, row)  # ints encode fast
@@ -115,13 +133,6 @@ class StepMemory:
     def judged(self, index: int, capacity_bytes: int) -> Optional[trend.Trend]:
         """The verdict on a device's rows (sampler thread; None without rows), judged again only
         once a row was added or the capacity changed: at most once a publish, about 0.2 ms."""
-        stamp = (self.book.appended.get(index, 0), capacity_bytes)
-        kept = self._judged.get(index)
-        if kept is not None and kept[0] == stamp:
-            return kept[1]
-        rows = self.series(index)
-        if not rows:
-            return None
-        found = trend.analyse(rows, capacity_bytes)
-        self._judged[index] = (stamp, found)
-        return found
+        return self.book.judged(
+            index, capacity_bytes, lambda rows: trend.analyse(rows, capacity_bytes) if rows else None
+        )
