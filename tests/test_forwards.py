@@ -201,6 +201,9 @@ def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
     cuda, hook, model, opt = _paused(hook_on)
     _evaluate(cuda, model, batches=3, kept_per_forward=GIB)  # a training-mode forward with grad: rowed
     assert len(hook.forwards.series(0)) == 3
+    assert hook.forwards.pile(0, CAPACITY) == 2 * GIB  # 3 rows, each 1 GiB above the last
+    opt.step()  # a step and no new row: the verdict on the rows of the pause falls with them
+    assert hook.forwards.pile(0, CAPACITY) is None
     _train(model, opt, 2)  # the steps resume: the rows are stale, the hook goes at the next forward
     assert hook.forwards.series(0) == [] and not model._forward_hooks
     hook._arm_forwards_in_a_pause()  # armed again only after a new pause

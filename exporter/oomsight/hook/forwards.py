@@ -172,6 +172,8 @@ class ForwardMemory:
     def pile(self, index: int, capacity_bytes: int) -> Optional[int]:
         """The device's rows judged (``trend.forward_pile``, sampler thread): the rise where the memory
         left after each forward climbs as a leak does, else None; judged again only after a new row."""
+        if self.stepped():  # the rows of before a step are stale, whatever was judged of them
+            return None
         return self.book.judged(index, capacity_bytes, lambda rows: trend.forward_pile(rows, capacity_bytes))
 
 
