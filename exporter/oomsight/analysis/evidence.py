@@ -129,7 +129,9 @@ class Evidence:
         backward, so checkpointing cannot help. (Backward itself runs with grad mode off, and so does
         the forward of an ``autograd.Function``: a compiled graph's, a reentrant checkpoint's, whose
         caller may well be recording.)"""
-        self.earlier_forwards = None if self.training or f.get("phase") not in ("forward", None) else _forwards_peak(f)
+        self.earlier_forwards = (
+            None if self.training or f.get("phase") not in ("forward", None) else _forwards_peak(f)
+        )
         """In a process that never trains: the highest reading of the forwards that completed before
         the failing one (``trend.forwards_peak``), None without such a loop."""
         in_step_forward = self.training and f.get("phase") == "forward"

@@ -52,7 +52,7 @@ class OomFacts(TypedDict, total=False):
     trend: Sequence[Sequence[float]]  # legacy window trend: [[time, window_min_allocated, steps], ...]
     expandable_segments: bool
     steps_memory: Sequence[Sequence[float]]  # step rows (analysis.trend)
-    forwards_memory: Sequence[Sequence[float]]  # with no step yet: [forward, time, allocated, peak or -1] (1.7)
+    forwards_memory: Sequence[Sequence[float]]  # since the last step: [forward, time, allocated, peak or -1] (1.7)
     largest_free_block_bytes: Optional[int]
     phase: Optional[str]  # forward, backward, optimizer, unknown
     job: Optional[Mapping[str, Any]]

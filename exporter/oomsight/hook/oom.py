@@ -200,7 +200,7 @@ class OomRecorder:
             **self._layout_at_oom(device),  # type: ignore[typeddict-item]
         )
         forwards = self._guarded("forward_memory", lambda: ctx.forwards_memory(device))
-        if forwards:  # wire 1.7: a process with no optimizer step yet
+        if forwards:  # wire 1.7: no optimizer step since they began (none yet, or a training job's pause)
             event["forwards_memory"] = forwards
         return cast(OomEvent, event)
 

@@ -230,8 +230,8 @@ class DeviceSnapshot(TypedDict):
     prediction: NotRequired[Optional[PeakPrediction]]
     #: the hook's verdict on its step rows (since 1.5)
     step_trend: NotRequired[Optional[StepTrend]]
-    #: with no optimizer step yet: how far the memory left after each forward that recorded an autograd graph
-    #: rose as a leak makes it rise (the hook's verdict on its forward rows); absent without a rise (since 1.7)
+    #: how far the memory left after each forward that recorded an autograd graph rose as a leak makes it rise,
+    #: with no optimizer step since (the hook's verdict on its forward rows); absent without a rise (since 1.7)
     forward_pile_bytes: NotRequired[int]
 
 
@@ -499,9 +499,9 @@ class OomEvent(TypedDict):
     private_pool_free_bytes: NotRequired[Optional[int]]
     #: observer (the allocator's OOM observer) or exception (the OutOfMemoryError) (since 1.6)
     captured_by: NotRequired[str]
-    #: with no optimizer step yet, after forwards of the outermost model that recorded an autograd graph, oldest
-    #: first, at most 128: rows [forward, time, allocated_bytes, peak_bytes] (peak -1: the forward set no new
-    #: lifetime peak) (since 1.7)
+    #: after forwards of the outermost model that recorded an autograd graph, with no optimizer step since they
+    #: began (none yet, or a training job's pause), oldest first, at most 128: rows [forward, time,
+    #: allocated_bytes, peak_bytes] (peak -1: the forward set no new lifetime peak) (since 1.7)
     forwards_memory: NotRequired[list[list[float]]]
 
 

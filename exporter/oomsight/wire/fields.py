@@ -200,8 +200,8 @@ DEVICE = Table(
         opt(
             "forward_pile_bytes",
             "int",
-            "with no optimizer step yet: how far the memory left after each forward that recorded an autograd "
-            "graph rose as a leak makes it rise (the hook's verdict on its forward rows); absent without a rise",
+            "how far the memory left after each forward that recorded an autograd graph rose as a leak makes it "
+            "rise, with no optimizer step since (the hook's verdict on its forward rows); absent without a rise",
             default=0, since=FORWARDS,
         ),
     ),
@@ -433,9 +433,9 @@ OOM_EVENT = Table(
         opt(
             "forwards_memory",
             "list",
-            "with no optimizer step yet, after forwards of the outermost model that recorded an autograd "
-            "graph, oldest first, at most 128: rows [forward, time, allocated_bytes, peak_bytes] (peak -1: "
-            "the forward set no new lifetime peak)",
+            "after forwards of the outermost model that recorded an autograd graph, with no optimizer step "
+            "since they began (none yet, or a training job's pause), oldest first, at most 128: rows "
+            "[forward, time, allocated_bytes, peak_bytes] (peak -1: the forward set no new lifetime peak)",
             items="row", since=FORWARDS,
         ),
     ),

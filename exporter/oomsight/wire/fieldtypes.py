@@ -32,9 +32,9 @@ activation offload told apart from checkpointing, how an OOM was captured, and t
 the allocator at each step row."""
 
 FORWARDS = "1.7"
-"""Memory after each forward of the outermost model that recorded an autograd graph, in a process
-with no optimizer step yet (evaluation, inference): a loop that keeps every batch's graph is seen at
-any speed, where the sampler's readings are too slow."""
+"""Memory after each forward of the outermost model that recorded an autograd graph, with no optimizer
+step since (evaluation, inference, a training job's pause), and the hook's verdict on it: a loop that
+keeps every batch's graph is seen at any speed, where the sampler's readings are too slow."""
 
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
