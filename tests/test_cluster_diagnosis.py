@@ -186,8 +186,9 @@ def test_fsdp2_whose_shards_fill_the_gpu_is_never_told_to_shard_but_to_offload_t
 def test_fsdp2_with_offload_on_is_told_a_lighter_state_or_more_ranks():
     ms = states(15 * GIB, 15 * GIB, 30 * GIB)
     d, keys = laid_out(fsdp2(offload=True), ms)
-    assert d["cause"] == "model_states" and keys[0] == "light_optimizer"
-    assert "cpu_offload" not in keys and "more_ranks" in keys
+    # more ranks only move memory; a lighter optimizer state changes the update rule: second, said so
+    assert d["cause"] == "model_states" and keys[:2] == ["more_ranks", "light_optimizer"]
+    assert "cpu_offload" not in keys
 
 
 def test_fsdp1_shard_grad_op_is_told_full_shard_first():
@@ -211,7 +212,7 @@ def test_zero_stage_three_with_offload_is_never_told_to_shard_offload_or_move_a_
     d, keys = laid_out(zero(3, offload=True), ms)
     assert d["cause"] == "model_states"
     assert not {"shard", "next_zero_stage", "cpu_offload"} & set(keys)
-    assert keys[0] == "light_optimizer"
+    assert keys[:2] == ["more_ranks", "light_optimizer"]
     assert "ZeRO stage 3 over 4 ranks (offload)" in d["summary"]
 
 
@@ -237,10 +238,11 @@ def lora(frozen: int, quantized: int = 0) -> dict[str, Any]:
     )
 
 
-def test_lora_whose_frozen_base_leaves_no_room_is_told_a_quantised_base_never_checkpointing():
+def test_lora_whose_frozen_base_leaves_no_room_is_told_to_move_or_quantise_the_base_never_checkpointing():
     d, keys = judged(event(job={"adapters": True}, model_states=lora(60 * GIB)))
     assert d["cause"] == "model_states"
-    assert keys[0] == "quantize_base" and "offload_frozen" in keys
+    # offloading moves the base's bytes; quantising changes its weights: second, and said so
+    assert keys[:2] == ["offload_frozen", "quantize_base"] and d["facts"]["changes_result"][0] == "quantize_base"
     assert "checkpointing" not in keys
     assert "Frozen weights (base_model) take 60.00 GiB" in d["summary"]
 
@@ -319,7 +321,8 @@ def test_a_frozen_model_already_under_no_grad_is_told_to_precompute_its_outputs(
 
 def test_the_trained_model_in_eval_mode_is_still_an_evaluation_forward():
     d, keys = judged(event(module_training=False, module_frozen=False))
-    assert d["cause"] == "activations" and keys[0] == "no_grad"
+    # eval mode alone does not show the forward trains nothing: no_grad after what keeps the result
+    assert d["cause"] == "activations" and keys[:2] == ["checkpointing", "no_grad"]
 
 
 # --- what the job does with saved activations and the allocator ----------------------------------
@@ -450,7 +453,8 @@ def test_a_step_that_outgrew_the_earlier_ones_names_expert_routing_as_well_as_th
         row[3] = 20 * GIB + (30 + (7 * i) % 11) * GIB
     d, keys = judged(event(steps_memory=rows))
     assert d["cause"] == "growing_demand"
-    assert keys[0] == "bound_input" and keys[-1] == "expert_capacity"
+    # bounding the input or capping experts changes what the job learns from: after checkpointing
+    assert keys[:2] == ["checkpointing", "bound_input"] and keys[-1] == "expert_capacity"
     assert "mixture-of-experts" in d["summary"] and "cannot tell the two apart" in d["summary"]
 
 
@@ -534,4 +538,5 @@ def test_each_labelled_cluster_scenario_as_recorded_is_judged_as_labelled(cluste
     label, key = cluster_labels[name]
     d, keys = judged(AS_RECORDED[name]())
     assert d["cause"] == label, d["summary"]
-    assert keys[0] == key, keys
+    # the scenario's remedy leads, or, where it changes what the job computes, follows the first that does not
+    assert keys[0] == key or (key in remedies.CHANGES and keys[1] == key and keys[0] not in remedies.CHANGES), keys

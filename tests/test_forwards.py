@@ -171,7 +171,8 @@ def test_a_validation_phase_in_a_training_job_that_keeps_its_graphs_is_a_leak(ho
     hook._arm_forwards_in_a_pause()  # one step: no step time yet, so no pause can be told
     assert not _ours(hook)
     _train(model, opt, 2)
-    assert not model._forward_hooks and hook.forwards.series(0) == []
+    # the steps end the rows, not the hook: it watches what the backwards consume (one forward each)
+    assert model._forward_hooks and hook.forwards.series(0) == [] and hook.forwards.most_consumed == 1
     hook._arm_forwards_in_a_pause()  # no pause yet: nothing armed
     assert not _ours(hook)
     hook.steps.last_step_wall -= 5.0  # the steps paused
@@ -180,8 +181,13 @@ def test_a_validation_phase_in_a_training_job_that_keeps_its_graphs_is_a_leak(ho
     _evaluate(cuda, model, batches=9, kept_per_forward=2 * GIB, oom_at=9)
     ev = _event(spool)
     assert len(ev["forwards_memory"]) == 8 and ev["module_training"] is False
+    assert (ev["forwards_since_backward"], ev["most_forwards_per_backward"]) == (8, 1)
     d = ev["diagnosis"]
-    assert d["cause"] == "leak" and d["facts"]["remedies"][0] == "no_grad", d["summary"]
+    # a training job: the forward may train, so the remedy that keeps the result comes first, and
+    # no_grad says what it changes
+    assert d["cause"] == "leak" and d["facts"]["remedies"][:2] == ["leak", "no_grad"], d["summary"]
+    assert d["facts"]["changes_result"] == ["no_grad", "eval_batch"]
+    assert "This changes the result" in d["remedies"][1] and "This changes" not in d["remedies"][0]
     assert "after the last optimizer step" in d["summary"]
 
 
@@ -201,11 +207,13 @@ def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
     cuda, hook, model, opt = _paused(hook_on)
     _evaluate(cuda, model, batches=3, kept_per_forward=GIB)  # a training-mode forward with grad: rowed
     assert len(hook.forwards.series(0)) == 3
-    assert hook.forwards.pile(0, CAPACITY) == 2 * GIB  # 3 rows, each 1 GiB above the last
+    assert hook.forwards.pile(0, CAPACITY) is None  # 3 graphs: within what a backward may consume (4 x 1)
+    _evaluate(cuda, model, batches=3, kept_per_forward=GIB, base=7 * GIB)
+    assert hook.forwards.pile(0, CAPACITY) == 5 * GIB  # 6 rows, each 1 GiB above the last: beyond
     opt.step()  # a step and no new row: the verdict on the rows of the pause falls with them
     assert hook.forwards.pile(0, CAPACITY) is None
-    _train(model, opt, 2)  # the steps resume: the rows are stale, the hook goes at the next forward
-    assert hook.forwards.series(0) == [] and not model._forward_hooks
+    _train(model, opt, 2)  # the steps resume: the rows are stale; the hook stays to watch the backwards
+    assert hook.forwards.series(0) == [] and model._forward_hooks
     hook._arm_forwards_in_a_pause()  # armed again only after a new pause
     assert not _ours(hook)
 
@@ -216,7 +224,8 @@ def test_a_pause_with_no_grad_validation_hooks_no_model(hook_on, spool):
     with torch.no_grad():
         for _ in range(FIND_CALLS // 4 + 1):
             model(torch.randn(2, 8))
-    assert not model._forward_hooks and not _ours(hook)
+    assert not _ours(hook) and hook.forwards.pending == 0  # nothing recorded: nothing pending
+    assert model._forward_hooks  # a training job keeps its hook through a no_grad validation
     hook._arm_forwards_in_a_pause()  # the same pause: not armed again
     assert not _ours(hook)
 
@@ -269,25 +278,24 @@ def test_scripting_a_model_that_has_the_hook_names_it(hook_on, spool):
     _evaluate(cuda, model, batches=1, kept_per_forward=GIB)
     with pytest.raises(RuntimeError, match="oomsight_forward_rows: TorchScript cannot compile"):
         torch.jit.script(model)
-    hook.forwards.close()  # as after the first optimizer step: the hook is gone
+    hook.forwards.close()  # as after an inference loop: the hook is gone
     torch.jit.script(model)
 
 
-def test_the_first_optimizer_step_ends_the_forward_rows_and_removes_the_hook(hook_on, spool):
+def test_the_first_optimizer_step_ends_the_forward_rows_and_the_hook_watches_the_backwards(hook_on, spool):
     cuda = FakeCuda(total=CAPACITY)
     hook = hook_on(cuda)
     model = _model()
-    _evaluate(cuda, model, batches=3, kept_per_forward=GIB)
-    assert len(hook.forwards.series(0)) == 3
+    outputs = _evaluate(cuda, model, batches=3, kept_per_forward=GIB)
+    assert len(hook.forwards.series(0)) == 3 and hook.forwards.most_consumed is None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model(torch.randn(2, 8)).sum().backward()
+    (model(torch.randn(2, 8)).sum() + sum(o.sum() for o in outputs)).backward()  # 4 graphs, one backward
+    assert (hook.forwards.most_consumed, hook.forwards.pending) == (4, 0)
     opt.step()
-    model(torch.randn(2, 8))
+    model(torch.randn(2, 8)).sum().backward()
     assert hook.forwards.series(0) == []  # training: the step rows tell
-    assert hook.forwards.count == 5  # the forward after the step removed the hook; none counted after
-    model(torch.randn(2, 8))
-    assert hook.forwards.count == 5
-    assert not model._forward_hooks
+    assert hook.forwards.count == 5 and model._forward_hooks
+    assert (hook.forwards.most_consumed, hook.forwards.pending) == (4, 0)  # the most one backward took
 
 
 def test_a_program_whose_modules_hold_nothing_on_the_device_is_not_hooked_for_long(hook_on, spool):
@@ -324,3 +332,82 @@ def test_rows_rising_by_the_same_amount_are_a_pile_and_a_growing_input_is_not():
     short = [[k, float(k), 4 * GIB + k * 2 * GIB, -1] for k in range(1, 5)]
     assert trend.forward_pile(short, CAPACITY) == 4 * GIB
     assert trend.forward_pile([["x", None, 1, 2], [1e400, 1, 1, 1]], CAPACITY) is None
+
+
+def _steps_of(model, opt, lengths):
+    """One optimizer step per entry: that many forwards keep their graphs until one backward of their
+    summed losses (micro-batches summed, an episode's log-probabilities, a truncated-BPTT window)."""
+    for n in lengths:
+        sum(model(torch.randn(2, 8)).sum() for _ in range(n)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _validate_without_grad(cuda, model, batches=5):
+    cuda.grad = False
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(2, 8))
+    cuda.grad = True
+
+
+# (the steps before, a no_grad validation first, the failing step's forwards, the forward that runs out, eval mode)
+TRAINING_PILES = {
+    "summed_micro_batches_after_a_checkpoint_save": ([8, 8, 8], False, 8, 6, False),
+    "summed_micro_batches_last_forward": ([8, 8, 8], False, 8, 8, False),
+    "summed_micro_batches_in_eval_mode": ([8, 8, 8], False, 8, 7, True),
+    "reinforce_a_longer_episode": ([10, 25, 15], False, 60, 60, False),
+    "truncated_bptt_after_no_grad_validation": ([16, 16, 16], True, 16, 12, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRAINING_PILES))
+def test_a_training_step_that_keeps_its_graphs_until_one_backward_is_never_told_to_drop_autograd(
+    hook_on, spool, name
+):
+    """The job's own backwards consumed several forwards' graphs together: a pile of no more of them,
+    after a pause, is the step's activations. Not a leak, no result-changing remedy first, no live flag."""
+    from oomsight.analysis import remedies
+
+    before, validate, forwards, oom_at, eval_mode = TRAINING_PILES[name]
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    _steps_of(model, opt, before)
+    assert hook.forwards.most_consumed == max(before)
+    if validate:
+        _validate_without_grad(cuda, model)
+    hook.steps.last_step_wall -= 5.0  # a checkpoint save, a validation: the steps paused
+    hook._arm_forwards_in_a_pause()
+    model.train(not eval_mode)
+    per_forward = (CAPACITY - 6 * GIB) // forwards
+    _evaluate(cuda, model, batches=oom_at - 1, kept_per_forward=per_forward)
+    assert len(hook.forwards.series(0)) == oom_at - 1
+    assert hook.forwards.pile(0, CAPACITY) is None  # the live flag stays down
+    _evaluate(cuda, model, batches=1, kept_per_forward=0, oom_at=1, base=4 * GIB + (oom_at - 1) * per_forward)
+    ev = _event(spool)
+    d = ev["diagnosis"]
+    assert ev["forwards_since_backward"] == oom_at - 1 and ev["most_forwards_per_backward"] == max(before)
+    assert d["cause"] != "leak", d["summary"]
+    assert d["facts"]["remedies"][0] not in remedies.CHANGES, d["facts"]["remedies"]
+    assert "no_grad" not in d["facts"]["remedies"][:1]
+
+
+def test_an_evaluation_keeping_its_graphs_in_a_job_whose_backwards_took_eight_is_still_a_leak(hook_on, spool):
+    """Beyond what the job's backwards consumed together (4 x 8 forwards), an evaluation that keeps
+    every batch's graph is a leak, live and at the OOM."""
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _steps_of(model, opt, [8, 8])
+    hook.steps.last_step_wall -= 5.0
+    hook._arm_forwards_in_a_pause()
+    model.eval()
+    _evaluate(cuda, model, batches=40, kept_per_forward=GIB // 2)
+    assert hook.forwards.pile(0, CAPACITY) is not None
+    _evaluate(cuda, model, batches=1, kept_per_forward=0, oom_at=1, base=4 * GIB + 40 * GIB // 2)
+    d = _event(spool)["diagnosis"]
+    assert d["cause"] == "leak" and d["facts"]["remedies"][0] == "leak", d["summary"]
+    assert "no_grad" in d["facts"]["remedies"]

@@ -256,7 +256,7 @@ def _model_states_order(ev: Evidence) -> list[str]:
     if ev.strategy == "ddp" or int(ev.f.get("world_size") or 1) > 1 or not single:
         cheap = [k for k in single if k == "bucket_view"]
         return [*cheap, "shard", *(["bucket_view"] if ev.buckets else []), "light_optimizer", "bf16_params"]
-    return [*single, "shard", *rest]
+    return [*single, "cpu_offload", "shard", *rest]
 
 
 def _parameters(f: OomFacts) -> int:
@@ -312,7 +312,8 @@ def _evaluation_rule(ev: Evidence) -> Optional[Diagnosis]:
     needed = f"{fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of {fb(ev.total)}"
     return ev.result(
         Cause.ACTIVATIONS,
-        ["no_grad", "eval_batch"] if recording else ["eval_batch"],  # never cast the weights being trained
+        # never cast the weights being trained; eval mode alone does not show the forward trains nothing
+        ["no_grad", "eval_batch", "checkpointing"] if recording else ["eval_batch"],
         f"An evaluation forward (the model is in eval mode) does not fit: {needed}"
         + (
             ", with autograd recording, so every activation is kept for a backward that never comes."
@@ -352,15 +353,27 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         return None
     own = fb(ev.step_need) if ev.step_need is not None else "unknown"
     prior = fb(ev.prior_transient) if ev.prior_transient is not None else "unknown"
+    each = ["backward_each"] if (ev.pending or 0) > 1 and (ev.consumed or 0) > 1 else []
     return ev.result(
         Cause.GROWING_DEMAND,
-        ["bound_input", "checkpointing", "batch", "expert_capacity"],
+        ["bound_input", "checkpointing", *each, "batch", "expert_capacity"],
         f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
         f"{fb(ev.requested)} requested), {own} of it on top of what survives between steps, more than "
         f"any earlier step needed on top of it ({prior}; earlier peaks up to "
         f"{fb(ev.prior_peak) if ev.prior_peak is not None else 'unknown'}): the input grew (batch or "
         "sequence; in a mixture-of-experts model, also more tokens routed to one expert: these facts cannot "
-        "tell the two apart). Defragmenting cannot help; bound the input.",
+        "tell the two apart). Defragmenting cannot help; bound the input, or keep less of each step."
+        + _kept_until_backward(ev),
+    )
+
+
+def _kept_until_backward(ev: Evidence) -> str:
+    """What the job's backwards show (wire 1.8): forwards whose graphs live until one backward."""
+    if (ev.pending or 0) <= 1 or ev.consumed is None:
+        return ""
+    return (
+        f" {ev.pending} forwards have kept their graphs since the last backward, as this job's steps do (one "
+        f"backward consumed up to {ev.consumed} together): a longer episode, window or accumulation keeps more."
     )
 
 

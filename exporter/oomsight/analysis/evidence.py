@@ -134,6 +134,10 @@ class Evidence:
         )
         """In a process that never trains: the highest reading of the forwards that completed before
         the failing one (``trend.forwards_peak``), None without such a loop."""
+        self.consumed = f.get("most_forwards_per_backward")
+        """The most forwards whose graphs one backward of this job consumed (wire 1.8; None: none seen)."""
+        self.pending = f.get("forwards_since_backward")
+        """The forwards that recorded a graph since a backward last consumed one (wire 1.8)."""
         in_step_forward = self.training and f.get("phase") == "forward"
         self.frozen_forward = in_step_forward and f.get("module_frozen") is True
         """The forward of a model with no trainable parameter (a distillation teacher, an RLHF reference
@@ -141,6 +145,14 @@ class Evidence:
         self.evaluating = in_step_forward and f.get("module_training") is False and not self.frozen_forward
         """A forward of a model in eval mode (``model.eval()``) in a training job: evaluation, not a
         training step (whose memory the step rows describe)."""
+        self.trains_nothing = (
+            self.no_grad
+            or self.frozen_forward
+            or (not self.training and self.consumed is None and f.get("phase") in ("forward", None))
+        )
+        """The evidence shows the failing forward trains nothing: it runs without autograd, its model has
+        no trainable parameter, or the process has no optimizer and no backward ever ran through its model.
+        Only then may a remedy that changes what the job computes come first (``remedies.CHANGES``)."""
 
     def outgrew(self, needed: Optional[int]) -> bool:
         """Whether ``needed`` (bytes on top of the last floor) is more than any earlier step needed."""
@@ -153,7 +165,10 @@ class Evidence:
         if self.no_grad:
             keys = [remedies.WITHOUT_GRAD.get(k, k) for k in keys]
         picked = remedies.pick([k for k in keys if k], self.job)
+        if not self.trains_nothing:
+            picked = remedies.harmless_first(picked)
         self.facts["remedies"] = picked
+        self.facts["changes_result"] = remedies.changes(picked)
         used = self.facts["in_use"]
         if used:
             summary += f" Already in use: {', '.join(used)}."
@@ -198,18 +213,33 @@ def _forwards_peak(f: OomFacts) -> Optional[float]:
     return trend.forwards_peak(f.get("sampled_allocated") or [], float(now))
 
 
+def consumed_known(f: OomFacts) -> bool:
+    """The event says what the job's backwards consumed of its forwards' graphs (wire 1.8)."""
+    return "most_forwards_per_backward" in f
+
+
+def unconsumed(f: OomFacts) -> bool:
+    """The forwards piling their graphs go beyond what this job's own backwards have consumed
+    (``trend.unconsumed``): only then is a pile of them a leak rather than the step's activations."""
+    return trend.unconsumed(f.get("forwards_since_backward"), f.get("most_forwards_per_backward"), trains(f))
+
+
 def forward_rows(f: OomFacts, job: Mapping[str, Any]) -> Sequence[Sequence[float]]:
-    """The forward rows to judge. Where an optimizer exists but never stepped, none: losses summed
-    over micro-batches before one backward are the first step's activations, not a pile. After a
-    step, the rows of a pause (the hook rows forwards only once the steps paused): judged where the
-    failing model is in eval mode, or where they are more than twice the job's micro-batches."""
+    """The forward rows to judge: since wire 1.8, where the forwards piling go beyond what the job's
+    own backwards have consumed (:func:`unconsumed`). Older events: where an optimizer exists but
+    never stepped, none (losses summed over micro-batches before one backward are the first step's
+    activations); after a step, the rows of a pause, judged where the failing model is in eval mode or
+    where they are more than ``pile_consumed_multiple`` times the job's micro-batches."""
     rows = f.get("forwards_memory") or []
+    if rows and consumed_known(f):
+        return rows if unconsumed(f) else []
     if not rows or not trains(f):
         return rows
     if f.get("last_step_time") is None:
         return []
     micro = int(job.get("accumulation_steps") or 1)
-    return rows if f.get("module_training") is False or len(rows) > 2 * micro else []
+    beyond = len(rows) > th.value("pile_consumed_multiple") * micro
+    return rows if f.get("module_training") is False or beyond else []
 
 
 def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
@@ -219,6 +249,8 @@ def piled(f: OomFacts, per_step: Optional[float], total: int) -> Optional[int]:
     token at a time hides each forward's temporaries between two readings."""
     if f.get("phase") not in ("forward", None):
         return None
+    if f.get("grad_enabled") is not False and consumed_known(f) and not unconsumed(f):
+        return None  # graphs a backward of this job will consume, as its backwards did: the step's own
     last, now = f.get("last_step_time"), f.get("time")
     quiet = max(th.value("pile_step_times") * (per_step or 0.0), th.value("pile_after_steps_seconds"))
     try:

@@ -53,6 +53,8 @@ class OomFacts(TypedDict, total=False):
     expandable_segments: bool
     steps_memory: Sequence[Sequence[float]]  # step rows (analysis.trend)
     forwards_memory: Sequence[Sequence[float]]  # since the last step: [forward, time, allocated, peak or -1] (1.7)
+    forwards_since_backward: Optional[int]  # forwards recording a graph since a backward consumed one (1.8)
+    most_forwards_per_backward: Optional[int]  # the most one backward consumed; None: none did (1.8)
     largest_free_block_bytes: Optional[int]
     phase: Optional[str]  # forward, backward, optimizer, unknown
     job: Optional[Mapping[str, Any]]
@@ -138,7 +140,7 @@ def parallelism(f: OomFacts) -> Mapping[str, Any]:
 def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
     """The facts of a recorded OOM event, so a newer diagnosis can be re-run on an old event."""
     free = int(event.get("device_free_bytes", 0))
-    return OomFacts(
+    facts = OomFacts(
         requested_bytes=int(event.get("requested_bytes", 0)),
         device_total_bytes=int(event.get("device_total_bytes", 0)),
         device_free_bytes=free,
@@ -169,3 +171,8 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         captured_by=str(event.get("captured_by") or "observer"),
         allocator_backend=str(event.get("process", {}).get("allocator_backend") or ""),
     )
+    for key in ("forwards_since_backward", "most_forwards_per_backward"):  # wire 1.8: only where the event says
+        if key in event:
+            facts[key] = event[key]
+    return facts
+

@@ -1,4 +1,5 @@
-"""The remedies a diagnosis can name, and which of them fit a job that already does what.
+"""The remedies a diagnosis can name, which of them change what the job computes, and which fit a
+job that already does what.
 
 A remedy is a key with one sentence of advice. :func:`pick` drops the remedies the job
 already uses (bf16 autocast, activation checkpointing, gradient accumulation,
@@ -30,6 +31,9 @@ REMEDY = {
     "bound_input": "Bound what one step takes in: cap the batch size or the sequence length "
     "(truncate, bucket by length, a max-tokens-per-batch sampler) at what fitted before; "
     "oomsight.probe_batch_size() finds the largest batch that keeps a margin.",
+    "backward_each": "Call backward on each micro-batch's loss as it comes (scaled by 1/N) instead of summing "
+    "the losses before one backward: the gradients are the same sums, and each forward's graph is freed at its "
+    "backward instead of all of them living until the last.",
     "leak": "Do not keep tensors alive across steps, above all not ones that carry their autograd "
     "graph: log loss.item() or loss.detach(), not loss; clear lists of outputs; check hooks and caches.",
     "set_to_none": "Free gradients between steps with optimizer.zero_grad(set_to_none=True) "
@@ -93,6 +97,26 @@ REMEDY = {
     "expert_capacity": "If the model routes tokens to experts (mixture of experts), cap the tokens one expert "
     "takes (a capacity factor; drop or re-route the overflow): its memory then no longer depends on the routing.",
 }
+
+CHANGES: dict[str, str] = {
+    "no_grad": "no gradient flows through this forward: whatever it should train learns nothing from it",
+    "eval_batch": "in a training forward, the effective batch (fewer samples per optimizer step)",
+    "half_precision": "the precision of the weights and activations of this forward",
+    "autocast": "the precision of the forward's matmuls and activations (bf16 rounding)",
+    "bf16_params": "the precision of the parameters, gradients and optimizer state (bf16 rounding of updates)",
+    "quantize_base": "the frozen weights themselves (quantisation error in every output of the base)",
+    "frozen_half": "the frozen model's outputs (its precision)",
+    "frozen_no_grad": "the gradient through the frozen model: where the trained model's output flows through it "
+    "(a discriminator, a frozen decoder) the trained model then learns nothing from it",
+    "smaller_base": "the model the job trains on",
+    "light_optimizer": "the optimizer's update rule (another optimizer trains differently)",
+    "bound_input": "what the job learns from: a smaller batch, shorter sequences or episodes, tokens dropped",
+    "expert_capacity": "the routing: tokens over an expert's capacity are dropped or re-routed",
+}
+"""The remedies that change what the job computes, and what each changes. Every other remedy only
+moves memory (recomputes, offloads, shards, frees sooner, splits the same work): the job learns the
+same. A remedy here is never first unless the evidence shows the forward trains nothing
+(:func:`harmless_first`), and its text always says what it changes (:func:`texts`)."""
 
 FULL_SHARDING = ("FULL_SHARD", "HYBRID_SHARD")
 """Shardings that free the gathered parameters after forward."""
@@ -160,8 +184,25 @@ def pick(keys: Sequence[str], job: Optional[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def harmless_first(keys: Sequence[str]) -> list[str]:
+    """``keys`` with a remedy that only moves memory first: the first of them moves to the front where
+    a result-changing one led (``CHANGES``); where none does, recording the allocation history (which
+    changes nothing) comes first. For a forward that may train: no advice may stop a job learning."""
+    out = list(keys)
+    if not out or out[0] not in CHANGES:
+        return out
+    harmless = next((k for k in out if k not in CHANGES), "history")
+    return [harmless, *(k for k in out if k != harmless)]
+
+
+def changes(keys: Sequence[str]) -> list[str]:
+    """The keys among ``keys`` that change what the job computes."""
+    return [k for k in keys if k in CHANGES]
+
+
 def texts(keys: Sequence[str]) -> list[str]:
-    return [REMEDY[k] for k in keys]
+    """Each remedy's advice; a result-changing one says what it changes."""
+    return [REMEDY[k] + (f" This changes the result: {CHANGES[k]}." if k in CHANGES else "") for k in keys]
 
 
 def in_use(job: Optional[Mapping[str, Any]]) -> list[str]:

@@ -111,10 +111,17 @@ TABLE: dict[str, Threshold] = {
     ),
     "pile_step_times": Threshold(
         3.0, "step times", "after optimizer steps memory must keep rising for this many step times: a "
-        "forward takes less than one step", "evidence",
+        "forward takes less than one step (and the hook rows forwards again after such a pause)", "evidence",
     ),
     "pile_after_steps_seconds": Threshold(
         1.0, "seconds", "... and for at least this long (ten sampler readings)", "evidence",
+    ),
+    "pile_consumed_multiple": Threshold(
+        4.0, "x the most forwards one backward consumed", "forwards recording a graph since the last backward "
+        "are a leak only beyond this many times what this job's own backwards have consumed together: a step "
+        "that sums its micro-batch losses, a REINFORCE episode or a truncated-BPTT window keeps its graphs until "
+        "its backward, and the next may be longer than any before (a longer episode); an evaluation that keeps "
+        "every batch's graph grows without a backward", "trend, evidence",
     ),
     "forwards_churn": Threshold(
         2.0, "x the lifetime peak", "forwards ran before the failing one when the bytes allocated in the "

@@ -288,6 +288,19 @@ def forward_pile(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Option
         return None
 
 
+def unconsumed(pending: Optional[int], most: Optional[int], trains: bool) -> bool:
+    """Whether the forwards that recorded a graph since the last backward (``pending``) go beyond what
+    this job's own backwards have consumed: ``most`` is the most forwards whose graphs one backward
+    consumed (None: no backward ever ran through the model). A training job (``trains``) whose
+    backwards were never seen cannot tell: not beyond. A process that never trained nor ran a backward
+    keeps its graphs for nothing. Summed micro-batch losses, a REINFORCE episode, a truncated-BPTT window
+    keep graphs until their backward: a pile of them is the step's activations, not a leak, up to
+    ``pile_consumed_multiple`` times the most seen together."""
+    if most is None:
+        return not trains
+    return pending is not None and pending > th.value("pile_consumed_multiple") * max(most, 1)
+
+
 def piled_up(
     samples: Sequence[Sequence[float]],
     since: Optional[float],

@@ -8,27 +8,41 @@ per batch: the memory after each forward then rises by the same amount, forward 
 can fill the GPU within a second, faster than the sampler reads. The step rows cannot see it (no
 optimizer steps); these rows can, at any speed (``analysis.trend.forward_pile``).
 
+So can a training step that keeps its graphs until one backward: losses summed over micro-batches,
+a REINFORCE episode, truncated BPTT. The rows cannot tell the two apart; what the job itself does
+can. For the whole life of the process the hook watches what its backwards consume: each forward
+that records a graph puts a pre-hook on its output's ``grad_fn`` (1.5 µs), which fires when a
+backward runs through it. ``pending`` counts the forwards recording a graph since a backward last
+consumed one, ``most_consumed`` the most forwards whose graphs one backward consumed (None: no
+backward ever did). A pile is a leak only beyond what this job's own backwards have consumed
+(``analysis.trend.unconsumed``): the OOM event carries both numbers (wire 1.8) and the live flag
+obeys the same rule.
+
 How the model is found without a global module hook on every call: at CUDA's initialisation one
 global forward pre-hook is registered; the first module with state on the device called after it
 with autograd recording (eagerly, not while ``torch.compile`` traces) is the outermost model of
 that call (under ``no_grad`` nothing is rowed, so an inference process never hooks its model).
 The pre-hook then removes itself and a forward hook is registered on that module alone. The forward hook counts
-the forward, and while no optimizer step has come and autograd records, reads the allocator (one
-raw call, ~20 µs on an H200) at most every ``min_interval_seconds``. At the next optimizer step it
-removes itself (training has its step rows), and after ``IDLE_FORWARDS`` forwards in a row without
-autograd (inference). Once a training job's steps pause (3 step times, 1 s at least: the runtime
-looks at each publish) the pre-hook is armed again, once per pause, with the rows of before dropped.
-It costs 1.2 µs a forward on a CPU core, 0.85 µs of which torch spends on calling any forward
+the forward, watches its output's consumption, and while no optimizer step has come since the
+arming and autograd records, reads the allocator (one raw call, ~20 µs on an H200) at most every
+``min_interval_seconds``. An optimizer step ends the rows (training has its step rows), not the
+hook; after ``IDLE_FORWARDS`` forwards in a row without autograd in a process that never stepped
+nor ran a backward through the model (inference) the hook removes itself. Once a training job's
+steps pause (``pile_step_times`` step times, ``pile_after_steps_seconds`` at least: the runtime
+looks at each publish) the rows are armed again, once per pause, with the rows of before dropped.
+It costs about 3 µs a forward on a CPU core, 0.85 µs of which torch spends on calling any forward
 hook (``benchmarks/bench_forward_hook.py``); ``overhead-eval.json`` measures the whole of oomsight
 on an evaluation loop on the H200.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from oomsight.analysis import trend
@@ -64,50 +78,68 @@ class ForwardMemory:
         self.sampler = sampler
         self.errors = errors
         self.steps = steps
-        """Optimizer steps so far: one since the arming ends the hooks and the rows."""
+        """Optimizer steps so far: one since the arming ends the rows."""
         self.min_interval = min_interval_seconds
         self.clock = clock
         self.wall = wall
         self.book = RowBook(MAX_ROWS)
         self.count = 0
         """Forwards of the outermost model seen (read or not)."""
+        self.pending = 0
+        """Forwards of the model that recorded a graph since a backward last consumed one."""
+        self.most_consumed: Optional[int] = None
+        """The most forwards whose graphs one backward consumed; None: no backward ever ran through one."""
         self.root_name: Optional[str] = None
         self.device_type = "cuda"
         """The device type of the model to find (tests find a CPU one)."""
         self._torch: Any = None
-        self._handles: list[Any] = []
+        self._finder: Any = None
+        self._root: Any = None
         self._last_read = -float("inf")
         self._idle = 0
         self._looked = 0
         self._armed_steps: Optional[int] = None
+        self._task: Any = None
+        self._run = 0
+        self._forwarded = True
+        """A forward came since the last consumption (without graph task ids: a new backward next)."""
         self._lock = threading.Lock()
 
     def stepped(self) -> bool:
-        """An optimizer step came since the arming (then these hooks and rows are done)."""
+        """An optimizer step came since the arming (then the rows are done)."""
         return self._armed_steps is None or self.steps() != self._armed_steps
 
     def arm(self, torch: Any) -> bool:
-        """Register the one global pre-hook that finds the outermost model: at CUDA's initialisation,
-        and again (from the sampler thread) once a training job's steps pause (an evaluation phase),
-        at most once per step count. Rows of an earlier arming are dropped."""
+        """Start the rows: at CUDA's initialisation, and again (from the sampler thread) once a training
+        job's steps pause (an evaluation phase), at most once per step count. Rows of an earlier arming
+        are dropped. Until the model is found, one global pre-hook looks for it."""
         with self._lock:
             steps = self.steps()
-            if self._handles or steps == self._armed_steps:
+            if steps == self._armed_steps or (self._finder is not None):
                 return False
             self._torch = torch
             self._armed_steps = steps
             self.book = RowBook(MAX_ROWS)
-            self._looked = self._idle = 0
+            self._idle = 0
             self._last_read = -float("inf")
-            self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._find))
+            if self._root is None:
+                self._looked = 0
+                self._finder = torch.nn.modules.module.register_module_forward_pre_hook(self._find)
             return True
 
     def close(self) -> None:
         """Remove every hook; the rows stay for an OOM to report."""
+        self._stop_finding()
         with self._lock:
-            handles, self._handles = self._handles, []
-        for handle in handles:
-            handle.remove()
+            root, self._root = self._root, None
+        if root is not None:
+            root.remove()
+
+    def _stop_finding(self) -> None:
+        with self._lock:
+            finder, self._finder = self._finder, None
+        if finder is not None:
+            finder.remove()
 
     def _find(self, module: Any, _args: Any) -> None:
         try:
@@ -115,8 +147,8 @@ class ForwardMemory:
             if compiler is not None and compiler.is_compiling():
                 return  # traced into a compiled graph: never act there
             self._looked += 1
-            if self.stepped() or self._looked > FIND_CALLS:
-                self.close()
+            if self._root is not None or self.stepped() or self._looked > FIND_CALLS:
+                self._stop_finding()
                 return
             if not self.cuda.grad_enabled():
                 return  # nothing to row: under no_grad the model gets no hook (inference, export)
@@ -125,27 +157,30 @@ class ForwardMemory:
                 state = next(module.buffers(), None)
             if state is None or state.device.type != self.device_type:
                 return  # a transform or container without state, or a model elsewhere: not this one
-            self.close()
+            self._stop_finding()
             self.root_name = type(module).__name__
+            handle = module.register_forward_hook(AfterForward(self, module))
             with self._lock:
-                self._handles.append(module.register_forward_hook(AfterForward(self, module)))
+                self._root = handle
         except Exception as exc:
             self.errors.record("forward_memory", exc)
             self.close()
 
-    def after(self) -> None:
+    def after(self, output: Any) -> None:
         """After a forward of the model (its hook, :class:`AfterForward`)."""
         try:
             self.count += 1
-            if self.stepped():
-                self.close()
-                return
             if not self.cuda.grad_enabled():
                 self._idle += 1
-                if self._idle >= IDLE_FORWARDS:
-                    self.close()
+                if self._idle >= IDLE_FORWARDS and self.most_consumed is None and self.steps() == 0:
+                    self.close()  # an inference process: nothing to watch
                 return
             self._idle = 0
+            self.pending += 1
+            self._forwarded = True
+            self._watch(output)
+            if self.stepped():
+                return  # rows only where no optimizer step came since the arming
             now = self.clock()
             if now - self._last_read < self.min_interval:
                 return
@@ -154,6 +189,32 @@ class ForwardMemory:
         except Exception as exc:
             self.errors.record("forward_memory", exc)
             self.close()
+
+    def _watch(self, output: Any) -> None:
+        """Put a pre-hook on the ``grad_fn`` of the forward's output: it fires when a backward consumes
+        the forward's graph (a graph never consumed is freed with its hook)."""
+        node = _grad_fn(output)
+        if node is not None:
+            node.register_prehook(self._consumed)
+
+    def _consumed(self, _grad_outputs: Any) -> None:
+        """A backward ran through a forward's output (autograd's thread): group the forwards one
+        backward consumes by its graph task (or, without task ids, by the forwards between)."""
+        try:
+            task = _task_id(self._torch)
+            if task != self._task or (task is None and self._forwarded):
+                self._task, self._run = task, 0
+            self._forwarded = False
+            self._run += 1
+            self.pending = 0
+            if self.most_consumed is None or self._run > self.most_consumed:
+                self.most_consumed = self._run
+        except Exception as exc:
+            self.errors.record("forward_memory", exc)
+
+    def consumption(self) -> dict[str, Optional[int]]:
+        """What the job's backwards consumed, for an OOM event (wire 1.8)."""
+        return {"forwards_since_backward": self.pending, "most_forwards_per_backward": self.most_consumed}
 
     def _read(self) -> None:
         stamp = round(self.wall(), 3)
@@ -171,10 +232,37 @@ class ForwardMemory:
 
     def pile(self, index: int, capacity_bytes: int) -> Optional[int]:
         """The device's rows judged (``trend.forward_pile``, sampler thread): the rise where the memory
-        left after each forward climbs as a leak does, else None; judged again only after a new row."""
+        left after each forward climbs as a leak does and the forwards piling go beyond what this job's
+        backwards consumed (``trend.unconsumed``), else None; the rows judged again only after a new row."""
         if self.stepped():  # the rows of before a step are stale, whatever was judged of them
             return None
+        if not trend.unconsumed(self.pending, self.most_consumed, trains=self.steps() > 0):
+            return None
         return self.book.judged(index, capacity_bytes, lambda rows: trend.forward_pile(rows, capacity_bytes))
+
+
+OUTPUT_ITEMS = 8
+"""Items of a tuple, list or mapping output looked at for a tensor with a ``grad_fn``."""
+
+
+def _grad_fn(output: Any) -> Any:
+    """The ``grad_fn`` of the forward's output: a tensor, or the first of a few items of a tuple, list
+    or mapping (a ``transformers`` ``ModelOutput``) that has one."""
+    node = getattr(output, "grad_fn", None)
+    if node is not None:
+        return node
+    items = output.values() if isinstance(output, Mapping) else output if isinstance(output, (tuple, list)) else ()
+    for item in itertools.islice(items, OUTPUT_ITEMS):
+        node = getattr(item, "grad_fn", None)
+        if node is not None:
+            return node
+    return None
+
+
+def _task_id(torch: Any) -> Optional[int]:
+    """The running backward's graph task (torch 2.1+), None where torch has no such call."""
+    current = getattr(getattr(torch, "_C", None), "_current_graph_task_id", None)
+    return int(current()) if current is not None else None
 
 
 class AfterForward:
@@ -183,8 +271,8 @@ class AfterForward:
     and it ignores the copy; a pickled model (``torch.save(model)``) carries a no-op of the standard
     library in its place (``Logger.debug`` of a logger of its own), so loading needs no oomsight.
     ``torch.jit.script`` compiles a module's hooks and cannot compile this one: its error names
-    ``oomsight_forward_rows``; script after the first optimizer step, under ``no_grad``, or with
-    ``OOMSIGHT_STEP_HOOK=0`` (docs/diagnosis.md)."""
+    ``oomsight_forward_rows``; script a model built or loaded anew (a ``deepcopy`` shares the hook), or
+    set ``OOMSIGHT_STEP_HOOK=0`` (docs/diagnosis.md)."""
 
     __name__ = "oomsight_forward_rows"
 
@@ -195,15 +283,15 @@ class AfterForward:
     def __call__(self, module: Any, _args: Any, _output: Any) -> None:
         compiler = getattr(self.memory._torch, "compiler", None)
         if module is self.root() and not (compiler is not None and compiler.is_compiling()):
-            self.memory.after()
+            self.memory.after(_output)
 
     @property
     def __globals__(self) -> dict[str, Any]:
         """Read by ``torch.jit.script`` alone, compiling the module's hooks: say what to do instead."""
         raise RuntimeError(
-            "oomsight_forward_rows: TorchScript cannot compile oomsight's forward hook on this model (it rows "
-            "the memory after each forward until the first optimizer step); script the model under "
-            "torch.no_grad() or after an optimizer step, or set OOMSIGHT_STEP_HOOK=0"
+            "oomsight_forward_rows: TorchScript cannot compile oomsight's forward hook on this model (it watches "
+            "what the backwards consume of each forward's graph); script a model built or loaded anew, or set "
+            "OOMSIGHT_STEP_HOOK=0"
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> AfterForward:

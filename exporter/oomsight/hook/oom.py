@@ -202,6 +202,7 @@ class OomRecorder:
         forwards = self._guarded("forward_memory", lambda: ctx.forwards_memory(device))
         if forwards:  # wire 1.7: no optimizer step since they began (none yet, or a training job's pause)
             event["forwards_memory"] = forwards
+        event.update(self._guarded("forward_memory", ctx.consumption) or {})  # wire 1.8
         return cast(OomEvent, event)
 
     def _layout_at_oom(self, device: int) -> dict[str, Any]:
@@ -428,6 +429,10 @@ class OomContext:
 
     def forwards_memory(self, device: int) -> list[list[float]]:
         return []
+
+    def consumption(self) -> dict[str, Optional[int]]:
+        """What the job's backwards consumed of its forwards' graphs (wire 1.8); nothing where unknown."""
+        return {}
 
     def job(self) -> Optional[dict[str, Any]]:
         return None

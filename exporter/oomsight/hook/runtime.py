@@ -19,6 +19,7 @@ import time
 from types import TracebackType
 from typing import Any, Optional
 
+from oomsight.analysis import thresholds as th
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
 from oomsight.analysis.units import format_bytes
@@ -39,8 +40,6 @@ from oomsight.hook.steps import StepTracker, model_states
 from oomsight.wire.schema import BatchAdvice, LeakFinding, PeakPrediction
 from oomsight.wire.spool import SpoolWriter
 
-FORWARD_PAUSE_SECONDS = 1.0
-"""A pause in a training job's optimizer steps after which its forwards are rowed (3 step times at least)."""
 LEAK_SCAN_INTERVAL_SECONDS = 300.0
 """At most one scan for graph-holding tensors per five minutes (gc.get_objects() is not free)."""
 
@@ -176,13 +175,13 @@ class Hook:
         return self.steps.count if self.steps is not None else 0
 
     def _arm_forwards_in_a_pause(self) -> None:
-        """Sampler thread: once a training job's optimizer steps pause for 3 step times (at least
-        ``FORWARD_PAUSE_SECONDS``; known from the second step), an evaluation phase may run: row its
-        forwards (hook.forwards)."""
+        """Sampler thread: once a training job's optimizer steps pause for ``pile_step_times`` step times
+        (at least ``pile_after_steps_seconds``: the bar the diagnosis reads a pile by; a step time is known
+        from the second step), an evaluation phase may run: row its forwards (hook.forwards)."""
         steps = self.steps
         if self.torch is None or steps is None or steps.last_step_wall is None or steps.last_duration is None:
             return  # a step time is known from the second step on: before it, no pause can be told
-        pause = max(FORWARD_PAUSE_SECONDS, 3 * steps.last_duration)
+        pause = max(th.value("pile_after_steps_seconds"), th.value("pile_step_times") * steps.last_duration)
         if time.time() - steps.last_step_wall >= pause:
             self.forwards.arm(self.torch)
 
@@ -338,6 +337,9 @@ class _Context(OomContext):
 
     def forwards_memory(self, device: int) -> list[list[float]]:
         return self.hook.forwards.series(device)
+
+    def consumption(self) -> dict[str, Optional[int]]:
+        return self.hook.forwards.consumption()
 
     def job(self) -> Optional[dict[str, Any]]:
         return self.hook.job_setup()

@@ -503,6 +503,11 @@ class OomEvent(TypedDict):
     #: began (none yet, or a training job's pause), oldest first, at most 128: rows [forward, time,
     #: allocated_bytes, peak_bytes] (peak -1: the forward set no new lifetime peak) (since 1.7)
     forwards_memory: NotRequired[list[list[float]]]
+    #: forwards of the outermost model that recorded a graph since a backward last consumed one (since 1.8)
+    forwards_since_backward: NotRequired[Optional[int]]
+    #: the most forwards whose graphs one backward consumed together (null: no backward ran through the model)
+    #: (since 1.8)
+    most_forwards_per_backward: NotRequired[Optional[int]]
 
 
 class ProfileOp(TypedDict):

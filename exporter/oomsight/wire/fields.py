@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from oomsight.wire.fieldtypes import (
     AT_OOM,
+    CONSUMED,
     FORWARDS,
     JUDGED,
     LATER,
@@ -437,6 +438,16 @@ OOM_EVENT = Table(
             "since they began (none yet, or a training job's pause), oldest first, at most 128: rows "
             "[forward, time, allocated_bytes, peak_bytes] (peak -1: the forward set no new lifetime peak)",
             items="row", since=FORWARDS,
+        ),
+        nullable(
+            "forwards_since_backward", "int",
+            "forwards of the outermost model that recorded a graph since a backward last consumed one",
+            since=CONSUMED,
+        ),
+        nullable(
+            "most_forwards_per_backward", "int",
+            "the most forwards whose graphs one backward consumed together (null: no backward ran through the model)",
+            since=CONSUMED,
         ),
     ),
     kind="oom_event",

@@ -36,6 +36,11 @@ FORWARDS = "1.7"
 step since (evaluation, inference, a training job's pause), and the hook's verdict on it: a loop that
 keeps every batch's graph is seen at any speed, where the sampler's readings are too slow."""
 
+CONSUMED = "1.8"
+"""What a training job's own backwards consume of its forwards' graphs, at an OOM: the forwards that
+recorded a graph since a backward last consumed one, and the most one backward consumed together. A
+pile of forwards is a leak only beyond what the job's backwards have shown they consume."""
+
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
 """``int`` within ±2**63; ``number`` finite; ``time`` Unix seconds within ±2**33;
