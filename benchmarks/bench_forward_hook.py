@@ -1,5 +1,7 @@
 """The forward hook's own cost per forward (``hook/forwards.py``), on one CPU core, against the same
-module without a hook and with an empty forward hook, in interleaved rounds.
+module without a hook and with an empty forward hook, in interleaved rounds. Each forward records a
+graph, so the oomsight variant also puts its pre-hook on the output's ``grad_fn`` (what a backward
+consumes, wire 1.8).
 
     PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_forward_hook.py --out benchmarks/results
 
@@ -51,7 +53,7 @@ def run(rounds: int, calls: int) -> dict[str, object]:
 
     modules = {name: torch.nn.Linear(4, 4) for name in VARIANTS}
     modules["empty_hook"].register_forward_hook(lambda *_: None)
-    memory = ForwardMemory(FakeCuda(), Devices(), ErrorBook(), stepped=lambda: False)  # type: ignore[arg-type]
+    memory = ForwardMemory(FakeCuda(), Devices(), ErrorBook(), steps=lambda: 0)  # type: ignore[arg-type]
     memory.device_type = "cpu"
     memory.arm(torch)
     modules["oomsight_forward_rows"](x)  # found: its hook registered, the global pre-hook gone

@@ -165,3 +165,38 @@ def test_a_count_moves_by_at_least_one_and_the_table_comes_back():
     with th.moved("min_rows", 1.25) as now:
         assert th.count("min_rows") == now == 8
     assert th.count("min_rows") == 6
+
+
+def _inline_numbers(module: str, source: str = "") -> dict[str, set[float]]:
+    """Every numeric literal other than 0 and 1 inside the module's functions, by ``module.function``."""
+    if not source:
+        with open(os.path.join(ANALYSIS, f"{module}.py")) as fh:
+            source = fh.read()
+    tree = ast.parse(source)
+    found: dict[str, set[float]] = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Constant) and isinstance(inner.value, (int, float)):
+                if not isinstance(inner.value, bool) and inner.value not in (0, 1):
+                    found.setdefault(f"{module}.{node.name}", set()).add(inner.value)
+    return found
+
+
+def test_no_rule_function_writes_a_judgement_inline():
+    """A number inside a rule function is a shape (a row's columns, a series cut in thirds) declared in
+    ``thresholds.SHAPES`` with its reason; anything else must be a row of the table (``2 * micro`` once
+    read forwards as micro-batches, the pause bar was restated as literals)."""
+    found: dict[str, set[float]] = {}
+    for module in ("trend", "evidence", "diagnosis", "oomfacts", "remedies"):
+        found.update(_inline_numbers(module))
+    undeclared = {name: values - set(th.SHAPES.get(name, ((), ""))[0]) for name, values in found.items()}
+    assert {name: v for name, v in undeclared.items() if v} == {}
+    assert set(th.SHAPES) <= set(found), "a declared shape no function writes any more: drop it"
+
+
+def test_the_inline_number_finder_finds_the_literal_a_rule_once_kept():
+    kept = "def forward_rows(rows, micro):\n    return rows if len(rows) > 2 * micro and rows[0] else []\n"
+    assert _inline_numbers("evidence", kept) == {"evidence.forward_rows": {2}}
+    assert _inline_numbers("evidence").get("evidence.forward_rows") is None

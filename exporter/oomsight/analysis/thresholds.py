@@ -200,6 +200,31 @@ TABLE: dict[str, Threshold] = {
 _moved: dict[str, float] = {}
 
 
+SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
+    "trend._analyse": ((5,), "a full step row has 5 columns (the wire's columns)"),
+    "trend.leak_in": ((2, 4, 8), "the windows judged are 1, 2, 4 and 8 x recent_rows (its row says so)"),
+    "trend._leak_growth": ((2, 3), "a line fit's degrees of freedom (n - 2); the series cut in thirds"),
+    "trend._transient_flat": ((2, 3), "the row's transient column; the series cut in thirds"),
+    "trend._envelope_rises": ((2, 3), "the lower envelope of three thirds, which needs two values in each"),
+    "trend.leak_before_oom": ((5,), "a full step row has 5 columns"),
+    "trend.legacy_leak": ((2, 3), "the legacy trough rows' columns [time, floor, steps]"),
+    "trend.forward_pile": ((2, 3, 4), "the forward rows' columns [forward, time, allocated, peak]"),
+    "trend.piled_up": ((2, 3, 4), "the readings judged from a quarter, a half and three quarters of the way in"),
+    "trend._pile": ((3, 4), "the readings cut in quarters"),
+    "trend.forwards_peak": ((2, 3, 4), "the sampler readings' columns [time, allocated, peak, allocated total]"),
+    "trend._falls_back": ((2,), "the readings' halves"),
+    "trend._fit": ((2,), "a square"),
+    "trend._slope": ((2,), "a line needs two points"),
+    "trend._t_stat": ((0.5, 2, 3), "Student's t of a line fit: n - 2 degrees of freedom, a square root"),
+    "trend._seconds_per_step": ((2,), "a step time needs two rows"),
+    "diagnosis._outside_rule": ((2,), "two processes listed by NVML: another besides this one"),
+    "diagnosis._model_states_order": ((2,), "bf16 parameters are half of fp32's; ZeRO stages 1 and 2"),
+    "remedies.sharded": ((3,), "ZeRO stage 3 shards the parameters"),
+}
+"""The numbers rule functions may write inline, other than 0 and 1: shapes of the tests and of the
+wire's rows, and ratios that follow from dtypes, never a judgement. ``tests/test_thresholds.py``
+walks every rule function and fails on any other inline number: a judgement is a row of ``TABLE``."""
+
 def value(name: str) -> float:
     """The threshold ``name`` as it stands now (moved by :func:`moved`, else the table's)."""
     return _moved.get(name, TABLE[name].value)
