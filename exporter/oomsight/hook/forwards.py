@@ -11,10 +11,10 @@ optimizer steps); these rows can, at any speed (``analysis.trend.forward_pile``)
 So can a training step that keeps its graphs until one backward: losses summed over micro-batches,
 a REINFORCE episode, truncated BPTT. The rows cannot tell the two apart; what the job itself does
 can. For the whole life of the process the hook watches what its backwards consume: each forward
-that records a graph puts a pre-hook on its output's ``grad_fn`` (1.5 µs), which fires when a
-backward runs through it. ``pending`` counts the forwards recording a graph since a backward last
-consumed one, ``most_consumed`` the most forwards whose graphs one backward consumed (None: no
-backward ever did). A pile is a leak only beyond what this job's own backwards have consumed
+that records a graph (the 1st, 2nd, 4th... since the last consumption) puts a pre-hook on its
+output's ``grad_fn`` (1.5 µs), which fires when a backward runs through it. ``pending`` counts the
+forwards recording a graph since a backward last consumed one, ``most_consumed`` the most forwards
+whose graphs one backward consumed (None: no backward ever did). A pile is a leak only beyond what this job's own backwards have consumed
 (``analysis.trend.unconsumed``): the OOM event carries both numbers (wire 1.8) and the live flag
 obeys the same rule.
 
@@ -100,6 +100,8 @@ class ForwardMemory:
         self._looked = 0
         self._armed_steps: Optional[int] = None
         self._task: Any = None
+        self._window = 0
+        """The forwards pending when the running backward began."""
         self._run = 0
         self._forwarded = True
         """A forward came since the last consumption (without graph task ids: a new backward next)."""
@@ -178,7 +180,8 @@ class ForwardMemory:
             self._idle = 0
             self.pending += 1
             self._forwarded = True
-            self._watch(output)
+            if self.pending & (self.pending - 1) == 0:  # the oldest pending forward, and at each doubling
+                self._watch(output, self.pending)
             if self.stepped():
                 return  # rows only where no optimizer step came since the arming
             now = self.clock()
@@ -190,23 +193,27 @@ class ForwardMemory:
             self.errors.record("forward_memory", exc)
             self.close()
 
-    def _watch(self, output: Any) -> None:
+    def _watch(self, output: Any, index: int) -> None:
         """Put a pre-hook on the ``grad_fn`` of the forward's output: it fires when a backward consumes
-        the forward's graph (a graph never consumed is freed with its hook)."""
+        the forward's graph (a graph never consumed is freed with its hook). Only the 1st, 2nd, 4th,
+        8th... forward since the last consumption is watched: a backward that consumes the k-th consumed
+        the forwards after it too (their losses were summed after it), so the oldest watched one it
+        reaches tells how many it took to within a factor of two, at log2(n) hooks for n forwards."""
         node = _grad_fn(output)
         if node is not None:
-            node.register_prehook(self._consumed)
+            node.register_prehook(Consumed(self, index))
 
-    def _consumed(self, _grad_outputs: Any) -> None:
-        """A backward ran through a forward's output (autograd's thread): group the forwards one
-        backward consumes by its graph task (or, without task ids, by the forwards between)."""
+    def consumed(self, index: int) -> None:
+        """A backward ran through the ``index``-th forward since the last consumption (autograd's
+        thread): it consumed that forward and the ones after it. One backward is one graph task (or,
+        where torch has no task ids, the consumptions with no forward between)."""
         try:
             task = _task_id(self._torch)
             if task != self._task or (task is None and self._forwarded):
-                self._task, self._run = task, 0
+                self._task, self._window, self._run = task, self.pending, 0
+                self.pending = 0
             self._forwarded = False
-            self._run += 1
-            self.pending = 0
+            self._run = max(self._run, self._window - index + 1)
             if self.most_consumed is None or self._run > self.most_consumed:
                 self.most_consumed = self._run
         except Exception as exc:
@@ -263,6 +270,19 @@ def _task_id(torch: Any) -> Optional[int]:
     """The running backward's graph task (torch 2.1+), None where torch has no such call."""
     current = getattr(getattr(torch, "_C", None), "_current_graph_task_id", None)
     return int(current()) if current is not None else None
+
+
+class Consumed:
+    """The pre-hook on a watched forward's ``grad_fn`` (see :meth:`ForwardMemory.consumed`)."""
+
+    __slots__ = ("index", "memory")
+
+    def __init__(self, memory: ForwardMemory, index: int) -> None:
+        self.memory = memory
+        self.index = index
+
+    def __call__(self, _grad_outputs: Any) -> None:
+        self.memory.consumed(self.index)
 
 
 class AfterForward:
