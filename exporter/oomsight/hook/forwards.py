@@ -14,9 +14,9 @@ can. For the whole life of the process the hook watches what its backwards consu
 that records a graph (the 1st, 2nd, 4th... since the last consumption) puts a pre-hook on its
 output's ``grad_fn`` (1.5 µs), which fires when a backward runs through it. ``pending`` counts the
 forwards recording a graph since a backward last consumed one, ``most_consumed`` the most forwards
-whose graphs one backward consumed (None: no backward ever did). A pile is a leak only beyond what this job's own backwards have consumed
-(``analysis.trend.unconsumed``): the OOM event carries both numbers (wire 1.8) and the live flag
-obeys the same rule.
+whose graphs one backward consumed (None: no backward ever did). A pile is a leak only beyond what
+this job's own backwards have consumed (``analysis.trend.unconsumed``): the OOM event carries both
+numbers (wire 1.8) and the live flag obeys the same rule.
 
 How the model is found without a global module hook on every call: at CUDA's initialisation one
 global forward pre-hook is registered; the first module with state on the device called after it
