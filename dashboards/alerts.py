@@ -95,7 +95,11 @@ def forecast_alerts() -> list[Alert]:
             "OomsightCudaOomPredicted",
             r.promql(f"""
                 (
-                  oomsight_oom_forecast_seconds < {seconds}
+                  oomsight_oom_forecast_earliest_seconds < {seconds}
+                  or (
+                    oomsight_oom_forecast_seconds < {seconds}
+                    unless oomsight_oom_forecast_earliest_seconds
+                  )
                   or (
                     predict_linear(oomsight_torch_window_peak_allocated_bytes[{lookback}], {seconds})
                       > oomsight_torch_window_peak_reserved_bytes + oomsight_gpu_headroom_bytes
@@ -107,8 +111,10 @@ def forecast_alerts() -> list[Alert]:
             T.forecast_for,
             "warning",
             "GPU memory is on course to run out within the forecast horizon.",
-            f"At the leak or growth of its step peaks, {WHERE} runs out of memory within {horizon} minutes "
-            "(oomsight_oom_forecast_seconds, from the step-resolved memory; hooks older than it: the growth "
+            f"At the leak or growth of its step peaks, {WHERE} may run out of memory within {horizon} minutes "
+            "(oomsight_oom_forecast_earliest_seconds, the earliest plausible time from the step-resolved memory "
+            "and its noise; the central forecast is oomsight_oom_forecast_seconds, which hooks before wire 1.9 "
+            "alone give; hooks without step rows: the growth "
             f"of the window peak over the last {lookback} while headroom is below "
             f"{knob('forecast_headroom_ratio', 'percent')}).",
         ),

@@ -90,7 +90,13 @@ def test_every_recorded_state_is_served_byte_for_byte_as_before(name):
         if key.startswith("retained|"):
             expected = without_zero_ooms(expected)
         expected = _LAST_REASON.sub(with_budget_reasons, expected)
-        assert text == expected, key
+        assert _FORECAST.sub(b"", text) == _FORECAST.sub(b"", expected), key
+
+
+_FORECAST = re.compile(rb"^(?:# (?:HELP|TYPE|UNIT) )?(?:U__)?oomsight_+oom_+forecast_+\w*[^\n]*\n", re.M)
+"""Issue 37: the time-to-OOM forecast is made by the kind of rise (its numbers moved on purpose) and
+has an earliest time beside it (a new family): both are checked by ``tests/test_forecast.py`` and
+``benchmarks/bench_forecast.py``, not against the recorded text."""
 
 
 _ZERO_OOMS = re.compile(rb"^(?:U__)?oomsight_+oom_+events_+total(\{[^\n]*\}) 0\.0$", re.M)
@@ -254,7 +260,7 @@ def wsgi(app, method="GET", query="", **headers):
 )
 @pytest.mark.parametrize("query", ["", "name[]=oomsight_process_up&name[]=oomsight_sidecar_http_errors_total"])
 def test_the_sidecar_answers_metrics_as_prometheus_client_s_own_app_does(spool, headers, query):
-    from oomsight_sidecar.listener import ServerErrors
+    from oomsight_server.listener import ServerErrors
     from oomsight_sidecar.server import MetricsApp, ServerCollector
 
     put(spool, snapshot_path(1), snapshot(pid=1))

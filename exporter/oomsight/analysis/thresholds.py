@@ -100,6 +100,46 @@ TABLE: dict[str, Threshold] = {
         "leak of its own: half of one NCCL communicator, less than a CUDA context, so a communicator or an "
         "extension's buffer made per step shows within a few steps (not only at 25 % of the GPU)", "trend",
     ),
+    # --- the time-to-OOM forecast (analysis.forecast) -----------------------------------------------
+    "forecast_min_points": Threshold(
+        4, "points", "the fewest points a forecast line is fitted through (2 degrees of freedom for its "
+        "residual): a demand's running peak sets a new high at fewer rows than a leak's floor rises", "forecast",
+        integer=True,
+    ),
+    "forecast_interval_t": Threshold(
+        3.0, "standard errors", "the earliest plausible time takes the slope and the line's level this far "
+        "above their fit: a one-sided 95 % bound at 3 degrees of freedom (2.35), widened because a floor's "
+        "noise is correlated from step to step (what the loop keeps varies by batch), which the standard "
+        "error of independent residuals understates", "forecast",
+    ),
+    "forecast_spans": Threshold(
+        24, "spans of steps", "over hours the hook's rows are dense at the end and ever sparser before (its "
+        "older half thinned again and again): the forecast also judges the rows averaged over this many equal "
+        "spans of steps, so a slow leak under the recent rows' noise still shows, with two windows of "
+        "recent_rows", "forecast", integer=True,
+    ),
+    "forecast_min_earliest_share": Threshold(
+        0.2, "share of the central forecast", "an earliest time below a fifth of the central one says the "
+        "rows cannot tell when the OOM comes within a factor of five: no forecast (too_noisy) rather "
+        "than a page on noise", "forecast",
+    ),
+    "stair_jump_share": Threshold(
+        0.5, "share of the largest rise", "a rise at least half the largest one is a jump of a stair; "
+        "smaller rises between jumps are noise of what the loop keeps", "forecast",
+    ),
+    "stair_min_jumps": Threshold(
+        2, "jumps", "two jumps give one interval: the least that says when the next comes", "forecast",
+        integer=True,
+    ),
+    "stair_rise_share": Threshold(
+        0.8, "share of the whole rise", "stairs rise by their jumps: at least this much of the rise is in "
+        "jumps at no more than a third of the rows (a steady leak spreads it over most rows)", "forecast",
+    ),
+    "stair_overdue": Threshold(
+        3.0, "usual intervals", "a running peak that rose in stairs still rises while its last jump is "
+        "within this many usual intervals: a curriculum that reached its last stage, or a steady load's "
+        "ever rarer records, stops being a growing demand", "forecast",
+    ),
     # --- sampled readings between steps (analysis.trend) ---------------------------------------
     "pile_min_readings": Threshold(
         8, "readings", "0.8 s of the 10 Hz sampler: fewer readings cannot show four quarters rising",
@@ -217,6 +257,15 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "trend._slope": ((2,), "a line needs two points"),
     "trend._t_stat": ((0.5, 2, 3), "Student's t of a line fit: n - 2 degrees of freedom, a square root"),
     "trend._seconds_per_step": ((2,), "a step time needs two rows"),
+    "forecast._leak": ((2,), "the stairs are looked for in the last two windows of recent_rows"),
+    "forecast._demand": ((2,), "the running peak's later half"),
+    "forecast._fit": ((2,), "a line fit's degrees of freedom (n - 2), a square"),
+    "forecast._line_reach": ((2,), "a square (the line's level interval)"),
+    "forecast._stair_reach": ((1e-09,), "a float's rounding below a whole number of jumps"),
+    "forecast._stairs": ((3,), "the jumps are at most a third of the rows (stair_rise_share's row says so)"),
+    "forecast._pace": ((4,), "the rows' quarters, the fastest of which gives the earliest step time"),
+    "forecast._spread": ((2,), "a standard deviation needs two values, a square"),
+    "forecast._median": ((0.5,), "the median"),
     "diagnosis._outside_rule": ((2,), "two processes listed by NVML: another besides this one"),
     "diagnosis._model_states_order": ((2,), "bf16 parameters are half of fp32's; ZeRO stages 1 and 2"),
     "remedies.sharded": ((3,), "ZeRO stage 3 shards the parameters"),

@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
+from oomsight.analysis import forecast as fc
 from oomsight.analysis import thresholds as th
 from oomsight.wire.schema import DeviceSnapshot, StepTrend
 
@@ -65,8 +66,14 @@ class Trend:
     last_peak_bytes: int
     seconds_per_step: Optional[float]
     steps_to_oom: Optional[float]
-    """At the current slope, optimizer steps until the peak reaches capacity; None without a rise."""
+    """Optimizer steps until the peak reaches capacity (``analysis.forecast``, central); None without a forecast."""
     seconds_to_oom: Optional[float]
+    earliest_seconds_to_oom: Optional[float] = None
+    """The earliest plausible time to OOM, from the series' own noise (at most ``seconds_to_oom``)."""
+    forecast_kind: str = ""
+    """What the forecast is made for (``analysis.forecast.KINDS``); "" without one."""
+    no_forecast_reason: str = fc.TOO_SHORT
+    """Why there is no forecast (``analysis.forecast.REASONS``); "" with one."""
 
 
 EMPTY = Trend(0, False, False, 0.0, 0.0, 0, 0, 0, 0, None, None, None)
@@ -82,6 +89,9 @@ def verdict(t: Trend) -> StepTrend:
         floor_growth_bytes=int(_finite(t.floor_growth_bytes) or 0),
         steps_to_oom=_finite(t.steps_to_oom),
         seconds_to_oom=_finite(t.seconds_to_oom),
+        earliest_seconds_to_oom=_finite(t.earliest_seconds_to_oom),
+        forecast_kind=t.forecast_kind,
+        no_forecast_reason=t.no_forecast_reason,
     )
 
 
@@ -133,10 +143,7 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
     recent = usable[-th.count("recent_rows") :]
     peak_slope = _slope([r[STEP] for r in recent], [r[PEAK] for r in recent])
     growing = not leak and _growing(recent, capacity_bytes)
-    slope = floor_slope if leak else peak_slope if growing else 0.0
-    steps = (capacity_bytes - last[PEAK]) / slope if slope > 0 and capacity_bytes > last[PEAK] else None
-    if slope > 0 and capacity_bytes <= last[PEAK]:
-        steps = 0.0
+    ahead = fc.predict(_columns(usable), capacity_bytes, judged[0][0] if leak else None, _detector(capacity_bytes))
     return Trend(
         points=len(usable),
         leak=leak,
@@ -148,8 +155,27 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
         last_floor_bytes=int(last[FLOOR]),
         last_peak_bytes=int(last[PEAK]),
         seconds_per_step=per_step,
-        steps_to_oom=steps,
-        seconds_to_oom=steps * per_step if steps is not None and per_step is not None else None,
+        steps_to_oom=ahead.steps,
+        seconds_to_oom=ahead.seconds,
+        earliest_seconds_to_oom=ahead.earliest_seconds,
+        forecast_kind=ahead.kind,
+        no_forecast_reason=ahead.reason,
+    )
+
+
+def _detector(capacity: int) -> fc.Detector:
+    """:func:`leak_in` asked of the rows the forecast reads (their floors and peaks)."""
+    return lambda c: leak_in([(s, f, p - f) for s, f, p in zip(c.steps, c.floors, c.peaks)], capacity)[0] is not None
+
+
+def _columns(rows: Sequence[Sequence[float]]) -> fc.Columns:
+    """The step rows as the forecast reads them (a row without the exact column counts as exact)."""
+    return fc.Columns(
+        steps=[float(r[STEP]) for r in rows],
+        times=[float(r[TIME]) for r in rows],
+        floors=[float(r[FLOOR]) for r in rows],
+        peaks=[float(r[PEAK]) for r in rows],
+        exact=[bool(r[EXACT]) if len(r) > EXACT else True for r in rows],
     )
 
 

@@ -40,10 +40,18 @@ def outside_bytes(nvml: Optional[NvmlSample], r: Reading) -> int:
 
 class RowBook:
     """Rows per device, oldest first, at most ``most`` each: when full, the older half is thinned to
-    every other row (the training thread appends; readers take copies)."""
+    every other row (the training thread appends; readers take copies). With ``even``, half the book
+    is the latest rows and the other half every k-th row before them, k doubling whenever that half
+    is full: the rows span the whole run evenly however long it is (the time-to-OOM forecast needs
+    hours of history; halving only the older half again and again leaves the first row and the last
+    few hundred steps)."""
 
-    def __init__(self, most: int = MAX_ROWS) -> None:
+    def __init__(self, most: int = MAX_ROWS, even: bool = False) -> None:
         self.most = most
+        self.even = even
+        self._history: dict[int, list[list[Any]]] = {}
+        self._stride: dict[int, tuple[int, int]] = {}
+        """(every k-th row is kept in the history, rows that left the latest half since)"""
         self.rows: dict[int, list[list[Any]]] = {}
         self.appended: dict[int, int] = {}
         """Rows ever appended per device (a verdict is judged again only after a new one)."""
@@ -72,13 +80,27 @@ class RowBook:
         rows = self.rows.setdefault(index, [])
         rows.append(row)
         self.appended[index] = self.appended.get(index, 0) + 1
-        if len(rows) > self.most:
+        if self.even and len(rows) > self.most // 2:
+            self._keep(index, rows.pop(0))
+        elif len(rows) > self.most:
             half = self.most // 2
             rows[:] = rows[:half:2] + rows[half:]
 
+    def _keep(self, index: int, row: list[Any]) -> None:
+        """A row that left the latest half: into the history if it is the k-th."""
+        every, passed = self._stride.get(index, (1, 0))
+        history = self._history.setdefault(index, [])
+        if passed % every == 0:
+            history.append(row)
+            if len(history) > self.most // 2:
+                history[:] = history[::2]
+                every, passed = every * 2, 0
+        self._stride[index] = (every, passed + 1)
+
     def series(self, index: int) -> list[list[float]]:
         """The rows of a device, oldest first (a copy: the training thread appends meanwhile)."""
-        return [list(r) for r in list(self.rows.get(index, []))]  # list(): one atomic copy under the GIL
+        older = list(self._history.get(index, []))  # list(): one atomic copy under the GIL
+        return [list(r) for r in older + list(self.rows.get(index, []))]
 
     def last(self, index: int) -> list[list[float]]:
         """The last row of a device (a copy), or none."""
@@ -102,7 +124,7 @@ class StepMemory:
         self.min_interval = min_interval_seconds
         self.clock = clock
         self.wall = wall
-        self.book = RowBook()
+        self.book = RowBook(even=True)
         self._last_read = -float("inf")
 
     def on_step(self, step: int) -> None:

@@ -182,6 +182,13 @@ def _trend(d: DeviceSnapshot, key: str) -> Optional[float]:
     return float("inf") if value is None else float(value)
 
 
+def _forecast_judged(d: DeviceSnapshot) -> bool:
+    """The verdict carries the forecast's kind or reason (wire 1.9): a writer older than that has
+    no earliest time, which is no sample rather than +Inf."""
+    t = device_trend(d)
+    return t is not None and bool(t.get("forecast_kind") or t.get("no_forecast_reason"))
+
+
 def leak_suspected(d: DeviceSnapshot) -> bool:
     """The step rows' verdict where the hook wrote them, else the legacy sampled trough trend; with
     no optimizer step, also the hook's verdict on its forward rows (wire 1.7)."""
@@ -479,6 +486,12 @@ FAMILIES: tuple[Family, ...] = (
         "Seconds until the step peak reaches capacity at the current leak or growth and step time; +Inf without a rise.",
         DEVICE,
         lambda d: _trend(d, "seconds_to_oom"),
+    ),
+    gauge(
+        "oomsight_oom_forecast_earliest_seconds",
+        "The earliest plausible seconds until the step peak reaches capacity, from the step rows' own noise (at most oomsight_oom_forecast_seconds); +Inf without a forecast (no rise, too few rows, too noisy: the snapshot's step_trend says why); absent for hooks older than wire 1.9.",
+        DEVICE,
+        lambda d: _trend(d, "earliest_seconds_to_oom") if _forecast_judged(d) else None,
     ),
     gauge(
         "oomsight_predicted_peak_allocated_bytes",

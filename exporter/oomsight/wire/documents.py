@@ -197,6 +197,15 @@ class StepTrend(TypedDict):
     steps_to_oom: Optional[float]
     #: the same in seconds at the current step time
     seconds_to_oom: Optional[float]
+    #: the earliest plausible seconds to OOM, from the rows' own noise (at most seconds_to_oom); null: no
+    #: forecast (since 1.9)
+    earliest_seconds_to_oom: NotRequired[Optional[float]]
+    #: what the forecast is made for: "steady_leak", "stair_leak" or "growing_demand" (readers accept others);
+    #: "" without a forecast, or from a writer older than 1.9 (since 1.9)
+    forecast_kind: NotRequired[str]
+    #: why there is no forecast: "too_short", "too_noisy", "no_rise" or "no_step_time" (readers accept others);
+    #: "" with one, or from a writer older than 1.9 (since 1.9)
+    no_forecast_reason: NotRequired[str]
 
 
 class DeviceSnapshot(TypedDict):

@@ -20,6 +20,7 @@ from __future__ import annotations
 from oomsight.wire.fieldtypes import (
     AT_OOM,
     CONSUMED,
+    FORECAST,
     FORWARDS,
     JUDGED,
     LATER,
@@ -163,6 +164,21 @@ STEP_TREND = Table(
         req("floor_growth_bytes", "int", "growth of the floor over the judged rows"),
         nullable("steps_to_oom", "number", "steps until the peak reaches capacity; null: no rise", required=True),
         nullable("seconds_to_oom", "number", "the same in seconds at the current step time", required=True),
+        nullable(
+            "earliest_seconds_to_oom", "number",
+            "the earliest plausible seconds to OOM, from the rows' own noise (at most seconds_to_oom); null: no "
+            "forecast", since=FORECAST,
+        ),
+        opt(
+            "forecast_kind", "str",
+            'what the forecast is made for: "steady_leak", "stair_leak" or "growing_demand" (readers accept '
+            'others); "" without a forecast, or from a writer older than 1.9', default="", since=FORECAST,
+        ),
+        opt(
+            "no_forecast_reason", "str",
+            'why there is no forecast: "too_short", "too_noisy", "no_rise" or "no_step_time" (readers accept '
+            'others); "" with one, or from a writer older than 1.9', default="", since=FORECAST,
+        ),
     ),
     since=JUDGED,
 )

@@ -41,6 +41,11 @@ CONSUMED = "1.8"
 recorded a graph since a backward last consumed one, and the most one backward consumed together. A
 pile of forwards is a leak only beyond what the job's backwards have shown they consume."""
 
+FORECAST = "1.9"
+"""The time-to-OOM forecast states its uncertainty: the earliest plausible time beside the central
+one, the kind of rise it is made for (a steady leak, a stair leak, a growing demand), and the reason
+where there is none (too few rows, too noisy, no rise)."""
+
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
 """``int`` within ±2**63; ``number`` finite; ``time`` Unix seconds within ±2**33;

@@ -1,0 +1,308 @@
+"""Time to OOM from the step rows: a central forecast, the earliest plausible time, and the kind
+of rise each is made for — or no forecast, with the reason.
+
+Three kinds rise differently and are forecast by what they are:
+
+- a **steady leak**: the between-steps floor rises by about the same every step. A least-squares
+  line through the floor is carried forward; the OOM comes when the line plus what the steps add
+  above it (their peak over the line, a high share of the rows) reaches capacity.
+- a **stair leak**: the floor rises in jumps (a tensor kept every N steps) and stays flat between
+  them. The OOM comes with the jump that lifts the peak past capacity: so many more jumps of the
+  usual height, at the usual interval after the last one.
+- a **growing demand**: the floor stays, the step's own memory grows with its input (a curriculum
+  of longer sequences, a batch-size ramp, padding to the longest sample of a dataset ordered by
+  length). The rows' running peak (the allocator's lifetime peak) is the series: a line where it
+  rises at most rows, stairs where it rises at a curriculum's stage changes.
+
+The leak is the one leak detector's verdict (:func:`oomsight.analysis.trend.leak_in`); a demand is
+a running peak that rose by the same least growth and is still rising. The **earliest** plausible
+time comes from the series' own noise: the upper end of the slope's one-sided interval
+(``forecast_interval_t`` standard errors), the line's level that far up, the largest excess of a
+peak over the line, and the fastest step time seen; for stairs, the tallest jump at the shortest
+interval. No forecast where the rows are too few (``too_short``), the slope is not told from
+noise (``too_noisy``), nothing rises (``no_rise``), or no step time is known (``no_step_time``).
+Pure functions over plain columns (the caller reads them off its rows), no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Callable, Optional
+
+from oomsight.analysis import thresholds as th
+
+STEADY_LEAK, STAIR_LEAK, GROWING_DEMAND = "steady_leak", "stair_leak", "growing_demand"
+KINDS = (STEADY_LEAK, STAIR_LEAK, GROWING_DEMAND)
+TOO_SHORT, TOO_NOISY, NO_RISE, NO_STEP_TIME = "too_short", "too_noisy", "no_rise", "no_step_time"
+REASONS = (TOO_SHORT, TOO_NOISY, NO_RISE, NO_STEP_TIME)
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """The rows a forecast reads, oldest first, one value per row (past warm-up)."""
+
+    steps: Sequence[float]
+    times: Sequence[float]
+    floors: Sequence[float]
+    peaks: Sequence[float]
+    exact: Sequence[bool]
+    """The peak is exact (torch's lifetime peak rose since the row before), else a lower bound."""
+
+    def since(self, step: float) -> Columns:
+        """The rows from ``step`` on."""
+        i = next((k for k, s in enumerate(self.steps) if s >= step), len(self.steps))
+        return Columns(self.steps[i:], self.times[i:], self.floors[i:], self.peaks[i:], self.exact[i:])
+
+
+@dataclasses.dataclass(frozen=True)
+class Forecast:
+    kind: str
+    """One of :data:`KINDS`, or "" with no forecast."""
+    reason: str
+    """Why there is no forecast (one of :data:`REASONS`); "" with one."""
+    steps: Optional[float] = None
+    """Optimizer steps until the peak reaches capacity (central)."""
+    seconds: Optional[float] = None
+    earliest_seconds: Optional[float] = None
+    """The earliest plausible time: at most ``seconds``."""
+
+
+def none(reason: str) -> Forecast:
+    return Forecast("", reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reach:
+    """Steps until the series reaches capacity: central and earliest."""
+
+    steps: float
+    earliest_steps: float
+
+
+Detector = Callable[[Columns], bool]
+"""The leak detector (``analysis.trend.leak_in``) asked of other rows: True where they rose as a leak does."""
+
+
+def predict(cols: Columns, capacity: float, leak_from: Optional[float], detect: Detector) -> Forecast:
+    """The forecast for the rows ``cols`` against ``capacity`` bytes; ``leak_from`` is the first
+    step of the rows the leak detector judged a leak (None: no leak). Over hours the hook's rows
+    are dense at the end and ever sparser before (the older half thinned again and again): a slow
+    leak hides in the recent rows' noise, so the rows are also judged averaged over equal spans
+    of steps (:func:`spans`), by ``detect``."""
+    if len(cols.steps) < th.count("min_rows"):
+        return none(TOO_SHORT)
+    view = cols.since(leak_from) if leak_from is not None else cols
+    even = spans(view)
+    if leak_from is not None or detect(even):
+        kind, reach = _leak(view, even, capacity)
+    else:
+        kind, reach = _demand(cols, spans(cols, peak=max), capacity)
+    if isinstance(reach, str):
+        return none(reach)
+    pace = _pace(cols)
+    if pace is None:
+        return Forecast(kind, NO_STEP_TIME, steps=reach.steps)
+    per_step, fastest = pace
+    seconds = reach.steps * per_step
+    earliest = min(reach.earliest_steps * fastest, seconds)
+    if seconds > 0 and earliest < th.value("forecast_min_earliest_share") * seconds:
+        return none(TOO_NOISY)
+    return Forecast(kind, "", reach.steps, seconds, earliest)
+
+
+def spans(cols: Columns, peak: Callable[[Sequence[float]], float] = max) -> Columns:
+    """The rows averaged over ``forecast_spans`` equal spans of steps (empty spans left out): step,
+    time and floor their mean, the peak the highest (exact where any is)."""
+    count = th.count("forecast_spans")
+    if len(cols.steps) <= count:
+        return cols
+    first, width = cols.steps[0], (cols.steps[-1] - cols.steps[0]) / count or 1.0
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(cols.steps):
+        groups.setdefault(min(int((s - first) / width), count - 1), []).append(i)
+    rows = [g for _k, g in sorted(groups.items())]
+    return Columns(
+        steps=[_mean([cols.steps[i] for i in g]) for g in rows],
+        times=[_mean([cols.times[i] for i in g]) for g in rows],
+        floors=[_mean([cols.floors[i] for i in g]) for g in rows],
+        peaks=[peak([cols.peaks[i] for i in g]) for g in rows],
+        exact=[any(cols.exact[i] for i in g) for g in rows],
+    )
+
+
+def _leak(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | str]:
+    window = 2 * th.count("recent_rows")
+    recent = cols.since(cols.steps[-window] if len(cols.steps) > window else 0)
+    if _stairs(recent.steps, recent.floors) is not None:
+        return STAIR_LEAK, _stair_reach(recent, recent.floors, capacity, _excess(recent, recent.floors))
+    line = _fit(even.steps, even.floors)
+    if isinstance(line, str):
+        return STEADY_LEAK, line
+    over, _most = _excess(cols, [line.at(x) for x in cols.steps])
+    noise = th.value("forecast_interval_t") * _spread([f - line.at(x) for x, f in zip(recent.steps, recent.floors)])
+    return STEADY_LEAK, _line_reach(line, cols.steps[-1], capacity, (over, over + noise))
+
+
+def _demand(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | str]:
+    """A running peak that rose by the least growth, and in the later half of the rows too."""
+    running = list(_running_max(even.peaks))
+    least = min(th.value("growth_bytes"), th.value("growth_share") * capacity)
+    half = len(running) // 2
+    if running[-1] - running[0] < least or running[-1] - running[half] <= 0:
+        return "", NO_RISE
+    if _rise_share(running) >= th.value("growing_share"):
+        line = _fit(even.steps, running)
+        return GROWING_DEMAND, line if isinstance(line, str) else _line_reach(line, cols.steps[-1], capacity, (0, 0))
+    raw = list(_running_max(cols.peaks))
+    stairs = _stairs(cols.steps, raw)
+    if stairs is None or not _still_climbing(cols.steps, stairs):
+        return "", NO_RISE  # records of a steady load now and then (an outlier), or a curriculum at its end
+    return GROWING_DEMAND, _stair_reach(cols, raw, capacity, (0.0, 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Line:
+    slope: float
+    mean_x: float
+    mean_y: float
+    sxx: float
+    n: int
+    resid: float
+    """The residuals' standard deviation."""
+
+    def at(self, x: float) -> float:
+        return self.mean_y + self.slope * (x - self.mean_x)
+
+
+def _fit(xs: Sequence[float], ys: Sequence[float]) -> _Line | str:
+    """The least-squares line of ``ys`` on ``xs``, or why there is none."""
+    n = len(xs)
+    if n < th.count("forecast_min_points"):
+        return TOO_SHORT
+    mx, my = _mean(xs), _mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return TOO_SHORT
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if slope <= 0:
+        return NO_RISE
+    resid = math.sqrt(sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys)) / max(n - 2, 1))
+    return _Line(slope, mx, my, sxx, n, resid)
+
+
+def _line_reach(line: _Line, last: float, capacity: float, excess: tuple[float, float]) -> _Reach:
+    """Steps from ``last`` until ``line`` plus ``excess`` (central, highest) reaches ``capacity``; the
+    earliest with the slope and the line's level at the upper end of their interval."""
+    t = th.value("forecast_interval_t")
+    level = line.at(last)
+    slope_hi = line.slope + t * line.resid / math.sqrt(line.sxx)
+    level_hi = level + t * line.resid * math.sqrt(1 / line.n + (last - line.mean_x) ** 2 / line.sxx)
+    central = max(capacity - level - excess[0], 0.0) / line.slope
+    earliest = max(capacity - level_hi - excess[1], 0.0) / slope_hi
+    return _Reach(central, min(earliest, central))
+
+
+def _stair_reach(cols: Columns, ys: Sequence[float], capacity: float, excess: tuple[float, float]) -> _Reach | str:
+    """Steps until the jump that lifts ``ys`` plus ``excess`` past capacity: the usual height at the
+    usual interval after the last jump (central), the tallest at the shortest (earliest)."""
+    jumps = _stairs(cols.steps, ys)
+    if jumps is None:
+        return TOO_SHORT
+    heights = sorted(h for _s, h in jumps)
+    gaps = sorted(b[0] - a[0] for a, b in zip(jumps, jumps[1:]))
+    height, gap = _median(heights), _median(gaps)
+    since = cols.steps[-1] - jumps[-1][0]
+
+    def reach(left: float, rise: float, every: float) -> float:
+        if left <= 0:
+            return 0.0
+        more = math.ceil(left / rise - 1e-9)
+        return max(every - since, 1.0) + (more - 1) * every
+
+    central = reach(capacity - ys[-1] - excess[0], height, gap)
+    earliest = reach(capacity - ys[-1] - excess[1], heights[-1], gaps[0])
+    return _Reach(central, min(earliest, central))
+
+
+def _stairs(steps: Sequence[float], ys: Sequence[float]) -> Optional[list[tuple[float, float]]]:
+    """The jumps (step, height) of a series that rises in stairs: at least ``stair_min_jumps`` rises
+    of at least ``stair_jump_share`` of the largest hold ``stair_rise_share`` of the whole rise, at
+    no more than a third of the rows. None where it rises otherwise (at most rows, or not at all)."""
+    rises = [(steps[i], ys[i] - ys[i - 1]) for i in range(1, len(ys))]
+    total = sum(d for _s, d in rises if d > 0)
+    if total <= 0:
+        return None
+    top = max(d for _s, d in rises)
+    jumps = [(s, d) for s, d in rises if d >= th.value("stair_jump_share") * top]
+    if len(jumps) < th.count("stair_min_jumps") or len(jumps) > len(rises) // 3:
+        return None
+    if sum(d for _s, d in jumps) < th.value("stair_rise_share") * total:
+        return None
+    return jumps
+
+
+def _still_climbing(steps: Sequence[float], jumps: Sequence[tuple[float, float]]) -> bool:
+    """The last jump came within ``stair_overdue`` usual intervals: a curriculum that reached its
+    last stage (or records of a steady load, ever rarer) stops here."""
+    gaps = [b[0] - a[0] for a, b in zip(jumps, jumps[1:])]
+    return steps[-1] - jumps[-1][0] <= th.value("stair_overdue") * _median(gaps)
+
+
+def _excess(cols: Columns, ys: Sequence[float]) -> tuple[float, float]:
+    """How far the exact peaks rose above ``ys`` at their row: the most (the OOM comes at the first
+    step whose peak crosses, a high one), for the central forecast and the earliest alike."""
+    over = [p - y for p, y, e in zip(cols.peaks, ys, cols.exact) if e] or [p - y for p, y in zip(cols.peaks, ys)]
+    return max(over), max(over)
+
+
+def _pace(cols: Columns) -> Optional[tuple[float, float]]:
+    """Seconds per optimizer step over the rows, and the fastest of their quarters."""
+    def rate(a: int, b: int) -> Optional[float]:
+        span = cols.steps[b] - cols.steps[a]
+        return (cols.times[b] - cols.times[a]) / span if span > 0 else None
+
+    last = len(cols.steps) - 1
+    whole = rate(0, last)
+    if whole is None or whole <= 0:
+        return None
+    quarter = max(last // 4, 1)
+    parts = [r for r in (rate(i, min(i + quarter, last)) for i in range(0, last, quarter)) if r is not None]
+    return whole, min([whole, *(r for r in parts if r > 0)])
+
+
+def _running_max(values: Sequence[float]) -> Sequence[float]:
+    out, top = [], -math.inf
+    for v in values:
+        top = max(top, v)
+        out.append(top)
+    return out
+
+
+def _rise_share(values: Sequence[float]) -> float:
+    pairs = list(zip(values, values[1:]))
+    return sum(1 for a, b in pairs if b > a) / len(pairs) if pairs else 0.0
+
+
+def _spread(values: Sequence[float]) -> float:
+    """The standard deviation of ``values`` (0 for fewer than two)."""
+    if len(values) < 2:
+        return 0.0
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _median(values: Sequence[float]) -> float:
+    return _quantile(sorted(values), 0.5)
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``ordered`` (nearest rank; 0 for none)."""
+    if not ordered:
+        return 0.0
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]

@@ -1,0 +1,88 @@
+"""The time-to-OOM forecast (``analysis.forecast``, issue 37): the central time, the earliest
+plausible one, the kind of rise, and no forecast where the rows cannot say."""
+
+import random
+
+import memory_series
+
+from oomsight.analysis import forecast as fc
+from oomsight.analysis import trend
+from oomsight.metrics import family
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def rows(floors, peaks, dt=0.5):
+    return [[i + 3, 100.0 + i * dt, f, p, p, 1.0] for i, (f, p) in enumerate(zip(floors, peaks))]
+
+
+def test_a_steady_leak_gets_an_earliest_time_no_later_than_the_central_one():
+    floors = [GIB + i * 128 * MIB for i in range(30)]
+    t = trend.analyse(rows(floors, [f + 2 * GIB for f in floors]), 16 * GIB)
+    assert t.forecast_kind == fc.STEADY_LEAK and t.no_forecast_reason == ""
+    assert 0 < t.earliest_seconds_to_oom <= t.seconds_to_oom
+    v = trend.verdict(t)
+    assert v["earliest_seconds_to_oom"] == t.earliest_seconds_to_oom and v["forecast_kind"] == "steady_leak"
+
+
+def test_too_few_rows_give_no_forecast_and_the_snapshot_says_why():
+    floors = [GIB + i * 512 * MIB for i in range(4)]
+    v = trend.verdict(trend.analyse(rows(floors, [f + GIB for f in floors]), 16 * GIB))
+    assert v["seconds_to_oom"] is None and v["earliest_seconds_to_oom"] is None
+    assert v["forecast_kind"] == "" and v["no_forecast_reason"] == fc.TOO_SHORT
+
+
+def test_a_flat_job_gets_no_forecast_because_nothing_rises():
+    rng = random.Random(0)
+    floors = [4 * GIB + rng.randint(0, 64) * MIB for _ in range(60)]
+    t = trend.analyse(rows(floors, [f + 2 * GIB for f in floors]), 16 * GIB)
+    assert t.seconds_to_oom is None and t.no_forecast_reason == fc.NO_RISE
+
+
+def test_a_rise_lost_in_its_noise_gives_no_forecast_and_says_it_is_too_noisy():
+    steps = [float(s) for s in range(3, 40)]
+    floors = [4 * GIB + s * 20 * MIB + (3 * GIB if s % 2 else -3 * GIB) for s in steps]
+    cols = fc.Columns(steps, [s * 0.5 for s in steps], floors, [f + GIB for f in floors], [True] * len(steps))
+    found = fc.predict(cols, 80 * GIB, leak_from=steps[0], detect=lambda c: True)
+    assert found.seconds is None and found.reason == fc.TOO_NOISY
+
+
+def test_a_floor_that_jumps_every_ten_steps_is_forecast_as_stairs_at_the_jump_that_runs_out():
+    floors = [2 * GIB + (i // 10) * GIB for i in range(60)]
+    t = trend.analyse(rows(floors, [f + GIB for f in floors], dt=1.0), 12 * GIB)
+    assert t.leak and t.forecast_kind == fc.STAIR_LEAK
+    # at 7 GiB + 1 GiB of step memory, three more jumps (8, 9, 10 GiB floors) reach 12 GiB: the third comes in 30 steps
+    assert abs(t.seconds_to_oom - 30.0) <= 2.0
+    assert t.earliest_seconds_to_oom <= t.seconds_to_oom
+
+
+def test_a_growing_sequence_with_a_flat_floor_is_forecast_as_growing_demand():
+    floors = [GIB + i * 16 * MIB for i in range(30)]
+    peaks = [GIB + i * 256 * MIB for i in range(30)]
+    t = trend.analyse(rows(floors, peaks), 16 * GIB)
+    assert t.forecast_kind == fc.GROWING_DEMAND
+    assert abs(t.steps_to_oom - (16 * GIB - peaks[-1]) / (256 * MIB)) < 2
+
+
+def test_on_generated_leaks_the_earliest_time_is_rarely_later_than_the_truth():
+    later = total = 0
+    for kind in ("noisy_leak", "stair_leak"):
+        for seed in range(3):
+            r = memory_series.run(kind, seed, memory_series.horizons(300, 6 * 3600, 8))
+            for when, held in r.views:
+                t = trend.analyse(held, int(r.shape.capacity))
+                if t.earliest_seconds_to_oom is not None:
+                    total += 1
+                    later += t.earliest_seconds_to_oom > r.oom_time - when
+    assert total >= 24 and later / total <= 0.1
+
+
+def test_an_older_writers_verdict_gives_no_earliest_sample_and_a_new_one_without_a_forecast_gives_inf():
+    old = {"points": 20, "leak": True, "floor_slope_bytes": 1.0, "floor_growth_bytes": GIB,
+           "steps_to_oom": 100.0, "seconds_to_oom": 50.0}
+    earliest = next(f for f in family.FAMILIES if f.name == "oomsight_oom_forecast_earliest_seconds")
+    assert earliest.value({"step_trend": old}) is None
+    new = {**old, "steps_to_oom": None, "seconds_to_oom": None, "earliest_seconds_to_oom": None,
+           "forecast_kind": "", "no_forecast_reason": "too_noisy"}
+    assert earliest.value({"step_trend": new}) == float("inf")
