@@ -15,6 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml ./
 COPY exporter/ exporter/
+COPY server/ server/
 COPY sidecar/ sidecar/
 COPY webhook/ webhook/
 RUN python -m venv "${VENV}" \

@@ -36,7 +36,7 @@ tools:
 	bash scripts/install-tools.sh
 
 lint:
-	$(VENV)/bin/ruff check $(wildcard exporter sidecar webhook tests benchmarks dashboards)
+	$(VENV)/bin/ruff check $(wildcard exporter server sidecar webhook tests benchmarks dashboards)
 	$(VENV)/bin/lint-imports .importlinter
 
 typecheck:
@@ -53,9 +53,9 @@ unit:
 	$(PY) -m pytest -q
 
 # On the GPU machine (no network; run from the tree):
-#   PYTHONPATH=exporter:sidecar:webhook python3 -m pytest -m gpu -p no:cacheprovider tests
+#   PYTHONPATH=exporter:server:sidecar:webhook python3 -m pytest -m gpu -p no:cacheprovider tests
 gpu-test:
-	PYTHONPATH=exporter:sidecar:webhook $(PYTHON) -m pytest -m "gpu or gpu_image" tests
+	PYTHONPATH=exporter:server:sidecar:webhook $(PYTHON) -m pytest -m "gpu or gpu_image" tests
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .tools

@@ -28,8 +28,8 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from dashboards import queries, rules  # noqa: E402
+from oomsight_server.wsgi import serve  # noqa: E402
 from oomsight_sidecar.main import build_app  # noqa: E402
-from oomsight_sidecar.server import serve  # noqa: E402
 from oomsight_sidecar.settings import SidecarSettings  # noqa: E402
 
 from fakerank import Rank  # noqa: E402

@@ -3,7 +3,7 @@
 No API server can run here (docs/testing.md). So:
 
 - ``validate`` checks objects against the Kubernetes OpenAPI schemas (kubernetes-validate);
-- ``FakeKube`` implements ``oomsight_sidecar.kube.KubeApi`` in memory (Secrets with
+- ``FakeKube`` implements ``oomsight_server.kube.KubeApi`` in memory (Secrets with
   resourceVersion conflicts, one MutatingWebhookConfiguration, Events) and records calls;
 - ``KubeStub`` is a tiny HTTP server that the *real* ``KubeClient`` (the kubernetes
   client library) talks to, recording method, path, content type and body, so tests can
@@ -26,7 +26,7 @@ import jsonpatch
 import kubernetes_validate
 import yaml
 
-from oomsight_sidecar.kube import KubeError
+from oomsight_server.kube import KubeError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures", "k8s")
@@ -186,7 +186,7 @@ def kube_stub(answers: Optional[dict[tuple[str, str], tuple[int, Any]]] = None) 
     """A real ``KubeClient`` pointed at a recording stub; ``answers`` maps (method, path regex) to replies."""
     from kubernetes import client
 
-    from oomsight_sidecar.kube import KubeClient
+    from oomsight_server.kube import KubeClient
 
     server = _StubServer(answers or {})
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -229,10 +229,10 @@ def sidecar_and_webhook_collectors() -> list[Any]:
     import tempfile
 
     from oomsight.wire.budget import Budget
+    from oomsight_server.listener import ServerErrors
+    from oomsight_server.owner import Owner
     from oomsight_sidecar.claims import ClaimCollector, ClaimReader
     from oomsight_sidecar.kubemetrics import KubernetesCollector
-    from oomsight_sidecar.listener import ServerErrors
-    from oomsight_sidecar.owner import Owner
     from oomsight_sidecar.server import ServerCollector
     from oomsight_webhook.admission import Admitter
     from oomsight_webhook.certs import make_ca, make_serving

@@ -258,8 +258,8 @@ def test_a_download_slower_than_the_request_deadline_is_not_cut_off(spool, monke
     import http.client
     import time
 
-    from oomsight_sidecar.listener import ServerLimits
-    from oomsight_sidecar.server import serve, stop
+    from oomsight_server.listener import ServerLimits
+    from oomsight_server.wsgi import serve, stop
 
     hooked_process(spool, monkeypatch=monkeypatch)
     size = 32 * 1024 * 1024

@@ -12,9 +12,9 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, generate_latest
 
+from oomsight_server.kube import KubeError
 from oomsight_sidecar import main as sidecar_main
 from oomsight_sidecar.claims import ClaimCollector, ClaimReader, claim_budgets, parse_memory, start_refresh
-from oomsight_sidecar.kube import KubeError
 from oomsight_sidecar.settings import KubernetesSettings, SidecarSettings
 
 from kubetools import FakeKube, kube_stub, rbac_request

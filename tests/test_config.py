@@ -25,7 +25,7 @@ from oomsight.config import (
     table,
 )
 from oomsight.config.variables import GROUPS, SIDECAR, WEBHOOK
-from oomsight_sidecar.listener import ServerLimits, limit_env_names
+from oomsight_server.listener import ServerLimits, limit_env_names
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 from oomsight_webhook.injection import InjectionSettings
 from oomsight_webhook.settings import WebhookSettings

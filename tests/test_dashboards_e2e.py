@@ -27,9 +27,9 @@ from dashboards import config, rules
 from oomsight.tools import tape
 from oomsight.wire import schema
 from oomsight.wire.spool import write_atomic
+from oomsight_server.wsgi import serve
 from oomsight_sidecar.claims import ClaimReader
 from oomsight_sidecar.main import build_app
-from oomsight_sidecar.server import serve
 from oomsight_sidecar.settings import SidecarSettings
 
 from fakes import GIB, ROOT

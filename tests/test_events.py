@@ -10,11 +10,11 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry
 
 from oomsight.wire.spool import SpoolReader
+from oomsight_server.kube import KubeError
+from oomsight_server.owner import controller_owner, pod_owner
 from oomsight_sidecar.events import NOTE_MAX_BYTES, EventPoster, event_body, oom_id
-from oomsight_sidecar.kube import KubeError
 from oomsight_sidecar.kubemetrics import KubernetesCollector
 from oomsight_sidecar.main import run
-from oomsight_sidecar.owner import controller_owner, pod_owner
 from oomsight_sidecar.settings import KubernetesSettings, SidecarSettings
 
 from fakes import GIB

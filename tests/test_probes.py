@@ -9,7 +9,8 @@ import pytest
 
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.wire.spool import SpoolReader
-from oomsight_sidecar.server import CollectWatch, MetricsApp, serve, stop
+from oomsight_server.wsgi import serve, stop
+from oomsight_sidecar.server import CollectWatch, MetricsApp
 
 from procs import wait_for
 from spoolmaker import hooked_process

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from oomsight_sidecar.listener import ServerLimits
-from oomsight_sidecar.server import serve, stop
+from oomsight_server.listener import ServerLimits
+from oomsight_server.wsgi import serve, stop
 
 from procs import free_port, http_get, sidecar, wait_for
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 from cryptography import x509
 
-from oomsight_sidecar.kube import KubeError
+from oomsight_server.kube import KubeError
 from oomsight_webhook.certs import make_ca, make_serving, needs_renewal, service_dns_names, signed_by
 from oomsight_webhook.main import resolve_native_sidecar
 from oomsight_webhook.settings import WebhookSettings

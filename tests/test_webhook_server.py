@@ -224,7 +224,7 @@ def test_four_concurrent_huge_reviews_over_https_are_admitted_unchanged_within_a
 def strict_webhook(tmp_path):
     import dataclasses
 
-    from oomsight_sidecar.listener import ServerLimits
+    from oomsight_server.listener import ServerLimits
 
     hook = Webhook(tmp_path)
     limits = ServerLimits(max_connections=2, idle_timeout_seconds=5, request_timeout_seconds=1)

@@ -2,9 +2,11 @@
 
 - ``main``, ``server``: the sidecar, serving the spool as Prometheus metrics with health endpoints;
 - ``admin``: the loopback admin endpoint (profile requests, artifacts);
-- ``events``, ``owner``, ``kubemetrics``: Kubernetes Events on OOM and the pod's owner;
-- ``kube``: every Kubernetes API call; ``settings``: its settings groups.
+- ``events``, ``kubemetrics``, ``claims``: Kubernetes Events on OOM, the pod's owner, its claims;
+- ``settings``: its settings groups.
 
-It imports only ``oomsight.wire``, ``oomsight.metrics``, ``oomsight.analysis`` and
-``oomsight.config`` from the library, never the hook; ``.importlinter`` checks it.
+It stands on ``oomsight_server`` (the bounded HTTP listener, the Kubernetes client, the owner
+lookup), as the webhook does, and imports only ``oomsight.wire``, ``oomsight.metrics``,
+``oomsight.analysis`` and ``oomsight.config`` from the library, never the hook;
+``.importlinter`` checks it.
 """

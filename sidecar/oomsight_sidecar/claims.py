@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 
 from oomsight.wire import budget as budget_doc
 from oomsight.wire.budget import Budget
-from oomsight_sidecar.kube import KubeApi
+from oomsight_server.kube import KubeApi
 
 logger = logging.getLogger(__name__)
 

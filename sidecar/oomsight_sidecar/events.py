@@ -27,9 +27,10 @@ from typing import Callable, Optional
 
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.wire import decoding
+from oomsight.wire.layout import EVENTS
 from oomsight.wire.schema import OomEvent
 from oomsight.wire.spool import SpoolReader, write_atomic
-from oomsight_sidecar.kube import Json, KubeApi, KubeError
+from oomsight_server.kube import Json, KubeApi, KubeError
 from oomsight_sidecar.settings import KubernetesSettings
 
 logger = logging.getLogger(__name__)
@@ -153,7 +154,9 @@ class EventPoster:
         reader: Optional[SpoolReader] = None,
     ) -> None:
         self.pod = pod
-        self.reader = reader or SpoolReader(spool_dir)
+        self.reader = reader or SpoolReader(spool_dir, folders=(EVENTS,))
+        """The events alone: their documents are held twice in the sidecar (here and in the collector's
+        reader), which the reader's memory budget allows for (``oomsight.wire.reader.Budget``)."""
         self.state = PostedState(spool_dir, pod.pod_uid)
         self.results: Counter[str] = Counter(dict.fromkeys(RESULTS, 0))
         self.errors: Counter[str] = Counter(dict.fromkeys(ERROR_COMPONENTS, 0))

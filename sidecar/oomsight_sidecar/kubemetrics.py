@@ -6,22 +6,15 @@ so ``oomsight run`` outside a cluster does not publish them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Optional
 
-from prometheus_client.core import CounterMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from oomsight_server.counter import labelled_counter
+from oomsight_server.owner import Owner
 from oomsight_sidecar.events import ERROR_COMPONENTS, RESULTS, EventPoster
-from oomsight_sidecar.owner import Owner
-
-
-def labelled_counter(name: str, documentation: str, label: str, counts: Mapping[str, int]) -> CounterMetricFamily:
-    """A counter family with one series per key of ``counts`` (all present, zeros included)."""
-    family = CounterMetricFamily(name, documentation, labels=[label])
-    for key, value in counts.items():
-        family.add_metric([key], value)
-    return family
 
 
 class KubernetesCollector(Collector):

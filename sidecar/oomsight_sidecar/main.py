@@ -15,15 +15,16 @@ from prometheus_client import CollectorRegistry
 from oomsight.config import ConfigError
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.wire.spool import TEMP_MAX_AGE_SECONDS, SpoolReader
+from oomsight_server.kube import KubeApi, KubeClient
+from oomsight_server.listener import ServerErrors
+from oomsight_server.owner import pod_owner
+from oomsight_server.wsgi import serve
+from oomsight_server.wsgi import stop as stop_server
 from oomsight_sidecar.admin import AdminApp, ensure_token
 from oomsight_sidecar.claims import ClaimCollector, ClaimReader, start_refresh
 from oomsight_sidecar.events import STATE_DIR, EventPoster
-from oomsight_sidecar.kube import KubeApi, KubeClient
 from oomsight_sidecar.kubemetrics import KubernetesCollector
-from oomsight_sidecar.listener import ServerErrors
-from oomsight_sidecar.owner import pod_owner
-from oomsight_sidecar.server import CollectWatch, MetricsApp, ServerCollector, serve
-from oomsight_sidecar.server import stop as stop_server
+from oomsight_sidecar.server import CollectWatch, MetricsApp, ServerCollector
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 
 logger = logging.getLogger(__name__)

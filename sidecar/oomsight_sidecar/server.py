@@ -1,10 +1,10 @@
 """HTTP endpoints of the sidecar: ``/metrics``, ``/healthz``, ``/readyz`` and a landing page.
 
 ``/metrics`` answers a ``GET`` as prometheus_client's own WSGI app does (its content
-negotiation, OpenMetrics, gzip), with the spool's text from the collector's exposition cache
-(``oomsight.metrics.exposition``: a process's lines are rendered again only when its snapshot
-changed); anything else on ``/metrics`` (``OPTIONS``, ``name[]`` filters) goes to
-prometheus_client's app itself. The other paths are a few lines of WSGI. ``HEAD`` is
+negotiation, OpenMetrics, gzip), with the text the spool collector builds on every scrape
+(``oomsight.metrics.collector``: only parsed documents are kept, nothing rendered); anything
+else on ``/metrics`` (``OPTIONS``, ``name[]`` filters) goes to prometheus_client's app itself.
+The other paths are a few lines of WSGI, served by :mod:`oomsight_server.wsgi`. ``HEAD`` is
 answered on every path with the headers ``GET`` would have.
 
 Probes follow what ``/metrics`` can do (docs/kubernetes.md, "Probes"):
@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -34,12 +33,10 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from oomsight.metrics.collector import SpoolCollector
-from oomsight_sidecar.listener import BoundedServer, ServerErrors, ServerLimits, address_family
+from oomsight_server.listener import ServerErrors
+from oomsight_server.wsgi import StartResponse, WsgiApp
 
 logger = logging.getLogger(__name__)
-
-StartResponse = Callable[..., Any]
-WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 LANDING = b"""<html><head><title>oomsight sidecar</title></head><body>
 <h1>oomsight sidecar</h1><p><a href="/metrics">/metrics</a> | <a href="/healthz">/healthz</a> |
@@ -145,7 +142,7 @@ class MetricsApp:
         return result
 
     def _metrics_answer(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        """prometheus_client's answer (``_bake_output`` of ``make_wsgi_app``), the text cached."""
+        """prometheus_client's answer (``_bake_output`` of ``make_wsgi_app``), built for this scrape."""
         if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
             return self.metrics(environ, start_response)
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
@@ -210,57 +207,3 @@ class ServerCollector(Collector):
         for reason, n in self.errors.counts().items():
             family.add_metric([reason], n)
         yield family
-
-
-class _Server(BoundedServer, WSGIServer):
-    def __init__(self, address: tuple[str, int], limits: ServerLimits, errors: Optional[ServerErrors]) -> None:
-        self.address_family = address_family(address[0])
-        self.init_limits(limits, errors)
-        super().__init__(address, _QuietHandler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away, timed out or sent too much: count, log at debug, carry on."""
-        self.count("request")
-        logger.debug("oomsight sidecar: connection from %s failed", client_address, exc_info=True)
-
-
-class _QuietHandler(WSGIRequestHandler):
-    server: _Server
-
-    def setup(self) -> None:
-        super().setup()
-        self.rfile.close()
-        self.rfile = self.server.reader()  # type: ignore[assignment]
-
-    def parse_request(self) -> bool:
-        received = super().parse_request()
-        if received:  # requests here have no body: the deadline no longer applies to this one
-            self.server.received()
-        return received
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per scrape is noise; errors surface as metrics
-
-
-def serve(
-    app: WsgiApp, host: str, port: int, limits: Optional[ServerLimits] = None, errors: Optional[ServerErrors] = None
-) -> WSGIServer:
-    """Bind and serve ``app`` in a daemon thread; the caller calls :func:`stop`. ``errors``:
-    where it counts what it refuses (one :class:`ServerErrors` for all servers of a process).
-    One request per connection (wsgiref answers HTTP/1.0 and closes)."""
-    server = _Server((host, port), limits or ServerLimits(), errors)
-    server.set_app(app)
-    threading.Thread(target=server.serve_forever, name="oomsight-http", daemon=True).start()
-    return server
-
-
-serve_wsgi = serve
-"""Any WSGI app (the webhook's ``/metrics``) on the same bounded server."""
-
-
-def stop(server: WSGIServer) -> None:
-    """Stop serving and close the listening socket and the worker threads."""
-    server.shutdown()
-    server.server_close()
-    if isinstance(server, BoundedServer):
-        server.close_limits()

@@ -14,35 +14,20 @@ import dataclasses
 import ipaddress
 import os
 from collections.abc import Mapping
-from typing import Optional, TypeVar
+from typing import Optional
 
 from oomsight.config import ConfigError
 from oomsight.config.sidecar import AdminFields, KubernetesFields, SidecarFields
-from oomsight.config.table import read_group
-from oomsight.config.variables import ADMIN_PORT_AUTO as ADMIN_PORT_AUTO  # the webhook's injection reads these
-from oomsight.config.variables import DEFAULT_ADMIN_PORT as DEFAULT_ADMIN_PORT
+from oomsight.config.table import read_group, variables, with_flags
 from oomsight.config.variables import SIDECAR
-from oomsight.config.variables import parse_admin_port as parse_admin_port
-from oomsight_sidecar.listener import ServerLimits
+from oomsight_server.listener import ServerLimits
 
-_VARIABLE = {row.keyword: row.variable for row in SIDECAR}
-# The variables that the webhook writes into the pods it patches (podspec, owner) and the admin
-# endpoint names in its messages: their names as the table gives them, not written again.
-ENV_PORT = _VARIABLE["sidecar_port"]
-ENV_HOST = _VARIABLE["sidecar_host"]
-ENV_DRAIN = _VARIABLE["drain_seconds"]
+_VARIABLE = variables(SIDECAR)
+# The variables the admin endpoint names in its messages: their names as the table gives them.
 ENV_ADMIN_HOST = _VARIABLE["admin_host"]
-ENV_ADMIN_PORT = _VARIABLE["admin_port"]
 ENV_ADMIN_TOKEN = _VARIABLE["admin_token"]
 ENV_ADMIN_TOKEN_FILE = _VARIABLE["admin_token_file"]
 ENV_ADMIN_REQUIRE_TOKEN = _VARIABLE["admin_require_token"]
-ENV_POD_NAME = _VARIABLE["pod_name"]
-ENV_POD_NAMESPACE = _VARIABLE["pod_namespace"]
-ENV_POD_UID = _VARIABLE["pod_uid"]
-ENV_OWNER_KIND = _VARIABLE["owner_kind"]
-ENV_OWNER_NAME = _VARIABLE["owner_name"]
-ENV_EVENTS = _VARIABLE["events"]
-ENV_RESOURCE_CLAIMS = _VARIABLE["resource_claims"]
 LIMITS_PREFIX = "OOMSIGHT_SIDECAR"
 
 
@@ -66,17 +51,6 @@ class SidecarSettings(SidecarFields):
         for name in ("retention_seconds", "stale_after_seconds", "drain_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative")
-
-
-S = TypeVar("S")
-
-
-def with_flags(cls: type[S], values: dict[str, object], flags: Mapping[str, object]) -> S:
-    """Settings from env ``values`` overridden by the CLI ``flags`` that were given, validated."""
-    values.update({k: v for k, v in flags.items() if v is not None})
-    settings = cls(**values)
-    settings.validate()  # type: ignore[attr-defined]
-    return settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@
 - ``certs``, ``tls``: its certificates (self-managed in a Secret, or files from cert-manager);
 - ``settings``: ``WebhookSettings`` from ``OOMSIGHT_WEBHOOK_*``.
 
-It shares the Kubernetes client, the plain HTTP server and the owner lookup with
-``oomsight_sidecar``, and imports only ``oomsight.config`` and the wire layer from the
-library; ``.importlinter`` checks it.
+It stands on ``oomsight_server`` (the bounded HTTP listener, the Kubernetes client, the owner
+lookup), as the sidecar does, imports nothing from ``oomsight_sidecar``, and only
+``oomsight.config`` and the wire layer from the library; ``.importlinter`` checks it.
 """

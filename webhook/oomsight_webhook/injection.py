@@ -25,7 +25,7 @@ from oomsight.config import (
     parse_port,
     parse_seconds,
 )
-from oomsight_sidecar.settings import DEFAULT_ADMIN_PORT, parse_admin_port
+from oomsight.config.variables import DEFAULT_ADMIN_PORT, parse_admin_port
 
 ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
 ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"

@@ -23,10 +23,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from oomsight.config import ConfigError
-from oomsight_sidecar.kube import KubeApi, KubeClient
-from oomsight_sidecar.kubemetrics import labelled_counter
-from oomsight_sidecar.server import serve_wsgi
-from oomsight_sidecar.server import stop as stop_server
+from oomsight_server.counter import labelled_counter
+from oomsight_server.kube import KubeApi, KubeClient
+from oomsight_server.wsgi import serve as serve_wsgi
+from oomsight_server.wsgi import stop as stop_server
 from oomsight_webhook.admission import RESULTS, Admitter, ReviewLimits
 from oomsight_webhook.injection import ENV_KUBE_VERSION_HINT, ENV_NATIVE, InjectionSettings, native_sidecars_supported
 from oomsight_webhook.server import AdmissionServer, serve

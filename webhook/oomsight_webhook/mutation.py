@@ -20,7 +20,7 @@ from oomsight.config import (
     ENV_TERMINATION_MESSAGE_PATH,
 )
 from oomsight.wire.spool import artifacts_cap_bytes
-from oomsight_sidecar.owner import controller_owner
+from oomsight_server.owner import controller_owner
 from oomsight_webhook.injection import (
     ANN_STATUS,
     QUANTITY_MAX,

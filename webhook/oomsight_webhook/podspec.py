@@ -10,23 +10,24 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from oomsight.config import ENV_DIR
-from oomsight_sidecar.owner import Owner, owner_env
-from oomsight_sidecar.settings import (
-    ADMIN_PORT_AUTO,
-    DEFAULT_ADMIN_PORT,
-    ENV_ADMIN_PORT,
-    ENV_ADMIN_REQUIRE_TOKEN,
-    ENV_ADMIN_TOKEN_FILE,
-    ENV_DRAIN,
-    ENV_EVENTS,
-    ENV_HOST,
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_POD_UID,
-    ENV_PORT,
-    ENV_RESOURCE_CLAIMS,
-)
+from oomsight.config.table import variables
+from oomsight.config.variables import ADMIN_PORT_AUTO, DEFAULT_ADMIN_PORT, SIDECAR
+from oomsight_server.owner import Owner, owner_env
 from oomsight_webhook.injection import InjectionSettings, PodOptions
+
+# The sidecar's variables that the webhook writes into the pods it patches, as its table names them.
+_SIDECAR_ENV = variables(SIDECAR)
+ENV_PORT = _SIDECAR_ENV["sidecar_port"]
+ENV_HOST = _SIDECAR_ENV["sidecar_host"]
+ENV_DRAIN = _SIDECAR_ENV["drain_seconds"]
+ENV_ADMIN_PORT = _SIDECAR_ENV["admin_port"]
+ENV_ADMIN_TOKEN_FILE = _SIDECAR_ENV["admin_token_file"]
+ENV_ADMIN_REQUIRE_TOKEN = _SIDECAR_ENV["admin_require_token"]
+ENV_POD_NAME = _SIDECAR_ENV["pod_name"]
+ENV_POD_NAMESPACE = _SIDECAR_ENV["pod_namespace"]
+ENV_POD_UID = _SIDECAR_ENV["pod_uid"]
+ENV_EVENTS = _SIDECAR_ENV["events"]
+ENV_RESOURCE_CLAIMS = _SIDECAR_ENV["resource_claims"]
 
 SIDECAR_NAME = "oomsight-sidecar"
 STARTUP_NAME = "oomsight-startup"

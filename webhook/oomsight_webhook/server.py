@@ -1,6 +1,6 @@
 """The webhook's HTTPS endpoint: ``POST /mutate`` (AdmissionReview), ``GET /healthz``.
 
-An HTTP/1.1 server on :mod:`oomsight_sidecar.listener`: its event loop does each TLS
+An HTTP/1.1 server on :mod:`oomsight_server.listener`: its event loop does each TLS
 handshake and waits for each request head, under the request deadline, so silent, slow or
 plain-text clients hold no thread; it receives each body up to ``max_review_bytes`` too,
 so a client trickling its review holds no worker either; a few workers answer. A
@@ -21,7 +21,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Optional
 
-from oomsight_sidecar.listener import BoundedServer, ServerLimits, address_family
+from oomsight_server.listener import BoundedServer, ServerLimits, address_family
 from oomsight_webhook.admission import HEAD_BYTES, Admitter
 
 logger = logging.getLogger(__name__)

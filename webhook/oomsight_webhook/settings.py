@@ -13,11 +13,10 @@ import os
 from collections.abc import Mapping
 
 from oomsight.config import ConfigError
-from oomsight.config.table import read_group
+from oomsight.config.table import read_group, with_flags
 from oomsight.config.variables import WEBHOOK
 from oomsight.config.webhook import WebhookFields
-from oomsight_sidecar.listener import ServerLimits
-from oomsight_sidecar.settings import with_flags
+from oomsight_server.listener import ServerLimits
 
 _VARIABLE = {row.field: row.variable for row in WEBHOOK}
 LIMITS_PREFIX = "OOMSIGHT_WEBHOOK"

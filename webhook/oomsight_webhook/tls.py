@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Optional, Protocol
 
 from oomsight.wire.spool import write_atomic
-from oomsight_sidecar.kube import Json, KubeApi, KubeError
+from oomsight_server.kube import Json, KubeApi, KubeError
 from oomsight_webhook.certs import KeyPair, covers, make_ca, make_serving, needs_renewal, service_dns_names, signed_by
 from oomsight_webhook.settings import WebhookSettings
 

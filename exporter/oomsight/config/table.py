@@ -90,6 +90,21 @@ class Setting:
         return self.parse(self.variable, raw if self.verbatim else raw.strip())
 
 
+def variables(rows: tuple[Setting, ...]) -> dict[str, str]:
+    """Each row's variable by keyword: the names other components write (the webhook's pod patches)
+    as the table gives them, not written again."""
+    return {row.keyword: row.variable for row in rows}
+
+
+def with_flags(cls: type[R], values: dict[str, object], flags: Mapping[str, object]) -> R:
+    """Settings from env ``values`` overridden by the CLI ``flags`` that were given, validated
+    (the sidecar's and the webhook's settings classes have a ``validate()``)."""
+    values.update({k: v for k, v in flags.items() if v is not None})
+    settings = cls(**values)
+    settings.validate()  # type: ignore[attr-defined]
+    return settings
+
+
 def read_env(rows: tuple[Setting, ...], env: Mapping[str, str]) -> dict[str, dict[str, Value]]:
     """The values of the variables set in ``env``, by group (``""``: the root) and field."""
     out: dict[str, dict[str, Value]] = {}

@@ -1,4 +1,4 @@
-"""The HTTP listener under every oomsight server (sidecar metrics and admin, webhook).
+"""The HTTP listener under every oomsight server (sidecar metrics and admin, webhook): its event loop.
 
 One event-loop thread holds every connection while its request arrives (TLS handshake
 included); a few worker threads answer requests that arrived whole. A connection that
@@ -21,6 +21,9 @@ or slow clients cannot keep Prometheus, the kubelet or the API server from being
   caps (:class:`DescriptorBudget`); when ``accept()`` still fails with ``EMFILE`` the
   idlest connection is closed and accepting pauses instead of spinning at 100 % CPU;
 * **IPv6**: a listen address with a colon (``::1``, ``::``) gets an ``AF_INET6`` socket.
+
+Who is held and who goes when full is :mod:`oomsight_server.connection`'s table (no sockets);
+this module does the I/O it decides.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import dataclasses
 import errno
 import functools
 import logging
-import math
 import queue
 import re
 import resource
@@ -39,18 +41,18 @@ import socket
 import ssl
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from typing import Any, Optional
 
 from oomsight.config import env_setting, parse_count, parse_seconds
+from oomsight_server.connection import NEVER, Connection, ConnectionTable
 
 logger = logging.getLogger(__name__)
 
 READ_BYTES = 64 * 1024
 LINGER_SECONDS = 2.0
 """How long a closing connection's unread bytes are drained (an answered request's body)."""
-NEVER = math.inf
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 22\r\n"
@@ -172,25 +174,6 @@ class ConnectionReader:
         pass  # the connection belongs to the server
 
 
-class Connection:
-    """One client connection: its socket, what it sent so far, its clock."""
-
-    __slots__ = ("address", "buffer", "cut", "due", "events", "last_byte", "need", "sock", "tls_done")
-
-    def __init__(self, sock: socket.socket, address: Any, now: float, due: float) -> None:
-        self.sock = sock
-        self.address = address
-        self.buffer = bytearray()
-        self.last_byte = now
-        self.due = due
-        """When its request must have arrived whole (the request deadline)."""
-        self.events = selectors.EVENT_READ
-        self.tls_done = not isinstance(sock, ssl.SSLSocket)
-        self.cut = False
-        self.need = 0
-        """Bytes of head and body to receive before a worker gets it; 0 while the head arrives."""
-
-
 class DescriptorBudget:
     """File descriptors the servers of one process may hold: the soft ``RLIMIT_NOFILE``,
     raised toward the hard limit when the servers' caps need it, less a reserve for files."""
@@ -265,10 +248,7 @@ class BoundedServer:
         self.limits = limits
         self.errors = errors or ServerErrors()
         self.cap = 0  # claimed when serving starts (a server that fails to bind claims nothing)
-        self._waiting: dict[Connection, None] = {}  # waiting for their request, in the loop
-        self._peers: dict[str, OrderedDict[Connection, None]] = {}  # the same by client address, idlest first
-        self._busy: set[Connection] = set()  # queued for or in a worker
-        self._lingering: OrderedDict[Connection, None] = OrderedDict()  # answered, draining before close
+        self.table = ConnectionTable()
         self._back: deque[tuple[Connection, bool]] = deque()
         self._work: queue.SimpleQueue[Optional[Connection]] = queue.SimpleQueue()
         self._wake_r: Optional[socket.socket] = None
@@ -277,7 +257,6 @@ class BoundedServer:
         self._stopping, self._stopped = threading.Event(), threading.Event()
         self._stopped.set()
         self._backoff, self._paused_until, self._swept = 0.0, 0.0, 0.0
-        self._buffered = 0  # bytes in the buffers of waiting connections
         self._local = threading.local()
 
     def count(self, reason: str) -> None:
@@ -310,7 +289,7 @@ class BoundedServer:
             while not self._stopping.is_set():
                 self._turn()
         finally:
-            for conn in [*self._waiting, *self._lingering]:
+            for conn in [*self.table.waiting, *self.table.lingering]:
                 self._close(conn)
             self._selector.close()
             self._stopped.set()
@@ -343,9 +322,9 @@ class BoundedServer:
                 self._accept()
             elif key.data is _WAKE:
                 self._take_back()
-            elif key.data in self._waiting:
+            elif key.data in self.table.waiting:
                 self._on_ready(key.data)
-            elif key.data in self._lingering:
+            elif key.data in self.table.lingering:
                 self._drain(key.data)
         if time.monotonic() - self._swept >= self.tick_seconds:
             self._sweep()
@@ -381,7 +360,7 @@ class BoundedServer:
         self._selector.unregister(self.socket)
 
     def _admit(self, sock: socket.socket, address: Any) -> None:
-        if len(self._waiting) + len(self._busy) + len(self._lingering) >= self.cap and not self._evict_idlest():
+        if self.table.full(self.cap) and not self._evict_idlest():
             self.count("over_capacity")  # every connection has a whole request: refuse the newcomer
             self._refuse(sock)
             return
@@ -394,14 +373,13 @@ class BoundedServer:
         """Close a connection to make room: one already answered and closing (uncounted), else
         the idlest (longest without a byte) of the client that holds the most waiting
         connections; False if none waits."""
-        if self._lingering:
-            self._close(next(iter(self._lingering)))
-            return True
-        if not self._peers:
+        found = self.table.victim()
+        if found is None:
             return False
-        self.count("over_capacity")
-        most = max(self._peers.values(), key=len)  # the client holding most pays, never one with a few
-        self._close(next(iter(most)))
+        conn, refused = found
+        if refused:
+            self.count("over_capacity")
+        self._close(conn)
         return True
 
     def _refuse(self, sock: socket.socket) -> None:
@@ -413,8 +391,7 @@ class BoundedServer:
             sock.close()
 
     def _on_ready(self, conn: Connection) -> None:
-        conn.last_byte = time.monotonic()  # bytes arrived (a TLS handshake's too): it is the least idle now
-        self._peers[_peer(conn)].move_to_end(conn)
+        self.table.touch(conn, time.monotonic())
         if not conn.tls_done and not self._handshake(conn):
             return
         if self._receive(conn):
@@ -457,8 +434,7 @@ class BoundedServer:
             if not data:
                 self._close(conn)
                 return False
-            conn.buffer += data
-            self._buffered += len(data)
+            self.table.arrived(conn, data)
             room -= len(data)
             pending = getattr(conn.sock, "pending", None)
             if pending is None or not pending():
@@ -468,9 +444,9 @@ class BoundedServer:
     def _examine(self, conn: Connection) -> None:
         """Hand a whole request head (and a body of up to ``body_buffer_bytes``) to a worker;
         answer a bad or oversized one and close."""
-        if self.body_budget_bytes and self._buffered > self.body_budget_bytes:
+        if self.body_budget_bytes and self.table.buffered > self.body_budget_bytes:
             self._shed_bytes()
-            if conn not in self._waiting:
+            if conn not in self.table.waiting:
                 return
         buf, cap = conn.buffer, self.limits.max_head_bytes
         if conn.need:
@@ -500,8 +476,7 @@ class BoundedServer:
 
     def _shed_bytes(self) -> None:
         """Over the body budget: close the waiting connection holding the most bytes."""
-        largest = max(self._waiting, key=lambda c: len(c.buffer))
-        self._close(largest, "over_capacity")
+        self._close(self.table.largest(), "over_capacity")
 
     def _answer(self, conn: Connection, status: bytes) -> None:
         text = status + b"\r\n"
@@ -512,9 +487,8 @@ class BoundedServer:
         self._linger(conn)
 
     def _dispatch(self, conn: Connection) -> None:
-        conn.need = 0
         self._forget(conn)
-        self._busy.add(conn)
+        self.table.dispatch(conn)
         self._work.put(conn)
 
     def _take_back(self) -> None:
@@ -524,7 +498,7 @@ class BoundedServer:
         now = time.monotonic()
         while self._back:
             conn, keep = self._back.popleft()
-            self._busy.discard(conn)
+            self.table.returned(conn)
             if not keep or conn.cut or self._stopping.is_set():
                 self._linger(conn)
                 continue
@@ -552,8 +526,7 @@ class BoundedServer:
             with contextlib.suppress(OSError):
                 conn.sock.close()
             return
-        conn.due = time.monotonic() + LINGER_SECONDS
-        self._lingering[conn] = None
+        self.table.linger(conn, time.monotonic() + LINGER_SECONDS)
 
     def _drain(self, conn: Connection) -> None:
         try:
@@ -569,17 +542,14 @@ class BoundedServer:
         """Close connections past their request deadline or silent past the idle timeout;
         cut off requests still being read in a worker past their deadline."""
         now = self._swept = time.monotonic()
-        idle = self.limits.idle_timeout_seconds
-        for conn in [c for c in self._waiting if c.due <= now or c.last_byte + idle <= now]:
-            self._close(conn, "deadline" if conn.due <= now else None)
-        for conn in [c for c in self._lingering if c.due <= now]:
+        for conn, past_deadline in self.table.expired(now, self.limits.idle_timeout_seconds):
+            self._close(conn, "deadline" if past_deadline else None)
+        for conn in self.table.drained(now):
             self._close(conn)
-        for conn in self._busy:
-            if conn.due <= now:
-                conn.due, conn.cut = NEVER, True
-                self.count("deadline")
-                with contextlib.suppress(OSError):  # the worker's blocked read returns, it cleans up
-                    conn.sock.shutdown(socket.SHUT_RDWR)
+        for conn in self.table.cut_overdue(now):
+            self.count("deadline")
+            with contextlib.suppress(OSError):  # the worker's blocked read returns, it cleans up
+                conn.sock.shutdown(socket.SHUT_RDWR)
 
     def _close(self, conn: Connection, reason: Optional[str] = None) -> None:
         if reason is not None:
@@ -590,23 +560,12 @@ class BoundedServer:
 
     def _forget(self, conn: Connection) -> None:
         """No longer held by the loop (closed, closing, or handed to a worker)."""
-        if conn in self._waiting:
-            self._buffered -= len(conn.buffer)
-            del self._waiting[conn]
-            peer = self._peers[_peer(conn)]
-            del peer[conn]
-            if not peer:
-                del self._peers[_peer(conn)]
-            self._selector.unregister(conn.sock)
-        elif conn in self._lingering:
-            del self._lingering[conn]
+        if self.table.forget(conn):
             self._selector.unregister(conn.sock)
 
     def _hold(self, conn: Connection) -> None:
         """Wait in the loop for its request; the newest activity of its client."""
-        self._buffered += len(conn.buffer)
-        self._waiting[conn] = None
-        self._peers.setdefault(_peer(conn), OrderedDict())[conn] = None
+        self.table.hold(conn)
         self._selector.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _wake(self) -> None:
@@ -633,12 +592,6 @@ class BoundedServer:
             return False
         finally:
             self._local.conn = None
-
-
-def _peer(conn: Connection) -> str:
-    """The client's address without its port: what one client holds is counted together."""
-    address = conn.address
-    return str(address[0]) if isinstance(address, tuple) and address else str(address)
 
 
 def _request_line_ok(line: bytes) -> bool:

@@ -12,7 +12,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from oomsight_sidecar.settings import ENV_OWNER_KIND, ENV_OWNER_NAME, KubernetesSettings
+from oomsight.config.sidecar import KubernetesFields
+from oomsight.config.table import variables
+from oomsight.config.variables import SIDECAR
+
+ENV_OWNER_KIND = variables(SIDECAR)["owner_kind"]
+ENV_OWNER_NAME = variables(SIDECAR)["owner_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +46,7 @@ def owner_env(owner: Optional[Owner]) -> list[dict[str, str]]:
     return [{"name": ENV_OWNER_KIND, "value": owner.kind}, {"name": ENV_OWNER_NAME, "value": owner.name}]
 
 
-def pod_owner(settings: KubernetesSettings) -> Optional[Owner]:
+def pod_owner(settings: KubernetesFields) -> Optional[Owner]:
     """The owner the webhook recorded, or the pod itself; None outside Kubernetes."""
     if settings.owner_kind and settings.owner_name:
         return Owner(settings.owner_kind, settings.owner_name)
