@@ -145,15 +145,21 @@ DEFAULT_TIME = "now-3h"
 REFRESH = "30s"
 
 # Short remedy per diagnosed cause (oomsight.analysis.diagnosis.CAUSES), shown in annotations, the OOM
-# table and alert descriptions. docs/diagnosis.md and the runbooks hold the full text.
+# table and alert descriptions. docs/diagnosis.md and the runbooks hold the full text. A remedy that only
+# moves memory comes first; one that changes what the job computes says so (tests/test_remedy_classes.py).
 CAUSE_REMEDY = {
-    "oversized_request": "one tensor is too large: chunk the loss/logits, or lower the batch size",
+    "oversized_request": "one tensor is too large: chunk the loss/logits (same result), or a smaller batch with "
+    "accumulation",
     "other_process": "another process holds this GPU: give the job a GPU of its own",
     "non_pytorch_memory": "memory outside PyTorch (NCCL buffers, CUDA libraries): lower NCCL_BUFFSIZE",
     "leak": "tensors kept alive with their graph across steps: log loss.item(), clear output lists",
     "fragmentation": "set PYTORCH_ALLOC_CONF=expandable_segments:True, keep shapes stable",
-    "growing_demand": "the input grew past what fitted: cap the batch size or sequence length, bucket by length",
-    "activations": "activations do not fit: activation checkpointing, bf16 autocast, a smaller batch with accumulation",
-    "model_states": "parameters, gradients and optimizer state fill the GPU: bf16 params, lighter optimizer, FSDP",
-    "exhaustion": "lower the batch size (gradient accumulation), bf16 autocast, activation checkpointing",
+    "growing_demand": "the input grew past what fitted: activation checkpointing; capping the batch size or sequence "
+    "length changes what the job learns from",
+    "activations": "activations do not fit: activation checkpointing, a smaller batch with accumulation; bf16 autocast "
+    "changes the result (bf16 rounding)",
+    "model_states": "parameters, gradients and optimizer state fill the GPU: FSDP/ZeRO or optimizer-state offload; "
+    "bf16 params or a lighter optimizer change the result",
+    "exhaustion": "a smaller batch with gradient accumulation, activation checkpointing; bf16 autocast changes the "
+    "result (bf16 rounding)",
 }

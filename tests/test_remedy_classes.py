@@ -50,3 +50,14 @@ def test_a_runbook_that_offers_a_result_changing_remedy_says_it_changes_the_resu
             offered = [line for line in paragraph.split("\n- ") if WORDS.search(line)]
             for item in offered:
                 assert re.search(r"chang\w* the result", " ".join(item.split())), (os.path.basename(path), item)
+
+
+def test_the_dashboards_short_remedies_lead_with_one_that_moves_memory_and_say_what_changes():
+    from dashboards import config
+
+    for cause, text in config.CAUSE_REMEDY.items():
+        advice = text.partition(": ")[2] or text
+        first = advice.split(",")[0].split(";")[0]
+        assert not WORDS.search(first) and "cap the batch" not in first, cause
+        if WORDS.search(advice) or "capping" in advice:
+            assert "change" in advice, cause
