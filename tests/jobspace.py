@@ -1,0 +1,925 @@
+"""A space of training jobs composed from independent axes, each run through the real hook to an OOM,
+with the invariants every job must keep (issue 33, item 4).
+
+A job is one value per axis of :data:`AXES` (``valid`` says which combinations torch runs). ``run(job)``
+builds it on the CPU with the real torch and the real :class:`~oomsight.hook.runtime.Hook`, over a
+fake allocator (:class:`LiveCuda`) whose counters are fed from the truth: the bytes of the storages
+alive in this process, tracked as they are made (:class:`Storages`, a dispatch mode). The device is
+this process's memory as it is (factor 1: the hook's own walk reads the same tensors' real bytes, so
+a scaled allocator would disagree with the model states it measures). The capacity is chosen by a dry
+run of the same job without the hook: between the most the warm-up needed and what the failing phase
+needs, so the OOM comes where the job's construction puts it: in the escalated step of a training
+job (a larger batch, a longer episode or sequence), or in the evaluation that forgets ``no_grad`` and
+keeps its outputs. The OOM is raised in the forward pre-hook of the leaf module whose output would
+cross the capacity, after calling the hook's OOM observer there, as the allocator would.
+
+Pauses are told the way the runtime tells them: the last step's wall time moves back, and the
+sampler's own ``publish`` arms the forward rows; every step and every evaluation forward publishes.
+
+Invariants (:func:`violations`), on every job:
+
+``bytes``       the model states the OOM event counts equal the storage truth per category
+                (parameters, frozen parameters, gradients, optimizer state, DDP buckets), exactly
+``cause``       the cause is one the job's construction allows (``leak`` only for the true leak)
+``first_remedy`` no remedy that changes the result first on a training forward
+``live_flag``   the live leak flag (the snapshot's ``forward_pile_bytes``) down on every job that does
+                not leak, up before the OOM of the one that does
+``in_use``      no remedy the job already uses (autocast under a bf16 policy, sharding under FSDP, ...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import itertools
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+
+from fakes import FakeCuda
+
+AXES: dict[str, tuple[str, ...]] = {
+    "wrapper": ("none", "ddp", "ddp_bucket_view", "fsdp1", "fsdp2", "compile", "compile_ddp", "ddp_compile"),
+    "accumulation": ("single", "each", "summed", "no_sync"),
+    "models": ("one", "ema", "teacher", "gan"),
+    "optimizer": ("adamw_fused", "adamw_foreach", "sgd", "zero", "adam8bit"),
+    "precision": ("fp32", "autocast_bf16", "bf16_params", "mixed_policy"),
+    "phase": ("train", "checkpoint_pause", "no_grad_validation", "eval_leak"),
+    "shape": ("batches", "rl", "tbptt", "growing"),
+}
+"""Each axis and its values. ``wrapper``: compile_ddp is torch.compile(DDP(m)), ddp_compile is
+DDP(torch.compile(m)) (backend "eager": what is compiled matters to the accounting, not the kernels).
+``accumulation``: one micro-batch a step; four, each with its backward; four whose losses are summed
+before one backward; four under ``no_sync`` (FSDP2: ``set_requires_gradient_sync``). ``models``: an
+EMA copy updated under ``no_grad`` and never called; a frozen teacher run under ``no_grad``; a GAN
+pair with two optimizers. ``phase``: the failing step right after the warm-up, after a pause for a
+checkpoint save, after a ``no_grad`` validation; or an evaluation that forgets ``no_grad`` and keeps
+its outputs (the one leak). ``shape``: a micro-batch is a batch, a REINFORCE episode (one forward
+per step of the episode, one loss), a truncated-BPTT window of 4 forwards, or a sequence that grows
+step by step."""
+
+DISTRIBUTED_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "fsdp1", "fsdp2", "compile_ddp", "ddp_compile"))
+DDP_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "compile_ddp", "ddp_compile"))
+COMPILED = frozenset(("compile", "compile_ddp", "ddp_compile"))
+SHARDED = frozenset(("fsdp1", "fsdp2"))
+WORLD = 2
+
+MICRO = 4
+"""Micro-batches a step for the accumulating values."""
+WINDOW = 4
+"""Forwards per truncated-BPTT window."""
+WARMUP_STEPS = 6
+"""Optimizer steps before the failing phase: the job probe's window opens at the third and the
+model states are walked from the fifth."""
+ESCALATION = 3
+"""The failing step's size (batch, episode, sequence) against the warm-up's largest."""
+LEAK_MULTIPLE = 8
+"""The leak keeps at least this many times the forwards one backward of the job consumes (plus 16)
+before it runs out: a pile no larger cannot be told from the job's own steps by anyone."""
+D, H = 32, 192
+
+CHANGES_FALLBACK = frozenset(
+    (
+        "no_grad",
+        "frozen_no_grad",
+        "freeze_untrained",
+        "eval_batch",
+        "half_precision",
+        "bf16_params",
+        "autocast",
+        "bound_input",
+        "quantize_base",
+        "frozen_half",
+        "smaller_base",
+        "light_optimizer",
+        "expert_capacity",
+    )
+)
+
+
+def result_changing() -> frozenset[str]:
+    """The remedies that change what the job computes: ``remedies.CHANGES`` where it exists, else ours."""
+    from oomsight.analysis import remedies
+
+    found = getattr(remedies, "CHANGES", None)
+    return frozenset(found) if found else CHANGES_FALLBACK
+
+
+def bitsandbytes_importable() -> bool:
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    wrapper: str
+    accumulation: str
+    models: str
+    optimizer: str
+    precision: str
+    phase: str
+    shape: str
+
+    @property
+    def id(self) -> str:
+        return "-".join(getattr(self, axis) for axis in AXES)
+
+    @classmethod
+    def parse(cls, text: str) -> Job:
+        return cls(*text.split("-"))
+
+    @property
+    def distributed(self) -> bool:
+        return self.wrapper in DISTRIBUTED_WRAPPERS or self.optimizer == "zero"
+
+    @property
+    def leaks(self) -> bool:
+        return self.phase == "eval_leak"
+
+
+def invalid(job: Job) -> Optional[str]:
+    """Why torch (or this machine) cannot run ``job``; None when it can."""
+    w = job.wrapper
+    if job.optimizer == "adam8bit" and not bitsandbytes_importable():
+        return "bitsandbytes is not importable"
+    if job.optimizer == "zero" and w not in DDP_WRAPPERS:
+        return "ZeroRedundancyOptimizer goes with DDP"
+    if job.accumulation == "no_sync" and w not in DISTRIBUTED_WRAPPERS:
+        return "no_sync needs a data-parallel wrapper"
+    if job.precision == "mixed_policy" and w not in SHARDED:
+        return "a mixed-precision policy is FSDP's"
+    if job.models in ("ema", "gan") and w in SHARDED:
+        return "an EMA copy or a GAN pair of sharded models is built otherwise"
+    if w == "fsdp1" and (job.accumulation == "summed" or job.shape in ("rl", "tbptt")):
+        return "FSDP1 reshards after each forward and takes one backward per forward"
+    if job.precision == "bf16_params" and job.optimizer == "adamw_fused" and w in SHARDED:
+        return "fused AdamW over bf16 DTensor shards is not supported on the CPU"
+    return None
+
+
+def space() -> list[Job]:
+    """Every valid job."""
+    return [j for j in (Job(*values) for values in itertools.product(*AXES.values())) if invalid(j) is None]
+
+
+def sample(count: int, seed: int, distributed: bool, compiled_at_most: Optional[int] = None) -> list[Job]:
+    """``count`` valid jobs, single-process or distributed, deterministic for ``seed``: each value of
+    every axis first (where the kind of job allows it), then jobs drawn at random; at most
+    ``compiled_at_most`` of them compiled (a compiled job takes seconds)."""
+    rng = random.Random(seed)
+    pool = [j for j in space() if j.distributed == distributed]
+    rng.shuffle(pool)
+    picked: dict[str, Job] = {}
+
+    def room(job: Job) -> bool:
+        compiled = sum(j.wrapper in COMPILED for j in picked.values())
+        return job.id not in picked and (
+            compiled_at_most is None or job.wrapper not in COMPILED or compiled < compiled_at_most
+        )
+
+    for axis, values in AXES.items():
+        for value in values:
+            first = next((j for j in pool if getattr(j, axis) == value and room(j)), None)
+            if first is not None:
+                picked[first.id] = first
+    for job in pool:
+        if len(picked) >= count:
+            break
+        if room(job):
+            picked[job.id] = job
+    return sorted(picked.values(), key=lambda j: j.id)
+
+
+# ------------------------------------------------------------------ the memory truth
+class Storages(TorchDispatchMode):
+    """Every storage made while it is on (the outputs of every op, through tensor subclasses to their
+    inner tensors), weakly, so a storage freed leaves the count: the bytes this process holds now."""
+
+    @classmethod
+    def is_infra_mode(cls) -> bool:
+        return True  # torch.compile still compiles under it (a user mode makes dynamo step aside)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, weakref.ref[Any]] = {}
+
+    def add(self, t: Any, depth: int = 0) -> None:
+        if depth > 3 or not isinstance(t, torch.Tensor):
+            return
+        if is_traceable_wrapper_subclass(t):
+            for name in t.__tensor_flatten__()[0]:
+                self.add(getattr(t, name), depth + 1)
+            return
+        if t.device.type != "cpu" or type(t).__name__ == "FakeTensor":
+            return
+        s = t.untyped_storage()
+        if id(s) not in self.live:
+            key = id(s)
+            self.live[key] = weakref.ref(s, lambda _r, key=key: self.live.pop(key, None))
+
+    def bytes(self) -> int:
+        total, seen = 0, set()
+        for ref in list(self.live.values()):
+            s = ref()
+            if s is not None and s.nbytes() and s.data_ptr() not in seen:
+                seen.add(s.data_ptr())
+                total += s.nbytes()
+        return total
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            self.add(t)
+        return out
+
+
+def _local(t: Any) -> Any:
+    return getattr(t, "_local_tensor", t)
+
+
+def _add(found: dict[int, int], t: Any) -> None:
+    if t is None:
+        return
+    s = _local(t).untyped_storage()
+    if s.nbytes():
+        found[s.data_ptr()] = s.nbytes()
+
+
+class Truth:
+    """The storages of each category, read off the job's own objects: the parameters by their storages
+    between steps (a shard, for a sharded wrapper; recorded after every optimizer step), every
+    gradient the rank holds (also those FSDP keeps aside), the optimizers' state (ZeRO: its local
+    optimizer's), and DDP's buckets as its communication hook saw them."""
+
+    def __init__(self) -> None:
+        self.models: list[nn.Module] = []
+        self.optimizers: list[Any] = []
+        self.params: list[Any] = []
+        self.trained: set[int] = set()
+        self.buckets: dict[int, weakref.ref[Any]] = {}
+        self.fsdp1: list[Any] = []
+        self.fsdp2: list[Any] = []
+
+    def settle(self) -> None:
+        """Between steps (everything resharded): the parameters as they are held."""
+        self.params = list({id(p): p for m in self.models for p in m.parameters()}.values())
+        held = {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
+        self.trained = {id(p) for p in self.params if p.requires_grad and id(p) in held}
+        self.fsdp1 = [m._handle.flat_param for m in self._modules() if getattr(m, "_handle", None) is not None]
+        self.fsdp2 = [fp for m in self._modules() for fp in _fsdp2_params(m)]
+
+    def _modules(self) -> Iterator[nn.Module]:
+        for m in self.models:
+            yield from m.modules()
+
+    def bucket_hook(self, state: Any, bucket: Any) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        buffer = bucket.buffer()
+        self.buckets[bucket.index()] = weakref.ref(buffer.untyped_storage())
+        return allreduce_hook(state, bucket)
+
+    def now(self) -> dict[str, int]:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # .grad of a gathered (non-leaf) parameter: None, as wanted
+            return self._now()
+
+    def _now(self) -> dict[str, int]:
+        params: dict[int, int] = {}
+        frozen: dict[int, int] = {}
+        grads: dict[int, int] = {}
+        for p in self.params:
+            _add(params, p)
+            if id(p) not in self.trained:
+                _add(frozen, p)
+        for p in [*self.params, *(q for m in self.models for q in m.parameters()), *self.fsdp1]:
+            _add(grads, p.grad)
+        for flat in self.fsdp1:
+            _add(grads, getattr(flat, "_saved_grad_shard", None))
+        for fp in self.fsdp2:
+            _add(grads, getattr(getattr(fp, "_unsharded_param", None), "grad", None))
+            _add(grads, getattr(fp, "_unsharded_accumulated_grad", None))
+        state: dict[int, int] = {}
+        for o in self.optimizers:
+            for inner in (o, getattr(o, "optim", None)):
+                for s in getattr(inner, "state", {}).values():
+                    for v in s.values():
+                        if isinstance(v, torch.Tensor):
+                            _add(state, v)
+        buckets: dict[int, int] = {}
+        for ref in self.buckets.values():
+            s = ref()
+            if s is not None and s.nbytes() and s.data_ptr() not in grads:
+                buckets[s.data_ptr()] = s.nbytes()
+        return {
+            "parameters_bytes": sum(params.values()),
+            "frozen_parameters_bytes": sum(frozen.values()),
+            "gradients_bytes": sum({**grads, **buckets}.values()),
+            "optimizer_state_bytes": sum(state.values()),
+            "gradient_buckets_bytes": sum(buckets.values()),
+        }
+
+
+CATEGORIES = (
+    "parameters_bytes",
+    "frozen_parameters_bytes",
+    "gradients_bytes",
+    "optimizer_state_bytes",
+    "gradient_buckets_bytes",
+)
+
+
+def _fsdp2_params(module: nn.Module) -> list[Any]:
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None:
+        return []
+    group = getattr(get_state(), "_fsdp_param_group", None)
+    return list(getattr(group, "fsdp_params", None) or [])
+
+
+# ------------------------------------------------------------------ the fake device, fed from the truth
+class LiveCuda(FakeCuda):
+    """The fake allocator, whose contexts are this thread's real ones (autograd recording, a backward
+    running, CPU autocast, dynamo's graphs), as the real ``TorchCuda`` reads CUDA's."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__(total=total)
+        from oomsight.hook.cuda import TorchCuda
+
+        self.real = TorchCuda(torch)
+
+    def grad_enabled(self) -> bool:
+        return self.real.grad_enabled()
+
+    def in_backward(self) -> bool:
+        return self.real.in_backward()
+
+    def autocast_enabled(self) -> bool:
+        return bool(torch.is_autocast_enabled("cpu"))
+
+    def open_contexts(self) -> dict[str, bool]:
+        return {"autocast": self.autocast_enabled(), "checkpointing": False}
+
+    def compiled(self) -> bool:
+        return self.real.compiled()
+
+
+class Oom(Exception):
+    """The harness's stand-in for ``torch.OutOfMemoryError`` (caught where the job runs)."""
+
+
+class Device:
+    """One rank's memory: the truth, the allocator's counters fed from it, and the OOM when a leaf
+    module's output would cross the capacity (``capacity`` None: a dry run, which only records)."""
+
+    def __init__(self, storages: Storages, truth: Truth, capacity: Optional[int], group: Any) -> None:
+        self.storages = storages
+        self.truth = truth
+        self.capacity = capacity
+        self.group = group
+        self.cuda: Optional[LiveCuda] = None
+        self.peak = 0
+        self.reserved = 0
+        self.needs: list[int] = []
+        self.at_oom: Optional[dict[str, Any]] = None
+        self.armed = False
+        """Only the failing part may run out (the dry run chose the capacity so)."""
+        self.warm = 0
+        """The most the job needed before its failing part."""
+        self.armed_at = 0
+        self.marks: list[int] = []
+        """The most needed in each evaluation forward of the leak."""
+
+        self._marked = 0
+
+    def arm(self) -> None:
+        self.armed, self.warm = True, max(self.needs, default=0)
+        self.armed_at = self._marked = len(self.needs)
+
+    def mark(self) -> None:
+        self.marks.append(max(self.needs[self._marked :], default=0))
+        self._marked = len(self.needs)
+
+    @property
+    def failing(self) -> list[int]:
+        return self.needs[self.armed_at :]
+
+    def feed(self) -> int:
+        live = self.storages.bytes()
+        self.peak = max(self.peak, live)
+        self.reserved = max(self.reserved, live)
+        if self.cuda is not None:
+            self.cuda.set(
+                0, allocated=live, reserved=self.reserved, peak_allocated=self.peak, peak_reserved=self.reserved
+            )
+        return live
+
+    def before(self, module: nn.Module, args: Any) -> None:
+        live = self.feed()
+        requested = _output_bytes(module, args)
+        self.needs.append(live + requested)
+        crossed = self.armed and self.capacity is not None and live + requested > self.capacity
+        if self.group is not None and self.capacity is not None:
+            flag = torch.tensor([1 if crossed else 0])
+            with torch.utils._python_dispatch._disable_current_modes():
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
+            ran_out_here, crossed = crossed, bool(flag.item())
+        else:
+            ran_out_here = crossed
+        if not crossed:
+            return
+        assert self.capacity is not None
+        self.at_oom = {
+            "truth": self.truth.now(),
+            "crossed": ran_out_here,
+            "module": type(module).__name__,
+            "live": live,
+            "requested": requested,
+        }
+        if self.cuda is not None and self.cuda.observer is not None:
+            self.cuda.observer(0, requested, self.capacity, max(self.capacity - self.reserved, 0))
+        raise Oom(f"CUDA out of memory. Tried to allocate {requested} bytes")
+
+    def after(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.feed()
+
+
+def _output_bytes(module: nn.Module, args: Any) -> int:
+    x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if x is None:
+        return 0
+    width = getattr(module, "out_features", x.shape[-1] if x.dim() else 1)
+    size = torch.finfo(x.dtype).bits // 8 if x.is_floating_point() else 4
+    return int(x.numel() // max(x.shape[-1], 1) * width * size) if x.dim() else size
+
+
+# ------------------------------------------------------------------ the job's program
+def mlp(d_in: int, d_out: int, hidden: int = H) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, d_out)
+    )
+
+
+class Program:
+    """The job's models, optimizers and loop, built under the truth's dispatch mode."""
+
+    def __init__(self, job: Job, device: Device, group: Any) -> None:
+        self.job = job
+        self.device = device
+        self.group = group
+        self.dtype = torch.bfloat16 if job.precision == "bf16_params" else torch.float32
+        torch.manual_seed(0)
+        self.raw = mlp(D, D)
+        self.second: Optional[nn.Module] = None  # the GAN's discriminator
+        self.teacher: Optional[nn.Module] = None
+        self.ema: Optional[nn.Module] = None
+        if job.models == "gan":
+            self.second = mlp(D, 1)
+        if job.models == "teacher":
+            self.teacher = mlp(D, D, 2 * H).requires_grad_(False).eval()
+        for m in (self.raw, self.second, self.teacher):
+            if m is not None:
+                m.to(self.dtype)
+        if job.models == "ema":
+            import copy
+
+            self.ema = copy.deepcopy(self.raw).requires_grad_(False).eval()
+        self.model = self.wrap(self.raw)
+        self.critic = self.wrap(self.second) if self.second is not None else None
+        trained = [self.model] + ([self.critic] if self.critic is not None else [])
+        self.optimizers = [self.optimizer(m) for m in trained]
+        device.truth.models = [m for m in (self.model, self.critic, self.teacher, self.ema) if m is not None]
+        device.truth.optimizers = self.optimizers
+        device.truth.settle()
+        self.hidden: Optional[torch.Tensor] = None
+        self.step_count = 0
+
+    # -------------------------------------------------------------- construction
+    def wrap(self, raw: nn.Module) -> nn.Module:
+        w, device = self.job.wrapper, self.device
+        m = raw
+        if w == "fsdp2":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            policy = (
+                MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                if self.job.precision == "mixed_policy"
+                else MixedPrecisionPolicy()
+            )
+            for layer in m:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mp_policy=policy)
+            fully_shard(m, mp_policy=policy)
+        self._leaf_hooks(raw)
+        if w == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+
+            mp = (
+                MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                if self.job.precision == "mixed_policy"
+                else None
+            )
+            m = FullyShardedDataParallel(m, device_id=torch.device("cpu"), use_orig_params=True, mixed_precision=mp)
+        if w == "ddp_compile":
+            m = torch.compile(m, backend="eager")
+        if w in DDP_WRAPPERS:
+            from torch.nn.parallel import DistributedDataParallel
+
+            m = DistributedDataParallel(m, gradient_as_bucket_view=w == "ddp_bucket_view")
+            m.register_comm_hook(self.group, lambda state, bucket: device.truth.bucket_hook(state, bucket))
+        if w in ("compile", "compile_ddp"):
+            m = torch.compile(m, backend="eager")
+        return m
+
+    def _leaf_hooks(self, raw: nn.Module) -> None:
+        before = torch._dynamo.disable(self.device.before)
+        after = torch._dynamo.disable(self.device.after)
+        for leaf in raw.modules():
+            if not list(leaf.children()):
+                leaf.register_forward_pre_hook(before)
+                leaf.register_forward_hook(after)
+
+    def optimizer(self, m: nn.Module) -> Any:
+        o = self.job.optimizer
+        params = [p for p in m.parameters() if p.requires_grad]
+        if o == "sgd":
+            return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+        if o == "zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-4, process_group=self.group)
+        if o == "adam8bit":
+            import bitsandbytes
+
+            return bitsandbytes.optim.AdamW8bit(params, lr=1e-4)
+        return torch.optim.AdamW(params, lr=1e-4, fused=o == "adamw_fused", foreach=o == "adamw_foreach" or None)
+
+    # -------------------------------------------------------------- the loop
+    def inputs(self, size: int, batch: int = 16) -> torch.Tensor:
+        """One forward's input: ``size`` scales the batch (batches, tbptt) or the sequence (growing)."""
+        dtype = self.dtype
+        if self.job.shape == "growing":
+            return torch.randn(4, 2 + 2 * size, D, dtype=dtype)
+        return torch.randn(batch * size, D, dtype=dtype)
+
+    def context(self) -> Any:
+        if self.job.precision == "autocast_bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+
+        return contextlib.nullcontext()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's output, and the loss the other models add (a teacher's distillation under
+        ``no_grad``, the discriminator's verdict on the generator's output)."""
+        out = self.model(x)
+        extra = torch.zeros((), dtype=torch.float32)
+        if self.teacher is not None:
+            with torch.no_grad():
+                target = self.teacher(x)
+            extra = extra + (out.float() - target.float()).square().mean()
+        if self.critic is not None:
+            extra = extra + self.critic(out).float().mean()
+        return out, extra
+
+    def unit_loss(self, size: int) -> torch.Tensor:
+        """One micro-batch: its forwards and its loss (an episode, a window, a batch, a sequence)."""
+        shape = self.job.shape
+        total = torch.zeros((), dtype=torch.float32)
+        with self.context():
+            if shape == "rl":
+                for _ in range(2 * size):  # an episode: a forward per step, one loss for the episode
+                    logits, extra = self.forward(torch.randn(8, D, dtype=self.dtype))
+                    logp = logits.float().log_softmax(-1)
+                    action = torch.multinomial(logp.detach().exp(), 1)
+                    total = total - logp.gather(1, action).sum() * float(torch.rand(())) + extra
+                return total
+            if shape == "tbptt":
+                h = self.hidden if self.hidden is not None and self.hidden.shape[0] == 16 * size else None
+                for _ in range(WINDOW):
+                    x = self.inputs(size)
+                    h, extra = self.forward(x if h is None else x + h)
+                    total = total + h.float().square().mean() + extra
+                self.hidden = h.detach()
+                return total
+            out, extra = self.forward(self.inputs(size))
+            return out.float().square().mean() + extra
+
+    def step(self, size: int) -> None:
+        """One optimizer step of the job's accumulation, ``size`` the micro-batches' size."""
+        acc = self.job.accumulation
+        count = 1 if acc == "single" else MICRO
+        if self.critic is not None:
+            self._critic_step(size)
+        if acc == "summed":
+            sum((self.unit_loss(size) for _ in range(count)), torch.zeros(())).backward()
+        else:
+            for i in range(count):
+                with self._sync(last=i == count - 1):
+                    self.unit_loss(size).backward()
+                self.device.feed()
+        self.device.feed()
+        self.optimizers[0].step()
+        self.optimizers[0].zero_grad()
+        self._after_step()
+
+    def _critic_step(self, size: int) -> None:
+        assert self.critic is not None
+        with self.context():
+            fake = self.model(self.inputs(size)).detach()
+            real = torch.randn_like(fake)
+            loss = self.critic(torch.cat([real, fake])).float().mean()
+        loss.backward()
+        self.optimizers[1].step()
+        self.optimizers[1].zero_grad()
+        self.device.feed()
+
+    def _sync(self, last: bool) -> Any:
+
+        if self.job.accumulation != "no_sync" or last:
+            if self.job.wrapper == "fsdp2":
+                self.model.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if self.job.wrapper == "fsdp2":
+            self.model.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+        inner = getattr(self.model, "_orig_mod", self.model)
+        return inner.no_sync()
+
+    def _after_step(self) -> None:
+        self.step_count += 1
+        if self.ema is not None:
+            with torch.no_grad():
+                for e, p in zip(self.ema.parameters(), self.raw.parameters()):
+                    e.mul_(0.99).add_(p.detach(), alpha=0.01)
+        self.device.feed()
+        self.device.truth.settle()
+
+    def validate(self) -> None:
+        with torch.no_grad():
+            for _ in range(5):
+                with self.context():
+                    self.model(self.inputs(1))
+                self.device.feed()
+
+    def checkpoint(self) -> None:
+        blob = io.BytesIO()
+        torch.save({k: v for k, v in self.model.state_dict().items()}, blob)
+        self.device.feed()
+
+    def evaluate(self, kept: list[Any]) -> None:
+        """One forward of the evaluation that forgets ``no_grad`` and keeps its output."""
+        with self.context():
+            kept.append(self.model(self.inputs(1)))
+        self.device.feed()
+
+    def forwards_per_backward(self) -> int:
+        """The most forwards of the model one backward of this job consumes, by its construction."""
+        per_unit = {"rl": 2 * max(warm_sizes(self.job)), "tbptt": WINDOW}.get(self.job.shape, 1)
+        return per_unit * (MICRO if self.job.accumulation == "summed" else 1)
+
+
+# ------------------------------------------------------------------ one run
+WARM_SIZES = {"growing": [1, 2, 3, 4, 5, 6], "rl": [2, 1, 2, 1, 2, 1]}
+"""The warm-up steps' sizes (sequences grow; episodes vary); the rest use size 1."""
+
+
+def warm_sizes(job: Job) -> list[int]:
+    return WARM_SIZES.get(job.shape, [1] * WARMUP_STEPS)
+
+
+@dataclasses.dataclass
+class Outcome:
+    job: str
+    rank: int = 0
+    capacity: int = 0
+    counted: dict[str, Any] = dataclasses.field(default_factory=dict)
+    truth: dict[str, int] = dataclasses.field(default_factory=dict)
+    crossed: bool = False
+    cause: Optional[str] = None
+    remedies: list[str] = dataclasses.field(default_factory=list)
+    summary: str = ""
+    flag_max: int = 0
+    flag_before_oom: int = 0
+    module_training: Optional[bool] = None
+    error: Optional[str] = None
+    seconds: float = 0.0
+    parallelism: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _schedule(job: Job, program: Program, publish: Callable[[], None], pause: Callable[[], None], leak: int) -> None:
+    """The job: the warm-up steps, its phase, then the failing part (armed): the escalated step, or
+    ``leak`` forwards of the evaluation that keeps its outputs."""
+    device = program.device
+    for size in warm_sizes(job):
+        program.step(size)
+        publish()
+    if job.phase == "checkpoint_pause":
+        pause()
+        program.checkpoint()
+        publish()
+    elif job.phase in ("no_grad_validation", "eval_leak"):
+        pause()
+        program.validate()
+        publish()
+    device.arm()
+    if job.leaks:
+        program.model.eval()
+        kept: list[Any] = []
+        for _ in range(leak):
+            program.evaluate(kept)
+            device.mark()
+            publish()
+        return
+    program.step(ESCALATION * max(warm_sizes(job)))
+
+
+def _capacity(job: Job, device: Device, program: Program) -> tuple[int, int]:
+    """From a dry run: the capacity between the most the warm-up needed and what the failing part
+    needs; for the leak, crossed once it kept ``LEAK_MULTIPLE`` times the forwards one backward of the
+    job consumes (and outgrew the warm-up); and how many evaluation forwards the leak may run."""
+    warm = device.warm
+    if job.leaks:
+        least = LEAK_MULTIPLE * program.forwards_per_backward() + 16
+        for i, need in enumerate(device.marks):
+            if i + 1 >= least and need > warm * 1.1:
+                return (device.marks[i - 1] + need) // 2, i + 8
+        raise RuntimeError(f"the leak never outgrew the warm-up in {len(device.marks)} forwards")
+    top = max(device.failing, default=0)
+    if top <= warm * 1.05:
+        raise RuntimeError(f"the failing step needs {top}, the warm-up {warm}: no room for an OOM between")
+    return (warm + top) // 2, 0
+
+
+def run(job: Job, rank: int = 0, group: Any = None, root: Optional[str] = None) -> Outcome:
+    """Run ``job`` through the real hook to its OOM; the outcome with what the event says."""
+    out = Outcome(job=job.id, rank=rank)
+    started = time.perf_counter()
+    spool = tempfile.mkdtemp(prefix="jobspace-", dir=root)
+    try:
+        capacity, leak = _dry(job, group)
+        out.capacity = capacity
+        _real(job, group, capacity, leak, spool, out)
+    except Exception as exc:  # a harness or torch failure is an outcome too (reported, never hidden)
+        out.error = f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+        out.seconds = round(time.perf_counter() - started, 3)
+    return out
+
+
+def _fresh() -> None:
+    """A new job: the objects of the last one collected (the hook's walk of live modules, where it
+    knows no model, must find this job's alone), dynamo's caches and counters gone (``compiled`` reads
+    them); one intra-op thread (the jobs are small; more threads only contend on a shared machine).
+    What survives is frozen out of the collector, so the next collection scans one job's objects."""
+    import gc
+
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    gc.collect()
+    gc.freeze()
+
+
+def _dry(job: Job, group: Any) -> tuple[int, int]:
+    """The same job without the hook and without a capacity: what each part needs."""
+    _fresh()
+    storages = Storages()
+    device = Device(storages, Truth(), None, None)
+    with storages:
+        program = Program(job, device, group)
+        leak = (LEAK_MULTIPLE * program.forwards_per_backward() + 16) * 3
+        _schedule(job, program, lambda: None, lambda: None, leak)
+    capacity, leak = _capacity(job, device, program)
+    if group is not None:  # one GPU size for every rank
+        both = torch.tensor([capacity, leak])
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX, group=group)
+        capacity, leak = int(both[0]), int(both[1])
+    return capacity, leak
+
+
+def _real(job: Job, group: Any, capacity: int, leak: int, spool: str, out: Outcome) -> None:
+    from oomsight.config import Settings
+    from oomsight.hook.runtime import Hook
+
+    _fresh()
+    storages, truth = Storages(), Truth()
+    device = Device(storages, truth, capacity, group)
+    cuda = LiveCuda(total=capacity)
+    device.cuda = cuda
+    hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), cuda, None, torch=torch)
+    assert hook.steps is not None
+    hook.forwards.device_type = "cpu"  # the model lives on the CPU: its tensors count as device 0's
+    hook.steps.device_type = "cpu"
+    hook.forwards.min_interval = 0.0  # a GPU forward takes longer than the read interval; these do not
+    hook.step_memory.min_interval = 0.0
+    hook.start()
+    hook.sampler.stop_thread()  # the harness ticks and publishes, as the thread would
+
+    def publish() -> None:
+        hook.sampler.tick()
+        hook.sampler.publish()
+        with open(hook.writer.snapshot_path) as fh:
+            doc = json.load(fh)
+        pile = max((int(d.get("forward_pile_bytes") or 0) for d in doc.get("devices", [])), default=0)
+        out.flag_max = max(out.flag_max, pile)
+
+    def pause() -> None:
+        if hook.steps is not None and hook.steps.last_step_wall is not None:
+            hook.steps.last_step_wall -= 5.0  # the steps paused (a checkpoint save, a validation)
+
+    try:
+        with storages:
+            program = Program(job, device, group)
+            with contextlib.suppress(Oom):
+                _schedule(job, program, publish, pause, leak)
+    finally:
+        hook.stop()
+    if device.at_oom is None:
+        raise RuntimeError("no OOM: the job never crossed its capacity")
+    out.flag_before_oom = out.flag_max
+    out.truth = device.at_oom["truth"]
+    out.crossed = device.at_oom["crossed"]
+    events = os.listdir(os.path.join(spool, "events"))
+    if len(events) != 1:
+        raise RuntimeError(f"{len(events)} OOM events written")
+    with open(os.path.join(spool, "events", events[0])) as fh:
+        event = json.load(fh)
+    states = event.get("model_states") or {}
+    out.counted = {k: states.get(k) for k in CATEGORIES}
+    d = event["diagnosis"]
+    out.cause, out.remedies, out.summary = d["cause"], list(d["facts"].get("remedies", [])), d["summary"][:600]
+    out.module_training = event.get("module_training")
+    out.parallelism = dict((event.get("job") or {}).get("parallelism") or {})
+
+
+# ------------------------------------------------------------------ the invariants
+ALLOWED_TRAINING = frozenset(("model_states", "growing_demand", "activations"))
+"""Causes a training step that grew (a larger batch, a longer episode or sequence) may have: its
+states filling the device, its demand outgrowing the earlier steps', or activations that do not fit.
+No other process, no memory outside the allocator, one request no larger than a module's output,
+reserved never above allocated at the OOM (no fragmentation), steps and optimizers known."""
+ALLOWED_LEAK = frozenset(("leak",))
+
+
+def in_use(job: Job) -> set[str]:
+    """Remedies the job already does, by its construction."""
+    used: set[str] = set()
+    if job.precision in ("autocast_bf16", "bf16_params", "mixed_policy"):
+        used |= {"autocast"}
+    if job.precision in ("bf16_params", "mixed_policy"):
+        used |= {"bf16_params", "half_precision"}
+    if job.wrapper in COMPILED:
+        used.add("compile")
+    if job.wrapper in SHARDED:
+        used.add("shard")
+    if job.wrapper == "ddp_bucket_view":
+        used.add("bucket_view")
+    if job.optimizer == "adamw_fused":
+        used.add("fused_optimizer")
+    return used
+
+
+def violations(job: Job, out: Outcome) -> dict[str, str]:
+    """Invariant name -> what broke (empty: the job keeps them all)."""
+    if out.error is not None:
+        return {"harness": out.error}
+    found: dict[str, str] = {}
+    wrong = {k: (out.counted.get(k), out.truth.get(k)) for k in CATEGORIES if out.counted.get(k) != out.truth.get(k)}
+    if wrong:
+        found["bytes"] = "; ".join(f"{k} counted {c} truth {t}" for k, (c, t) in wrong.items())
+    if not out.crossed:
+        return found  # another rank ran out: this one's diagnosis judges an OOM it did not have
+    allowed = ALLOWED_LEAK if job.leaks else ALLOWED_TRAINING
+    if out.cause not in allowed:
+        found["cause"] = f"{out.cause} (allowed {sorted(allowed)}): {out.summary}"
+    first = out.remedies[0] if out.remedies else None
+    if not job.leaks and first in result_changing():
+        found["first_remedy"] = f"{first} first on a training forward: {out.remedies}"
+    if not job.leaks and out.flag_max:
+        found["live_flag"] = f"forward_pile_bytes {out.flag_max} on a job that does not leak"
+    if job.leaks and not out.flag_before_oom:
+        found["live_flag"] = "the leak's live flag never rose before its OOM"
+    used = sorted(in_use(job) & set(out.remedies))
+    if used:
+        found["in_use"] = f"advised {used}, which the job already does: {out.remedies}"
+    return found
