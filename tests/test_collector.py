@@ -246,11 +246,14 @@ def test_memory_returns_to_its_baseline_once_the_spool_is_clean(spool):
     import gc
     import tracemalloc
 
+    from oomsight.wire.reader import Budget, SpoolReader
+
     from hostile import NOW, event, event_path, put, snapshot, snapshot_path
 
     clock = [NOW]
     put(spool, snapshot_path(1), snapshot(pid=1))
-    reg, _ = registry_for(spool, clock=lambda: clock[0], retention_seconds=60)
+    roomy = Budget(ranks_per_spool=256, snapshot_memory_bytes=64 << 20, event_memory_bytes=64 << 20)
+    reg, _ = registry_for(spool, clock=lambda: clock[0], retention_seconds=60, reader=SpoolReader(spool, budget=roomy))
     generate_latest(reg)
     tracemalloc.start()
     try:

@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import stat as stat_mod
 import threading
 import time
@@ -50,29 +51,60 @@ LOG_INTERVAL_SECONDS = 60.0
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """What one spool may make its reader do (issue 26). A pod runs 1 to 16 ranks of at most 8 GPUs
-    each; every bound is several times that, and small enough that the worst spool within it is read
-    and served within the sidecar's 128 MiB and a second (docs/scale.md, "Budget")."""
+    """What one spool may make its reader do (issues 26 and 36): the one table of the sidecar's memory
+    budget. A pod runs 1 to 16 ranks of at most 8 GPUs each; every bound is several times that, and the
+    worst spool within all of them together stays under 85 % of the chart's sidecar memory limit
+    (``helm/oomsight/values.yaml``, ``sidecar.resources.limits.memory``), measured on the real sidecar at
+    each bound's corner by ``tests/test_budget.py`` (figures: docs/kubernetes.md, "Sidecar memory")."""
 
     entries_per_folder: int = 4096
-    """Directory entries listed per spool folder; past it the rest are not listed (100,000 empty files
-    cost 5 s and 50 MB when every one was listed, read and logged)."""
+    """Names the writer makes (``*.json``, no dot files) listed per spool folder, the newest first when there
+    are more; past it the rest are not listed (100,000 empty files cost 5 s and 50 MB when every one was
+    listed, read and logged). Other names are not listed at all and cost nothing but the directory scan."""
+    entries_scanned_per_folder: int = 65_536
+    """Directory entries looked at per folder, junk included; past it the folder is cut (counted once)."""
     ranks_per_spool: int = 64
     """Snapshots read, the newest first (a live rank publishes every second): 4x a pod's largest."""
-    events_per_spool: int = 1024
-    """OOM event files read, the newest first (the hook writes at most OOMSIGHT_MAX_OOM_EVENTS, 100, per process)."""
+    events_per_spool: int = 256
+    """OOM event files read, the newest first (the hook writes at most OOMSIGHT_MAX_OOM_EVENTS, 100, per process;
+    an OOM usually ends its process). Events of the tape's size reach :attr:`event_memory_bytes` first."""
     profiles_per_spool: int = 256
     """Profile files read, the newest first."""
+    snapshot_memory_bytes: int = 12 * 1024 * 1024
+    """Memory the parsed snapshots may hold together, as :func:`memory_cost` bounds it from their bytes before
+    they are parsed (an H200 tape snapshot: 3.7 KB, costed 24 KB, holds 12 KB; 64 ranks of 16 devices fit)."""
+    event_memory_bytes: int = 8 * 1024 * 1024
+    """Memory the parsed OOM events may hold together, costed the same way (the tape's 24 KB event is costed
+    212 KB and holds 78 KB: the newest 39 such events are read; 1,024 of them held 100 MB before). The Event
+    poster reads the events too, so a sidecar in a pod holds up to twice this."""
+    profile_memory_bytes: int = 4 * 1024 * 1024
+    """Memory the parsed profiles may hold together, costed the same way."""
     devices_per_document: int = 16
     """Devices one snapshot may list (a process sees at most 8 GPUs of a node today); a snapshot with more
     is refused whole (one valid 1 MiB snapshot of 2,893 devices gave 5.4 MB of /metrics)."""
     series_per_scrape: int = 20_000
     """Series of one scrape (16 ranks of 8 GPUs give about 7,000); a process that would pass it is left out."""
-    metrics_bytes: int = 8 * 1024 * 1024
+    metrics_bytes: int = 4 * 1024 * 1024
     """Bytes of /metrics, estimated from the label values before any text is made (16 ranks of 8 GPUs: about 1 MB)."""
 
     def documents(self, folder: str) -> int:
         return {SNAPSHOTS: self.ranks_per_spool, EVENTS: self.events_per_spool}.get(folder, self.profiles_per_spool)
+
+    def memory(self, folder: str) -> int:
+        """Memory the parsed documents of ``folder`` may hold together (:func:`memory_cost`)."""
+        shares = {SNAPSHOTS: self.snapshot_memory_bytes, EVENTS: self.event_memory_bytes}
+        return shares.get(folder, self.profile_memory_bytes)
+
+
+def memory_cost(raw: bytes) -> int:
+    """An upper bound of the memory ``json.loads(raw)`` holds, from C passes over the bytes before any
+    parsing: 4 bytes a byte (a string with one astral character is 4 bytes a character), 256 a document, 64 a value
+    (a separator or an opening bracket: a 2-character string is 59 bytes with its pointer) and 200 an
+    object (a small dict is 184). Shapes measured (CPython 3.11, ``tracemalloc``): the tape's event
+    holds 0.48 of its cost, a snapshot 0.49, 1 MiB of ``[{}, ...]`` 0.54, of ``[{"a": 1}, ...]`` 0.9, of
+    short strings 0.8, of one long string with an emoji 1.0 (``tests/test_budget.py`` checks each)."""
+    values = raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+    return 256 + 4 * len(raw) + 64 * values + 136 * raw.count(b"{")
 
 
 class SkipLog:
@@ -120,15 +152,25 @@ class SpoolState:
 
 
 class _Seen(NamedTuple):
-    mtime_ns: int
-    size: int
-    inode: int
+    """A file as last read: its identity and what it gave."""
+
+    identity: tuple[int, int, int, int]
+    """(device, inode, size, ``mtime_ns``): the file is parsed again only when one of these changed."""
     doc: Document | None
     reason: str | None
+    cost: int
+    """What its parsed document holds at most (:func:`memory_cost`); 0 when it was not read."""
 
 
 TEMP_MAX_AGE_SECONDS = 600.0
 """A writer's dot-temp file this old belongs to a writer that was killed mid-write."""
+WRITER_NAME = re.compile(r"[0-9]+-[0-9a-z]+(\.oom-[0-9]+|\.profile-[0-9A-Za-z-]+)?\.json")
+"""The names the hook gives its documents (``<pid>-<hex>.json``, ``.oom-<seq>.json``, ``.profile-<id>.json``):
+listed before other ``*.json`` names when a folder holds more than its budget."""
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class SpoolReader:
@@ -137,7 +179,10 @@ class SpoolReader:
     Every file is untrusted (``oomsight.wire.decoding``): an unusable one is a counted skip with
     one log line, and a file or folder that cannot be read for a passing reason (no file
     descriptors left) gives its last good document. ``sweep_temp_after_seconds`` (the sidecar
-    sets it) removes writers' temp files older than that; by default nothing is deleted.
+    sets it) removes writers' temp files older than that; by default nothing is deleted. Parsed
+    documents are kept by file identity (:func:`identity`), as ``prometheus_client.multiprocess`` keeps
+    what it parsed: an unchanged file costs a ``stat``; a file that goes takes its entry with it.
+    ``cache=False`` parses every file at every read (the behaviour before issue 25, for benchmarks).
     """
 
     def __init__(
@@ -146,11 +191,16 @@ class SpoolReader:
         max_file_bytes: int = MAX_FILE_BYTES,
         sweep_temp_after_seconds: float | None = None,
         budget: Budget = Budget(),
+        cache: bool = True,
+        folders: tuple[str, ...] = (SNAPSHOTS, EVENTS, PROFILES),
     ) -> None:
         self.root = root
+        self.folders = folders
+        """The folders read (the sidecar's Event poster reads ``events`` alone)."""
         self.max_file_bytes = max_file_bytes
         self.sweep_temp_after_seconds = sweep_temp_after_seconds
         self.budget = budget
+        self.cache = cache
         self.log = SkipLog("skipped spool files")
         self._refused: set[str] = set()
         """Files refused at the budget now (each counted once while it is)."""
@@ -174,17 +224,15 @@ class SpoolReader:
             unreadable: list[str] = []
             refused: set[str] = set()
             for sub, kind in ((SNAPSHOTS, KIND_SNAPSHOT), (EVENTS, KIND_OOM_EVENT), (PROFILES, KIND_PROFILE)):
+                if sub not in self.folders:
+                    continue
                 folder = os.path.join(self.root, sub)
                 paths = self._files(folder)
                 if paths is None:  # cannot list it now: keep what it held
                     unreadable.append(sub)
                     paths = sorted(p for p in self._seen if os.path.dirname(p) == folder)
-                paths = self._within_budget(paths, self.budget.documents(sub), refused)
-                for path in paths:
-                    present.add(path)
-                    doc = self._load(path, kind)
-                    if doc is not None:
-                        out[kind].append(doc)
+                present.update(paths)
+                out[kind] = self._read_folder(paths, sub, kind, refused)
             for gone in set(self._seen) - present:
                 del self._seen[gone]
             self._refused = refused
@@ -201,10 +249,45 @@ class SpoolReader:
                 unreadable,
             )
 
+    def _read_folder(self, paths: list[str], sub: str, kind: str, refused: set[str]) -> list[Any]:
+        """The documents of ``paths``, the newest first while they fit the folder's budget of documents
+        (:meth:`Budget.documents`) and of memory (:meth:`Budget.memory`); the rest refused, each counted
+        once while it stays refused. In path order."""
+        stats: dict[str, os.stat_result | OSError] = {}
+        for path in paths:
+            try:
+                stats[path] = os.lstat(path)
+            except FileNotFoundError:
+                continue  # vanished between the listing and the stat: a rename in flight
+            except OSError as exc:
+                stats[path] = exc
+        newest = sorted(stats, key=lambda p: (-_mtime(stats[p]), p))
+        most, memory = self.budget.documents(sub), self.budget.memory(sub)
+        found: dict[str, Any] = {}
+        taken = 0
+        for path in newest:
+            if taken >= most:
+                self._refuse(path, refused, f"more than {most} documents in its folder (the newest are read)")
+                continue
+            st = stats[path]
+            doc, cost = self._load(path, kind, st, memory) if isinstance(st, os.stat_result) else self._failed(path, st)
+            if doc is None and cost > memory:
+                self._refuse(path, refused, f"its document would hold {cost} bytes, over the {memory} left")
+                continue
+            memory, taken = memory - cost, taken + 1
+            if doc is not None:
+                found[path] = doc
+        return [found[p] for p in sorted(found)]
+
+    def _refuse(self, path: str, refused: set[str], detail: str) -> None:
+        refused.add(path)
+        if path not in self._refused:
+            self._skip(path, TOO_MANY_FILES, detail)
+
     def _files(self, folder: str) -> list[str] | None:
-        """The paths to read in ``folder``, at most the budget's entries listed; None if it cannot be
-        listed now. A folder that is a symbolic link is not followed (a foreign folder, no files)."""
-        names: list[str] = []
+        """The paths to read in ``folder``: the names the writer makes (``*.json``, no dot files), at most
+        the budget's entries, the hook's own names and then the newest first when there are more; None if
+        it cannot be listed now. A folder that is a symbolic link is not followed (a foreign folder, no files)."""
         try:
             fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
@@ -212,22 +295,39 @@ class SpoolReader:
         except OSError as exc:
             return self._bad_dir(folder, exc)
         try:
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    if len(names) >= self.budget.entries_per_folder:
-                        break
-                    names.append(entry.name)
+            names, scanned_all = self._scan(fd)
         except OSError as exc:
             return self._bad_dir(folder, exc)
         finally:
             os.close(fd)
         self._bad_dirs.discard(folder)
-        if len(names) < self.budget.entries_per_folder:
+        if scanned_all and len(names) <= self.budget.entries_per_folder:
             self._cut.discard(folder)
         elif folder not in self._cut:  # counted once while it stays cut
             self._cut.add(folder)
-            self._skip(folder, TOO_MANY_FILES, f"more than {len(names)} entries: the rest are not listed")
-        return [os.path.join(folder, n) for n in sorted(names) if not n.startswith(".")]  # dot files: writes in flight
+            self._skip(
+                folder, TOO_MANY_FILES, f"more than {self.budget.entries_per_folder} entries: the rest are not listed"
+            )
+        return [os.path.join(folder, n) for n in sorted(names)]
+
+    def _scan(self, fd: int) -> tuple[list[str], bool]:
+        """The names of the ``*.json`` entries (no dot files: writes in flight) of the folder open as ``fd``,
+        at most the budget's entries, the hook's own names and then the newest first when there are more;
+        and whether that was all of them (every entry looked at, none left out)."""
+        most, limit = self.budget.entries_per_folder, self.budget.entries_scanned_per_folder
+        entries: dict[str, os.DirEntry[str]] = {}
+        scanned = 0
+        with os.scandir(fd) as it:
+            for entry in it:
+                scanned += 1
+                if scanned > limit:
+                    break
+                if entry.name.endswith(".json") and not entry.name.startswith("."):
+                    entries[entry.name] = entry
+        if len(entries) <= most:
+            return list(entries), scanned <= limit
+        ranked = sorted(entries, key=lambda n: (WRITER_NAME.fullmatch(n) is None, -_entry_mtime(entries[n]), n))
+        return ranked[:most], False
 
     def _bad_dir(self, folder: str, exc: OSError) -> list[str] | None:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symbolic link, or not a folder: never followed
@@ -239,22 +339,6 @@ class SpoolReader:
             self._bad_dirs.add(folder)
             self._skip(folder, "unreadable", str(exc))
         return None
-
-    def _within_budget(self, paths: list[str], most: int, refused: set[str]) -> list[str]:
-        """``paths`` when there are at most ``most``; else the ``most`` newest (by ``lstat``), the rest
-        refused: each counted once while it stays refused."""
-        if len(paths) <= most:
-            return paths
-        mtimes = {}
-        for path in paths:
-            with contextlib.suppress(OSError):
-                mtimes[path] = os.lstat(path).st_mtime_ns
-        newest = sorted(mtimes, key=lambda p: (-mtimes[p], p))
-        for path in newest[most:]:
-            refused.add(path)
-            if path not in self._refused:
-                self._skip(path, TOO_MANY_FILES, f"more than {most} documents in its folder (the newest are read)")
-        return sorted(newest[:most])
 
     def _sweep_all(self) -> None:
         """At most once a minute, when asked: remove every folder's old writers' temp files."""
@@ -280,32 +364,34 @@ class SpoolReader:
                 os.unlink(path)
                 logger.info("oomsight: removed %s, a temp file of a writer killed mid-write", path)
 
-    def _load(self, path: str, kind: str) -> Document | None:
+    def _load(self, path: str, kind: str, st: os.stat_result, memory: int) -> tuple[Document | None, int]:
+        """The document at ``path`` (statted as ``st``) and what it holds, or None: a counted skip, or a
+        file whose document would hold more than ``memory`` (then its cost; not parsed, not counted here)."""
         seen = self._seen.get(path)
+        if self.cache and seen is not None and seen.identity == identity(st):
+            if seen.cost > memory:  # over the memory left now: not kept
+                self._seen[path] = seen._replace(doc=None, reason=None)
+                return None, seen.cost
+            if seen.doc is not None or seen.reason is not None:
+                return seen.doc, seen.cost
         try:
-            st = os.lstat(path)
+            doc, reason, detail, st, cost = self._parse(path, st, kind, seen.doc if seen is not None else None, memory)
         except FileNotFoundError:
-            return None  # vanished between listdir and stat: a rename in flight
-        except OSError as exc:
-            return self._keep(path, seen, exc.errno in decoding.TRANSIENT_ERRNOS, str(exc))
-        if seen and (seen.mtime_ns, seen.size, seen.inode) == (st.st_mtime_ns, st.st_size, st.st_ino):
-            return seen.doc
-        self.parsed += 1
-        try:
-            doc, reason, detail, st = self._parse(path, st, kind, seen.doc if seen is not None else None)
-        except FileNotFoundError:
-            return None
+            return None, 0
         except decoding.Unusable as exc:
             if exc.transient:
-                return self._keep(path, seen, True, exc.detail)
-            doc, reason, detail = None, exc.reason, exc.detail
+                return self._keep(path, seen, True, exc.detail), 0
+            doc, reason, detail, cost = None, exc.reason, exc.detail, 0
         except Exception as exc:  # a file never fails a read: a defect of ours, counted like a bad file
-            doc, reason, detail = None, "corrupt", f"{type(exc).__name__}: {exc}"
+            doc, reason, detail, cost = None, "corrupt", f"{type(exc).__name__}: {exc}", 0
         self._transient.discard(path)
-        self._seen[path] = _Seen(st.st_mtime_ns, st.st_size, st.st_ino, doc, reason)
+        if reason == TOO_MANY_FILES:  # over the memory left: not parsed, its cost remembered
+            self._seen[path] = _Seen(identity(st), None, None, cost)
+            return None, cost
+        self._seen[path] = _Seen(identity(st), doc, reason, cost if doc is not None else 0)
         if reason is not None:
             self._skip(path, reason, detail)
-        return doc
+        return doc, (cost if doc is not None else 0)
 
     def _keep(self, path: str, seen: _Seen | None, transient: bool, detail: str) -> Document | None:
         """A file that cannot be read now: its last good document when the cause is passing."""
@@ -314,33 +400,53 @@ class SpoolReader:
             self._skip(path, "unreadable", detail)
         return seen.doc if seen is not None and transient else None
 
+    def _failed(self, path: str, exc: OSError) -> tuple[Document | None, int]:
+        return self._keep(path, self._seen.get(path), exc.errno in decoding.TRANSIENT_ERRNOS, str(exc)), 0
+
     def _parse(
-        self, path: str, st: os.stat_result, kind: str, previous: Document | None
-    ) -> tuple[Document | None, str | None, str, Any]:
-        """The file's document, or why not; the parts equal to ``previous`` (its last version)
-        are taken from it instead of checked again."""
+        self, path: str, st: os.stat_result, kind: str, previous: Document | None, memory: int
+    ) -> tuple[Document | None, str | None, str, Any, int]:
+        """The file's document and what it holds, or why not; the parts equal to ``previous`` (its last
+        version) are taken from it instead of checked again. A file whose document would hold more than
+        ``memory`` is not parsed (``too_many_files`` with its cost)."""
         if not stat_mod.S_ISREG(st.st_mode) or not path.endswith(".json"):
-            return None, "foreign", "not a regular .json file", st
+            return None, "foreign", "not a regular .json file", st, 0
         if st.st_size > self.max_file_bytes:
-            return None, "oversized", f"{st.st_size} bytes > {self.max_file_bytes}", st
+            return None, "oversized", f"{st.st_size} bytes > {self.max_file_bytes}", st, 0
         raw, st = decoding.read_file(path, self.max_file_bytes)
+        cost = memory_cost(raw)
+        if cost > memory:
+            return None, TOO_MANY_FILES, "", st, cost
+        self.parsed += 1
         doc = decoding.decode(raw, max_depth=None)  # validated below, which bounds the nesting
+        del raw
         if not isinstance(doc, dict) or "schema_version" not in doc or "kind" not in doc:
-            return None, "foreign", "no schema_version/kind", st
+            return None, "foreign", "no schema_version/kind", st, 0
         version = doc["schema_version"]
         if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-            return None, "future_version", f"schema_version {version} > {SCHEMA_VERSION}; upgrade the reader", st
+            return None, "future_version", f"schema_version {version} > {SCHEMA_VERSION}; upgrade the reader", st, 0
         try:
             found = validate(doc, fill_defaults=True, known=previous)
         except SchemaError as exc:
-            return None, "invalid", str(exc), st
+            return None, "invalid", str(exc), st, 0
         if found != kind:
-            return None, "foreign", f"a {found} document in the {kind} folder", st
+            return None, "foreign", f"a {found} document in the {kind} folder", st, 0
         devices = len(doc["devices"]) if kind == KIND_SNAPSHOT else 0
         if devices > self.budget.devices_per_document:
-            return None, TOO_MANY_DEVICES, f"{devices} devices > {self.budget.devices_per_document}", st
-        return doc, None, "", st  # type: ignore[return-value]
+            return None, TOO_MANY_DEVICES, f"{devices} devices > {self.budget.devices_per_document}", st, 0
+        return doc, None, "", st, cost  # type: ignore[return-value]
 
     def _skip(self, path: str, reason: str, detail: str) -> None:
         self._skipped[reason] += 1
         self.log.add(reason, path, detail)
+
+
+def _mtime(st: os.stat_result | OSError) -> int:
+    return st.st_mtime_ns if isinstance(st, os.stat_result) else 0
+
+
+def _entry_mtime(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return 0
