@@ -34,6 +34,8 @@ for s in $STAGES; do case $s in
   accounting) stage accounting 120 python3 benchmarks/bench_cost_accounting.py --out "$R/bench";;
   heldout) stage heldout 330 python3 benchmarks/heldout/run.py --out "$R/heldout" --jobs 8 --no-remedy;;
   heldout-remedy) stage heldout-remedy 420 python3 benchmarks/heldout/run.py --out "$R/heldout" --jobs 8;;
+  piles) stage piles 240 bash -c 'python3 benchmarks/heldout/run.py --out "$1/piles" --jobs 2 --only gpt2_summed_microbatches_after_checkpoint_save,gpt2_eval_mode_summed_microbatches_after_checkpoint_save,reinforce_long_episode,lstm_tbptt_after_no_grad_validation,gpt2_validation_keeps_graphs_in_training_job
+    python3 benchmarks/corpus/evaluate.py "$1/piles" --json "$1/piles/judged.json"' _ "$R";;  # -> tests/fixtures/heldout-wire18
   heldout-judge) stage heldout-judge 60 python3 benchmarks/corpus/evaluate.py "$R/heldout" --json "$R/heldout/judged.json";;
   predict-verify) stage predict-verify 300 python3 benchmarks/bench_predict.py --out "$R/bench" --measured benchmarks/results/predict.json --reuse benchmarks/results/predict.json --fresh bert-bf16-adamw,vit_b_16-fp32-adamw,vit_b_16-bf16-accum2 --deadline 200;;
   cluster) stage cluster 280 python3 benchmarks/corpus/run.py --script cluster --out "$R/cluster" --jobs 4 --timeout 240 $CORPUS_ARGS;;
