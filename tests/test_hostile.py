@@ -399,3 +399,36 @@ def test_an_events_folder_that_is_a_symlink_is_not_followed(spool, tmp_path):
     reg, _ = scrape(SpoolCollector(spool, clock=lambda: NOW))
     assert reg.get_sample_value("oomsight_oom_events_total", DEV) == 0
     assert skipped(reg, "foreign") == 1
+
+
+def test_dot_files_and_junk_names_cannot_hide_a_live_rank_from_the_listing(spool):
+    """Issue 36, on ext4 then: 5,000 dot files or junk names in snapshots/ hid 1 of 4 live ranks."""
+    folder = os.path.join(spool, "snapshots")
+    for pid in range(1, 5):
+        put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid - 1))
+    for i in range(5000):
+        open(os.path.join(folder, f".{i}.json.tmp-1-2"), "wb").close()
+        open(os.path.join(folder, f"junk-{i}.txt"), "wb").close()
+    state = SpoolReader(spool).read()
+    assert sorted(s["process"]["rank"] for s in state.snapshots) == [0, 1, 2, 3]
+    assert state.skipped_total["too_many_files"] == 0  # junk is not listed, so nothing is cut
+
+
+def test_names_the_hook_makes_are_listed_before_newer_junk_json(spool):
+    """Issue 36: junk newer than ranks that stopped publishing hid all 64. The hook's own names come
+    first, then the newest; what is left out is counted once."""
+    from oomsight.wire.reader import Budget
+
+    folder = os.path.join(spool, "snapshots")
+    for pid in range(1, 65):
+        path = put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
+        os.utime(path, (time.time() - 600, time.time() - 600))  # stopped publishing ten minutes ago
+    for i in range(5000):
+        open(os.path.join(folder, f"junk{i}.json"), "wb").close()  # newer, and .json
+    reader = SpoolReader(spool)
+    state = reader.read()
+    assert len(state.snapshots) == 64 and reader.parsed == 64
+    # the folder cut once past its 4,096 names; the junk listed is past the 64 documents, each counted
+    assert state.skipped_total["too_many_files"] == 1 + 4096 - 64
+    small = SpoolReader(spool, budget=Budget(entries_per_folder=100, entries_scanned_per_folder=200))
+    assert len(small.read().snapshots) <= 64  # a scan that stops early still reads what it listed

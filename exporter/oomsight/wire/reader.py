@@ -250,9 +250,9 @@ class SpoolReader:
             )
 
     def _read_folder(self, paths: list[str], sub: str, kind: str, refused: set[str]) -> list[Any]:
-        """The documents of ``paths``, the newest first while they fit the folder's budget of documents
-        (:meth:`Budget.documents`) and of memory (:meth:`Budget.memory`); the rest refused, each counted
-        once while it stays refused. In path order."""
+        """The documents of ``paths``, the hook's own names and then the newest first, while they fit the
+        folder's budget of documents (:meth:`Budget.documents`) and of memory (:meth:`Budget.memory`); the
+        rest refused, each counted once while it stays refused. In path order."""
         stats: dict[str, os.stat_result | OSError] = {}
         for path in paths:
             try:
@@ -261,7 +261,7 @@ class SpoolReader:
                 continue  # vanished between the listing and the stat: a rename in flight
             except OSError as exc:
                 stats[path] = exc
-        newest = sorted(stats, key=lambda p: (-_mtime(stats[p]), p))
+        newest = sorted(stats, key=lambda p: (WRITER_NAME.fullmatch(os.path.basename(p)) is None, -_mtime(stats[p]), p))
         most, memory = self.budget.documents(sub), self.budget.memory(sub)
         found: dict[str, Any] = {}
         taken = 0
