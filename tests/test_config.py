@@ -24,8 +24,8 @@ from oomsight.config import (
     rendering,
     table,
 )
-from oomsight.config.variables import GROUPS, SIDECAR, WEBHOOK
-from oomsight_server.listener import ServerLimits, limit_env_names
+from oomsight.config.variables import GROUPS, INJECT, SIDECAR, TABLES, WEBHOOK
+from oomsight_server.listener import ServerLimits
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
 from oomsight_webhook.injection import InjectionSettings
 from oomsight_webhook.settings import WebhookSettings
@@ -363,8 +363,7 @@ def test_every_server_env_var_is_documented():
     with open(os.path.join(ROOT, "docs", "configuration.md")) as fh:
         doc = fh.read()
     names = [
-        *limit_env_names("OOMSIGHT_SIDECAR"),
-        *limit_env_names("OOMSIGHT_WEBHOOK"),
+        *(row.variable for row in (*SIDECAR, *WEBHOOK) if row.group == "limits"),
         "OOMSIGHT_SIDECAR_HUNG_AFTER_SECONDS",
         "OOMSIGHT_ADMIN_REQUIRE_TOKEN",
         "OOMSIGHT_WEBHOOK_MAX_REVIEW_BYTES",
@@ -411,8 +410,8 @@ def test_each_sidecar_variable_keeps_its_name_and_sets_its_field(name):
 
 
 def test_the_sidecar_table_has_exactly_the_variables_and_fields_of_its_groups():
-    assert sorted(row.variable for row in SIDECAR) == sorted(SIDECAR_CHANGED)
-    by_group = {"sidecar": SidecarSettings, "admin": AdminSettings, "pod": KubernetesSettings}
+    assert sorted(row.variable for row in SIDECAR if row.group != "limits") == sorted(SIDECAR_CHANGED)
+    by_group = {"sidecar": SidecarSettings, "admin": AdminSettings, "pod": KubernetesSettings, "limits": ServerLimits}
     assert {(row.group, row.field) for row in SIDECAR} == {
         (group, f.name) for group, cls in by_group.items() for f in dataclasses.fields(cls) if f.name != "limits"
     }
@@ -453,6 +452,143 @@ def test_each_webhook_variable_keeps_its_name_and_sets_its_field(name):
 
 
 def test_the_webhook_table_has_exactly_the_variables_and_fields_of_its_settings():
-    assert sorted(row.variable for row in WEBHOOK) == sorted(WEBHOOK_CHANGED)
+    assert sorted(row.variable for row in WEBHOOK if row.group != "limits") == sorted(WEBHOOK_CHANGED)
     fields = {f.name for f in dataclasses.fields(WebhookSettings)} - {"limits"}
-    assert {row.field for row in WEBHOOK} == fields
+    assert {row.field for row in WEBHOOK if row.group != "limits"} == fields
+    assert {row.field for row in WEBHOOK if row.group == "limits"} == {f.name for f in dataclasses.fields(ServerLimits)}
+
+
+# --- every variable one row; the docs', the code's and the flags' defaults one (issue 35) ---
+
+SOURCES = ("exporter", "server", "sidecar", "webhook")
+_NAME = re.compile(r"OOMSIGHT_[A-Z0-9_]*[A-Z0-9]\b")
+_LITERAL = re.compile(r"[\"']OOMSIGHT_[A-Z0-9_]+[\"']")
+DEPENDENCY_FREE = {os.path.join("exporter", "oomsight", "hook", "bootstrap", "sitecustomize.py")}
+"""Copied alone into the training container (zero-code mode): it cannot import the table, so it
+names ``OOMSIGHT_DISABLED`` as a literal (still a row's variable, checked below)."""
+
+
+def _sources():
+    for top in SOURCES:
+        for folder, _dirs, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8") as fh:
+                        yield os.path.relpath(path, ROOT), fh.read()
+
+
+def test_every_oomsight_variable_the_source_names_is_a_row_of_a_settings_table():
+    rows = {row.variable for rows in TABLES.values() for row in rows}
+    examples = {"OOMSIGHT_X"}  # the parsers' docstring's placeholder
+    named = {(path, name) for path, text in _sources() for name in _NAME.findall(text)}
+    assert sorted((path, name) for path, name in named if name not in rows | examples) == []
+
+
+def test_no_variable_name_is_written_as_a_literal_outside_the_table():
+    table_module = os.path.join("exporter", "oomsight", "config", "variables.py")
+    found = [(path, literal) for path, text in _sources() if path != table_module for literal in _LITERAL.findall(text)]
+    rows = {row.variable for rows in TABLES.values() for row in rows}
+    assert [(p, lit) for p, lit in found if p not in DEPENDENCY_FREE] == []
+    assert all(lit.strip("\"'") in rows for _p, lit in found)
+
+
+def _documented_defaults() -> dict[str, str]:
+    with open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8") as fh:
+        doc = fh.read()
+    out = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if line.startswith("| `OOMSIGHT_") and len(cells) >= 3:
+            out[cells[0].strip("`")] = cells[-2]
+    return out
+
+
+def _code_defaults() -> dict[str, object]:
+    """Every row's default as the component's own dataclass holds it."""
+    out: dict[str, object] = {}
+    hook = Settings()
+    for row in HOOK:
+        out[row.variable] = getattr(getattr(hook, row.group) if row.group else hook, row.field)
+    groups = {"sidecar": SidecarSettings(), "admin": AdminSettings(), "pod": KubernetesSettings()}
+    for row in SIDECAR:
+        holder = SidecarSettings().limits if row.group == "limits" else groups[row.group]
+        out[row.variable] = getattr(holder, row.field)
+    for row in WEBHOOK:
+        holder = WebhookSettings().limits if row.group == "limits" else WebhookSettings()
+        out[row.variable] = getattr(holder, row.field)
+    inject = InjectionSettings(image="")
+    for row in INJECT:
+        holder = inject.resources if hasattr(inject.resources, row.field) else inject
+        value = getattr(holder, row.field, None)
+        out[row.variable] = ",".join(value) if isinstance(value, tuple) else value
+    mode, hint = InjectionSettings.native_mode({})  # read at start, before the settings are made
+    out[INJECT[2].variable], out[INJECT[3].variable] = mode, hint
+    return out
+
+
+def _flag_defaults() -> dict[str, str]:
+    """The default each flag's help of ``oomsight sidecar`` and ``oomsight webhook`` states, by variable."""
+    import argparse
+
+    from oomsight_sidecar.command import register as sidecar
+    from oomsight_webhook.command import register as webhook
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    sidecar(sub)
+    webhook(sub)
+    out = {}
+    for command in sub.choices.values():
+        for action in command._actions:
+            found = re.search(r"\(\$(OOMSIGHT_[A-Z_]+); default (.*)\)$", action.help or "")
+            if found:
+                out[found.group(1)] = found.group(2)
+    return out
+
+
+@pytest.mark.parametrize("row", [r for rows in TABLES.values() for r in rows], ids=lambda r: r.variable)
+def test_the_documented_default_is_the_codes_and_the_flags(row):
+    """dcgm-exporter's check: one default per knob, wherever it is stated."""
+    documented = _documented_defaults()[row.variable]
+    assert documented == table.shown_default(row)
+    code = _code_defaults()[row.variable]
+    if row.keyword == "inject_image":
+        assert documented == "required" and code == ""
+    elif not callable(row.default):
+        assert code == row.default_value(), row.variable
+    if row.flag:
+        assert _flag_defaults()[row.variable] == documented.replace("`", "")
+
+
+def test_every_flag_of_the_servers_has_a_row():
+    assert set(_flag_defaults()) == {row.variable for rows in TABLES.values() for row in rows if row.flag}
+
+
+def test_the_webhooks_connection_cap_is_documented_as_the_code_has_it():
+    assert WebhookSettings().limits.max_connections == 256
+    assert _documented_defaults()["OOMSIGHT_WEBHOOK_MAX_CONNECTIONS"] == "`256`"
+
+
+def test_server_limits_default_to_the_sidecars_rows():
+    sidecar = {row.field: row.default_value() for row in SIDECAR if row.group == "limits"}
+    assert dataclasses.asdict(ServerLimits()) == sidecar
+
+
+@pytest.mark.parametrize("command", ["sidecar", "webhook"])
+def test_the_servers_port_flags_use_the_clis_validating_port_number(command, capsys):
+    import argparse
+
+    from oomsight.config.values import port_number
+    from oomsight_sidecar.command import register as sidecar
+    from oomsight_webhook.command import register as webhook
+
+    parser = argparse.ArgumentParser(prog="oomsight")
+    sub = parser.add_subparsers()
+    sidecar(sub)
+    webhook(sub)
+    assert {a.type for a in sub.choices[command]._actions if "--port" in a.option_strings} == {port_number}
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([command, "--port", "70000"])
+    assert exit_.value.code == 2
+    assert "70000 is not a TCP port (0 to 65535; 0 picks a free one)" in capsys.readouterr().err

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import functools
 import logging
 import queue
 import re
@@ -45,7 +44,7 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from oomsight.config import env_setting, parse_count, parse_seconds
+from oomsight.config.table import Setting, defaults, read_group
 from oomsight_server.connection import NEVER, Connection, ConnectionTable
 
 logger = logging.getLogger(__name__)
@@ -62,7 +61,9 @@ BUSY_RESPONSE = (
 
 @dataclasses.dataclass(frozen=True)
 class ServerLimits:
-    """Limits of one HTTP server; read from ``<PREFIX>_MAX_CONNECTIONS`` and friends."""
+    """Limits of one HTTP server; read from its component's ``limits`` rows
+    (``OOMSIGHT_SIDECAR_MAX_CONNECTIONS`` and friends). The defaults here are the sidecar's
+    (``tests/test_config.py`` holds them equal to its rows)."""
 
     max_connections: int = 1024
     """Connections held open at once; over it, the idlest of the client holding the most is
@@ -84,30 +85,10 @@ class ServerLimits:
     """Largest request line plus headers; larger requests get 431 and a close."""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], prefix: str, default: Optional[ServerLimits] = None) -> ServerLimits:
-        """``OOMSIGHT_SIDECAR`` or ``OOMSIGHT_WEBHOOK`` + ``_MAX_CONNECTIONS`` and so on;
-        what is unset comes from ``default`` (the component's own defaults)."""
-        d = default or cls()
-        hour = functools.partial(parse_seconds, minimum=0.1, maximum=3600.0)
-        return cls(
-            max_connections=env_setting(
-                env, f"{prefix}_MAX_CONNECTIONS", functools.partial(parse_count, maximum=10_000), d.max_connections
-            ),
-            workers=env_setting(env, f"{prefix}_WORKERS", functools.partial(parse_count, maximum=64), d.workers),
-            idle_timeout_seconds=env_setting(env, f"{prefix}_IDLE_TIMEOUT_SECONDS", hour, d.idle_timeout_seconds),
-            request_timeout_seconds=env_setting(
-                env, f"{prefix}_REQUEST_TIMEOUT_SECONDS", hour, d.request_timeout_seconds
-            ),
-            max_head_bytes=env_setting(
-                env, f"{prefix}_MAX_HEAD_BYTES", functools.partial(parse_count, minimum=1024), d.max_head_bytes
-            ),
-        )
-
-
-def limit_env_names(prefix: str) -> tuple[str, ...]:
-    """The variables :meth:`ServerLimits.from_env` reads for ``prefix`` (for the docs test)."""
-    names = ("MAX_CONNECTIONS", "WORKERS", "IDLE_TIMEOUT_SECONDS", "REQUEST_TIMEOUT_SECONDS", "MAX_HEAD_BYTES")
-    return tuple(f"{prefix}_{n}" for n in names)
+    def from_env(cls, env: Mapping[str, str], rows: tuple[Setting, ...]) -> ServerLimits:
+        """The ``limits`` rows of a component's settings table (``oomsight.config.variables.SIDECAR``
+        or ``WEBHOOK``): their defaults, and the variables that ``env`` sets."""
+        return cls(**{**defaults(rows, "limits"), **read_group(rows, "limits", env)})  # type: ignore[arg-type]
 
 
 ERROR_REASONS = ("request", "over_capacity", "out_of_descriptors", "deadline")

@@ -1,10 +1,15 @@
 """``oomsight sidecar``: registered with the ``oomsight`` command line through the
-``oomsight.commands`` entry point (the library never imports this package)."""
+``oomsight.commands`` entry point (the library never imports this package). Each flag's help
+names its variable and default from the sidecar's settings table."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from oomsight.config.table import flag_help
+from oomsight.config.values import port_number
+from oomsight.config.variables import SIDECAR
 
 
 def register(sub: Any) -> None:
@@ -15,27 +20,15 @@ def register(sub: Any) -> None:
         description="Serve a spool directory as Prometheus metrics, with /healthz and /readyz.",
         epilog="example: oomsight sidecar --spool /var/run/oomsight --port 21400",
     )
-    side.add_argument("--spool", default=None, help="spool directory (default $OOMSIGHT_DIR)")
-    side.add_argument("--port", type=int, default=None, help="metrics port (default 21400)")
-    side.add_argument("--host", default=None, help="listen address (default 127.0.0.1; injected pods: 0.0.0.0)")
-    side.add_argument(
-        "--retention-seconds",
-        type=float,
-        default=None,
-        help="how long an exited process's series stay (default 300)",
-    )
-    side.add_argument(
-        "--stale-after-seconds",
-        type=float,
-        default=None,
-        help="a process silent this long is treated as gone (default 30)",
-    )
-    side.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=None,
-        help="after SIGTERM keep serving this long for a last scrape (default 0)",
-    )
+    side.add_argument("--spool", default=None, help=flag_help(SIDECAR, "--spool", "spool directory"))
+    side.add_argument("--port", type=port_number, default=None, help=flag_help(SIDECAR, "--port", "metrics port"))
+    side.add_argument("--host", default=None, help=flag_help(SIDECAR, "--host", "listen address"))
+    for flag, text in (
+        ("--retention-seconds", "how long an exited process's series stay"),
+        ("--stale-after-seconds", "a process silent this long is treated as gone"),
+        ("--drain-seconds", "after SIGTERM keep serving this long for a last scrape"),
+    ):
+        side.add_argument(flag, type=float, default=None, help=flag_help(SIDECAR, flag, text))
     side.set_defaults(handler=run)
 
 

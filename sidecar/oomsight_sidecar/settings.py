@@ -28,7 +28,6 @@ ENV_ADMIN_HOST = _VARIABLE["admin_host"]
 ENV_ADMIN_TOKEN = _VARIABLE["admin_token"]
 ENV_ADMIN_TOKEN_FILE = _VARIABLE["admin_token_file"]
 ENV_ADMIN_REQUIRE_TOKEN = _VARIABLE["admin_require_token"]
-LIMITS_PREFIX = "OOMSIGHT_SIDECAR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +41,7 @@ class SidecarSettings(SidecarFields):
     def from_env(cls, env: Mapping[str, str] | None = None, **flags: object) -> SidecarSettings:
         e = os.environ if env is None else env
         values: dict[str, object] = dict(read_group(SIDECAR, "sidecar", e))
-        values["limits"] = ServerLimits.from_env(e, LIMITS_PREFIX)
+        values["limits"] = ServerLimits.from_env(e, SIDECAR)
         return with_flags(cls, values, flags)
 
     def validate(self) -> None:

@@ -1,10 +1,15 @@
 """``oomsight webhook``: registered with the ``oomsight`` command line through the
-``oomsight.commands`` entry point (the library never imports this package)."""
+``oomsight.commands`` entry point (the library never imports this package). Each flag's help
+names its variable and default from the webhook's settings table."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from oomsight.config.table import flag_help
+from oomsight.config.values import port_number
+from oomsight.config.variables import WEBHOOK
 
 
 def register(sub: Any) -> None:
@@ -15,9 +20,14 @@ def register(sub: Any) -> None:
         description="Serve the sidecar-injecting admission webhook over HTTPS (settings: OOMSIGHT_WEBHOOK_*).",
         epilog="example: oomsight webhook --tls-mode files --port 21443",
     )
-    hook.add_argument("--host", default=None, help="listen address of HTTPS and metrics (default 0.0.0.0)")
-    hook.add_argument("--port", type=int, default=None, help="HTTPS port (default 21443)")
-    hook.add_argument("--tls-mode", choices=("self", "files"), default=None, help="certificate source (default self)")
+    hook.add_argument("--host", default=None, help=flag_help(WEBHOOK, "--host", "listen address of HTTPS and metrics"))
+    hook.add_argument("--port", type=port_number, default=None, help=flag_help(WEBHOOK, "--port", "HTTPS port"))
+    hook.add_argument(
+        "--tls-mode",
+        choices=("self", "files"),
+        default=None,
+        help=flag_help(WEBHOOK, "--tls-mode", "certificate source"),
+    )
     hook.set_defaults(handler=run)
 
 

@@ -14,38 +14,20 @@ import re
 from collections.abc import Mapping
 from typing import Callable, Optional, TypeVar
 
-from oomsight.config import (
-    DEFAULT_METRICS_PORT,
-    ConfigError,
-    ascii_bool,
-    ascii_int,
-    env_setting,
-    parse_bool,
-    parse_count,
-    parse_port,
-    parse_seconds,
-)
-from oomsight.config.variables import DEFAULT_ADMIN_PORT, parse_admin_port
+from oomsight.config import ConfigError, ascii_bool, ascii_int
+from oomsight.config.table import defaults, read_group, variables
+from oomsight.config.variables import DEFAULT_ADMIN_PORT, INJECT
 
-ENV_IMAGE = "OOMSIGHT_INJECT_IMAGE"
-ENV_PULL_POLICY = "OOMSIGHT_INJECT_IMAGE_PULL_POLICY"
-ENV_NATIVE = "OOMSIGHT_INJECT_NATIVE_SIDECAR"
-ENV_KUBE_VERSION_HINT = "OOMSIGHT_INJECT_KUBE_VERSION_HINT"
-ENV_CONTAINERS = "OOMSIGHT_INJECT_CONTAINERS"
-ENV_GPU_RESOURCES = "OOMSIGHT_INJECT_GPU_RESOURCES"
-ENV_SPOOL_SIZE = "OOMSIGHT_INJECT_SPOOL_SIZE_LIMIT"
-ENV_METRICS_PORT = "OOMSIGHT_INJECT_METRICS_PORT"
-ENV_CPU_REQUEST = "OOMSIGHT_INJECT_CPU_REQUEST"
-ENV_MEMORY_REQUEST = "OOMSIGHT_INJECT_MEMORY_REQUEST"
-ENV_CPU_LIMIT = "OOMSIGHT_INJECT_CPU_LIMIT"
-ENV_MEMORY_LIMIT = "OOMSIGHT_INJECT_MEMORY_LIMIT"
-ENV_RUN_AS_USER = "OOMSIGHT_INJECT_RUN_AS_USER"
-ENV_SCRAPE_ANNOTATIONS = "OOMSIGHT_INJECT_SCRAPE_ANNOTATIONS"
-ENV_EVENTS = "OOMSIGHT_INJECT_EVENTS"
-ENV_RESOURCE_CLAIMS = "OOMSIGHT_INJECT_RESOURCE_CLAIMS"
-ENV_ZERO_CODE = "OOMSIGHT_INJECT_ZERO_CODE"
-ENV_DRAIN = "OOMSIGHT_INJECT_DRAIN_SECONDS"
-ENV_ADMIN_PORT = "OOMSIGHT_INJECT_ADMIN_PORT"
+_VARIABLE = variables(INJECT)
+_DEFAULT = defaults(INJECT, "inject")
+# The variables this module and the webhook's start-up name in messages, as the table gives them.
+ENV_IMAGE = _VARIABLE["inject_image"]
+ENV_NATIVE = _VARIABLE["inject_native_sidecar"]
+ENV_KUBE_VERSION_HINT = _VARIABLE["inject_kube_version_hint"]
+ENV_METRICS_PORT = _VARIABLE["inject_metrics_port"]
+ENV_RUN_AS_USER = _VARIABLE["inject_run_as_user"]
+ENV_DRAIN = _VARIABLE["inject_drain_seconds"]
+RESOURCE_FIELDS = ("cpu_request", "memory_request", "cpu_limit", "memory_limit")
 
 PREFIX = "oomsight.io/"
 ANN_INJECT_PYTHON = PREFIX + "inject-python"
@@ -87,16 +69,16 @@ V = TypeVar("V")
 class Resources:
     """Requests and limits of the injected containers; an empty string leaves one unset."""
 
-    cpu_request: str = "10m"
+    cpu_request: str = str(_DEFAULT["cpu_request"])
     """CPU the sidecar requests (it reads a few small files per scrape)."""
 
-    memory_request: str = "64Mi"
+    memory_request: str = str(_DEFAULT["memory_request"])
     """Memory the sidecar requests (Python, prometheus_client and the kubernetes client)."""
 
-    cpu_limit: str = ""
+    cpu_limit: str = str(_DEFAULT["cpu_limit"])
     """CPU limit; unset by default so scrapes are never throttled."""
 
-    memory_limit: str = "128Mi"
+    memory_limit: str = str(_DEFAULT["memory_limit"])
     """Memory limit of the sidecar."""
 
     def as_spec(self) -> dict[str, dict[str, str]]:
@@ -112,44 +94,44 @@ class InjectionSettings:
     image: str
     """The oomsight image (sidecar and zero-code init container)."""
 
-    image_pull_policy: str = "IfNotPresent"
+    image_pull_policy: str = str(_DEFAULT["image_pull_policy"])
     """Pull policy of the injected containers."""
 
     native_sidecar: bool = True
     """Inject as a native sidecar (Kubernetes >= 1.29) so Jobs complete; else a regular container."""
 
-    containers: str = "gpu"
+    containers: str = str(_DEFAULT["containers"])
     """Which containers get the spool and env: ``gpu`` (those that ask for a GPU) or ``all``."""
 
-    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-", "amd.com/gpu")
+    gpu_resources: tuple[str, ...] = tuple(str(_DEFAULT["gpu_resources"]).split(","))
     """Resource names (or prefixes) that mean "this container asks for a GPU"."""
 
-    spool_size_limit: str = "256Mi"
+    spool_size_limit: str = str(_DEFAULT["spool_size_limit"])
     """``sizeLimit`` of the memory-backed spool ``emptyDir`` (it counts as the pod's memory)."""
 
-    metrics_port: int = DEFAULT_METRICS_PORT
+    metrics_port: int = int(_DEFAULT["metrics_port"])  # type: ignore[arg-type]
     """The sidecar's metrics port, named ``metrics``."""
 
     resources: Resources = dataclasses.field(default_factory=Resources)
     """Requests and limits of the sidecar."""
 
-    run_as_user: int = 65532
+    run_as_user: int = int(_DEFAULT["run_as_user"])  # type: ignore[arg-type]
     """The fixed non-root UID/GID of the injected containers."""
 
-    scrape_annotations: bool = True
+    scrape_annotations: bool = bool(_DEFAULT["scrape_annotations"])
     """Add ``prometheus.io/scrape|port|path`` to the pod (for Prometheus without the operator)."""
 
-    events: bool = True
+    events: bool = bool(_DEFAULT["events"])
     """Let the sidecar post Kubernetes Events on OOM (it still needs the RBAC grant)."""
 
-    resource_claims: bool = False
+    resource_claims: bool = bool(_DEFAULT["resource_claims"])
     """Let the sidecar read its pod's DRA memory budget from its ResourceClaims (the chart's
     ``rbac.resourceClaims``, which also grants it); the sidecar gets ``OOMSIGHT_RESOURCE_CLAIMS=1``."""
 
-    zero_code: bool = True
+    zero_code: bool = bool(_DEFAULT["zero_code"])
     """Honour ``oomsight.io/inject-python: "true"`` (the pod still has to opt in)."""
 
-    drain_seconds: float = 0.0
+    drain_seconds: float = float(_DEFAULT["drain_seconds"])  # type: ignore[arg-type]
     """The sidecar's ``OOMSIGHT_DRAIN_SECONDS``: serve this long after SIGTERM for a last scrape."""
 
     admin_port: Optional[int] = DEFAULT_ADMIN_PORT
@@ -158,41 +140,36 @@ class InjectionSettings:
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None, native_sidecar: bool = True) -> InjectionSettings:
-        e = os.environ if env is None else env
-        d = cls(image="")
-        image = e.get(ENV_IMAGE, "").strip()
-        if not image:
+        """The ``OOMSIGHT_INJECT_*`` rows (``oomsight.config.variables.INJECT``) that ``env`` sets;
+        ``native_sidecar`` as decided at start from ``OOMSIGHT_INJECT_NATIVE_SIDECAR``
+        (:func:`oomsight_webhook.main.resolve_native_sidecar`)."""
+        values = read_group(INJECT, "inject", os.environ if env is None else env)
+        if not values.get("image"):
             raise ConfigError(f"{ENV_IMAGE} is required: the image of the sidecar to inject")
-        containers = e.get(ENV_CONTAINERS, d.containers).strip()
-        if containers not in ("gpu", "all"):
-            raise ConfigError(f"{ENV_CONTAINERS}={containers!r} must be gpu or all")
-        r = d.resources
-        resources = Resources(
-            cpu_request=_quantity_env(e, ENV_CPU_REQUEST, r.cpu_request),
-            memory_request=_quantity_env(e, ENV_MEMORY_REQUEST, r.memory_request),
-            cpu_limit=_quantity_env(e, ENV_CPU_LIMIT, r.cpu_limit),
-            memory_limit=_quantity_env(e, ENV_MEMORY_LIMIT, r.memory_limit),
-        )
+        for field in ("spool_size_limit", *RESOURCE_FIELDS):
+            raw = str(values.get(field, ""))
+            if raw and not _QUANTITY.match(raw):
+                name = _VARIABLE["inject_" + field]
+                raise ConfigError(f"{name}={raw!r} is not a Kubernetes quantity (e.g. 100m, 128Mi)")
+        resources = Resources(**{f: values.pop(f) for f in RESOURCE_FIELDS if f in values})  # type: ignore[arg-type]
+        for unused in ("native_sidecar", "kube_version_hint"):
+            values.pop(unused, None)
+        gpu = tuple(x.strip() for x in str(values.pop("gpu_resources", "")).split(",") if x.strip())
         settings = cls(
-            image=image,
-            image_pull_policy=e.get(ENV_PULL_POLICY, d.image_pull_policy),
+            **values,  # type: ignore[arg-type]
             native_sidecar=native_sidecar,
-            containers=containers,
-            gpu_resources=tuple(x.strip() for x in e.get(ENV_GPU_RESOURCES, "").split(",") if x.strip())
-            or d.gpu_resources,
-            spool_size_limit=_quantity_env(e, ENV_SPOOL_SIZE, d.spool_size_limit) or d.spool_size_limit,
-            metrics_port=env_setting(e, ENV_METRICS_PORT, parse_port, d.metrics_port),
             resources=resources,
-            run_as_user=env_setting(e, ENV_RUN_AS_USER, parse_count, d.run_as_user),
-            scrape_annotations=env_setting(e, ENV_SCRAPE_ANNOTATIONS, parse_bool, d.scrape_annotations),
-            events=env_setting(e, ENV_EVENTS, parse_bool, d.events),
-            resource_claims=env_setting(e, ENV_RESOURCE_CLAIMS, parse_bool, d.resource_claims),
-            zero_code=env_setting(e, ENV_ZERO_CODE, parse_bool, d.zero_code),
-            drain_seconds=env_setting(e, ENV_DRAIN, _drain_seconds, d.drain_seconds),
-            admin_port=env_setting(e, ENV_ADMIN_PORT, parse_admin_port, d.admin_port),
+            **({"gpu_resources": gpu} if gpu else {}),  # type: ignore[arg-type]
         )
         settings.validate()
         return settings
+
+    @staticmethod
+    def native_mode(env: Mapping[str, str]) -> tuple[str, str]:
+        """``OOMSIGHT_INJECT_NATIVE_SIDECAR`` (``auto``, ``true``, ``false``) and the chart's
+        ``OOMSIGHT_INJECT_KUBE_VERSION_HINT``, read through the table."""
+        values = {**_DEFAULT, **read_group(INJECT, "inject", env)}
+        return str(values["native_sidecar"]), str(values["kube_version_hint"])
 
     def validate(self) -> None:
         if not 1 <= self.metrics_port <= 65535 or self.run_as_user < 1:
@@ -360,17 +337,3 @@ def _steps_or_none(raw: str) -> Optional[int]:
 
 def _port_or_none(raw: str) -> Optional[int]:
     return _whole_or_none(raw, 1, 65535)
-
-
-def _drain_seconds(name: str, raw: str) -> float:
-    return parse_seconds(name, raw, minimum=0.0, maximum=3600.0)
-
-
-def _quantity_env(env: Mapping[str, str], name: str, default: str) -> str:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    raw = raw.strip()
-    if raw and not _QUANTITY.match(raw):
-        raise ConfigError(f"{name}={raw!r} is not a Kubernetes quantity (e.g. 100m, 128Mi)")
-    return raw

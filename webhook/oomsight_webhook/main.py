@@ -28,7 +28,7 @@ from oomsight_server.kube import KubeApi, KubeClient
 from oomsight_server.wsgi import serve as serve_wsgi
 from oomsight_server.wsgi import stop as stop_server
 from oomsight_webhook.admission import RESULTS, Admitter, ReviewLimits
-from oomsight_webhook.injection import ENV_KUBE_VERSION_HINT, ENV_NATIVE, InjectionSettings, native_sidecars_supported
+from oomsight_webhook.injection import ENV_NATIVE, InjectionSettings, native_sidecars_supported
 from oomsight_webhook.server import AdmissionServer, serve
 from oomsight_webhook.settings import WebhookSettings
 from oomsight_webhook.tls import CertificateSource, FileCertificates, SelfManagedCertificates, ServerContext
@@ -177,7 +177,8 @@ def main(
     try:
         settings = WebhookSettings.from_env(e, **flags)
         client = _client(client_factory, required=settings.tls_mode == "self")
-        native = resolve_native_sidecar(e.get(ENV_NATIVE, "auto"), client, e.get(ENV_KUBE_VERSION_HINT, ""))
+        mode, hint = InjectionSettings.native_mode(e)
+        native = resolve_native_sidecar(mode, client, hint)
         injection = InjectionSettings.from_env(e, native_sidecar=native)
     except ConfigError as exc:
         logger.error("oomsight webhook: invalid configuration: %s", exc)

@@ -19,9 +19,6 @@ from oomsight.config.webhook import WebhookFields
 from oomsight_server.listener import ServerLimits
 
 _VARIABLE = {row.field: row.variable for row in WEBHOOK}
-LIMITS_PREFIX = "OOMSIGHT_WEBHOOK"
-WORKERS = 4
-"""Requests answered at once: bodies being read plus reviews parsed (docs/kubernetes.md)."""
 TLS_MODES = ("self", "files")
 
 
@@ -29,11 +26,7 @@ TLS_MODES = ("self", "files")
 class WebhookSettings(WebhookFields):
     """The admission webhook's server and TLS; the chart sets them (``templates/deployment.yaml``)."""
 
-    limits: ServerLimits = dataclasses.field(
-        default_factory=lambda: ServerLimits(
-            max_connections=256, workers=WORKERS, idle_timeout_seconds=30.0, request_timeout_seconds=10.0
-        )
-    )
+    limits: ServerLimits = dataclasses.field(default_factory=lambda: ServerLimits.from_env({}, WEBHOOK))
     """Connections held, workers, idle timeout, the read deadline of a request (handshake, head,
     body) and head size (docs/kubernetes.md, "Server limits")."""
 
@@ -41,7 +34,7 @@ class WebhookSettings(WebhookFields):
     def from_env(cls, env: Mapping[str, str] | None = None, **flags: object) -> WebhookSettings:
         e = os.environ if env is None else env
         values: dict[str, object] = dict(read_group(WEBHOOK, "webhook", e))
-        values["limits"] = ServerLimits.from_env(e, LIMITS_PREFIX, cls().limits)
+        values["limits"] = ServerLimits.from_env(e, WEBHOOK)
         return with_flags(cls, values, flags)
 
     def validate(self) -> None:

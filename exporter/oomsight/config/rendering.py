@@ -14,8 +14,8 @@ import sys
 import textwrap
 from typing import Optional
 
-from oomsight.config.table import Group, Setting, Value
-from oomsight.config.variables import GROUPS, HOOK, SIDECAR, SIDECAR_GROUPS, WEBHOOK, WEBHOOK_GROUPS
+from oomsight.config.table import Group, Setting, shown_default
+from oomsight.config.variables import GROUPS, HOOK, INJECT, SIDECAR, SIDECAR_GROUPS, WEBHOOK, WEBHOOK_GROUPS
 from oomsight.wire import generated
 
 CONFIG = os.path.dirname(os.path.abspath(__file__))
@@ -137,18 +137,6 @@ def fields_module(groups: tuple[Group, ...], rows: tuple[Setting, ...], doc: tup
     return "\n".join(out) + "\n"
 
 
-def shown_default(row: Setting) -> str:
-    """The default as the documentation's table shows it."""
-    if row.shown:
-        return row.shown
-    value: Value = row.default_value()
-    if isinstance(value, bool):
-        return f"`{int(value)}`"
-    if isinstance(value, float):
-        return f"`{value:g}`"
-    return f"`{value}`" if value != "" else "empty"
-
-
 def markdown_table(rows: tuple[Setting, ...], keyword: bool = True) -> str:
     """The documentation's table of ``rows``: with the ``start()`` keyword column, else a flag
     column where a row has a flag."""
@@ -164,12 +152,15 @@ def markdown_table(rows: tuple[Setting, ...], keyword: bool = True) -> str:
 
 SECTIONS = {
     "hook": (HOOK, True),
-    "sidecar": (tuple(r for r in SIDECAR if r.group != "pod"), False),
+    "sidecar": (tuple(r for r in SIDECAR if r.group not in ("pod", "limits")), False),
+    "sidecar-limits": (tuple(r for r in SIDECAR if r.group == "limits"), False),
     "pod": (tuple(r for r in SIDECAR if r.group == "pod"), False),
-    "webhook": (WEBHOOK, False),
+    "webhook": (tuple(r for r in WEBHOOK if r.group != "limits"), False),
+    "webhook-limits": (tuple(r for r in WEBHOOK if r.group == "limits"), False),
+    "inject": (INJECT, False),
 }
 """The documentation's settings sections: their rows, and whether they have ``start()`` keywords."""
-_SECTION = re.compile(r"(<!-- settings:(\w+) -->\n).*?(<!-- /settings -->)", re.S)
+_SECTION = re.compile(r"(<!-- settings:([\w-]+) -->\n).*?(<!-- /settings -->)", re.S)
 
 
 def markdown(text: str, sections: dict[str, tuple[tuple[Setting, ...], bool]] = SECTIONS) -> str:

@@ -73,6 +73,9 @@ class Setting:
     kind: str = ""
     """The field's type where the default's type does not say it (``Optional[int]``)."""
 
+    empty: bool = False
+    """A variable set to blanks means the empty value (a resource limit left unset), not the default."""
+
     @property
     def variable(self) -> str:
         """The environment variable."""
@@ -94,6 +97,31 @@ def variables(rows: tuple[Setting, ...]) -> dict[str, str]:
     """Each row's variable by keyword: the names other components write (the webhook's pod patches)
     as the table gives them, not written again."""
     return {row.keyword: row.variable for row in rows}
+
+
+def defaults(rows: tuple[Setting, ...], group: str) -> dict[str, Value]:
+    """The default of every field of ``group``, by field."""
+    return {row.field: row.default_value() for row in rows if row.group == group}
+
+
+def flag_help(rows: tuple[Setting, ...], flag: str, text: str) -> str:
+    """``--flag``'s help: ``text``, the variable it overrides and its default as the docs show it
+    (generated, so the flag's default and the documentation's are one)."""
+    row = next(r for r in rows if r.flag == flag)
+    shown = shown_default(row).replace("`", "").replace("%", "%%")
+    return f"{text} (${row.variable}; default {shown})"
+
+
+def shown_default(row: Setting) -> str:
+    """The default as the documentation shows it."""
+    if row.shown:
+        return row.shown
+    value: Value = row.default_value()
+    if isinstance(value, bool):
+        return f"`{int(value)}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`" if value != "" else "empty"
 
 
 def with_flags(cls: type[R], values: dict[str, object], flags: Mapping[str, object]) -> R:
@@ -118,8 +146,8 @@ def read_env(rows: tuple[Setting, ...], env: Mapping[str, str]) -> dict[str, dic
 def read_group(rows: tuple[Setting, ...], group: str, env: Mapping[str, str]) -> dict[str, Value]:
     """The fields of ``group`` that ``env`` sets, by field. A variable set to blanks keeps its
     default (the sidecar's and the webhook's rule; the hook reads a blank as written)."""
-    found = ((row, env.get(row.variable) or "") for row in rows if row.group == group)
-    return {row.field: row.read(raw) for row, raw in found if raw.strip()}
+    found = ((row, env.get(row.variable)) for row in rows if row.group == group)
+    return {row.field: row.read(raw) for row, raw in found if raw is not None and (raw.strip() or row.empty)}
 
 
 def read_keywords(rows: tuple[Setting, ...], changes: Mapping[str, object]) -> dict[str, dict[str, Value]]:

@@ -7,6 +7,7 @@ functions, so ``OOMSIGHT_X=yes`` means the same everywhere and a bad value names
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Mapping
 from typing import Callable, Optional, TypeVar
@@ -87,3 +88,15 @@ def env_setting(env: Mapping[str, str], name: str, parse: Callable[[str, str], T
     if raw is None or not raw.strip():
         return default
     return parse(name, raw.strip())
+
+
+def port_number(text: str) -> int:
+    """``--port`` of every command (``run``, ``sidecar``, ``webhook``): a TCP port, 0 to 65535
+    (0 picks a free one); argparse's usage error otherwise."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0 to 65535; 0 picks a free one)")
+    return port

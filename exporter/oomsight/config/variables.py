@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from oomsight.config.table import Group, Setting
+from oomsight.config.table import Group, Setting, Value
 from oomsight.config.values import DEFAULT_METRICS_PORT, ConfigError, parse_bool, parse_count, parse_port, parse_seconds
 
 if TYPE_CHECKING:
@@ -255,6 +255,25 @@ def parse_admin_port(name: str, raw: str) -> int | None:
     return None if raw.strip().lower() == ADMIN_PORT_AUTO else parse_port(name, raw)
 
 
+def _limits(
+    component: str, connections: int, idle: float, request: float, meanings: tuple[str, ...]
+) -> tuple[Setting, ...]:
+    """The five limits of one component's HTTP servers (``oomsight_server.listener.ServerLimits``):
+    group ``limits``, variables ``OOMSIGHT_<COMPONENT>_MAX_CONNECTIONS`` and so on."""
+    hour = functools.partial(parse_seconds, minimum=0.1, maximum=3600.0)
+    rows: tuple[tuple[str, Value, Callable[[str, str], Value]], ...] = (
+        ("max_connections", connections, functools.partial(parse_count, maximum=10_000)),
+        ("workers", 4, functools.partial(parse_count, maximum=64)),
+        ("idle_timeout_seconds", idle, hour),
+        ("request_timeout_seconds", request, hour),
+        ("max_head_bytes", 8 * 1024, functools.partial(parse_count, minimum=1024)),
+    )
+    return tuple(
+        Setting(f"{component}_{field}", "limits", field, default, parse, meaning)
+        for (field, default, parse), meaning in zip(rows, meanings)
+    )
+
+
 SIDECAR_GROUPS = (
     Group("sidecar", "SidecarFields", "The metrics server and what it reads."),
     Group("admin", "AdminFields", "The admin endpoint (profiling requests, artifact downloads)."),
@@ -449,8 +468,24 @@ SIDECAR = (
         "read the GPU memory budget of the pod's DRA ResourceClaims (`oomsight_gpu_memory_budget_bytes`; needs "
         "the chart's `rbac.resourceClaims` grant to list ResourceClaims in the pod's namespace)",
     ),
+    *_limits(
+        "sidecar",
+        1024,
+        15.0,
+        30.0,
+        (
+            "connections held open by each of the metrics and admin servers; over it the one that has waited longest "
+            "for its request is closed (never the newcomer); a waiting connection costs a descriptor, not a thread",
+            "requests answered at once by each server (threads); a request waits, whole, for a free one",
+            "a connection silent this long is closed",
+            "a request (head and body) not received within this is cut off (trickling clients); answers are not "
+            "limited by it",
+            "request line plus headers at most; larger requests get `431` and a close",
+        ),
+    ),
 )
-"""Every variable of the sidecar, in the order of ``docs/configuration.md``."""
+"""Every variable of the sidecar, in the order of ``docs/configuration.md``; its servers' limits
+(group ``limits``) are read into ``oomsight_server.listener.ServerLimits``."""
 
 MIB = 1024 * 1024
 _bytes = functools.partial(parse_count, minimum=1024, maximum=64 * MIB)
@@ -605,8 +640,207 @@ WEBHOOK = (
         "reviews parsed and mutated at once (parsing holds the GIL: more buys memory, not speed); one that waits "
         "longer than half the request timeout is admitted unchanged (`skipped`)",
     ),
+    *_limits(
+        "webhook",
+        256,
+        30.0,
+        10.0,
+        (
+            "HTTPS connections held open (and, separately, on the metrics port); over it the one that has waited "
+            "longest for its request is closed, never the newcomer",
+            "requests answered at once (bodies read, then a turn to parse); with the review limits this bounds the "
+            "webhook's memory",
+            "a kept-alive connection silent this long is closed",
+            "read deadline of one request, TLS handshake, head and body (the API server's own webhook timeout is "
+            "10 s by default)",
+            "request line plus headers at most",
+        ),
+    ),
 )
-"""Every variable of the webhook's server, in the order of ``docs/configuration.md``."""
+"""Every variable of the webhook's server, in the order of ``docs/configuration.md``; its servers'
+limits (group ``limits``) are read into ``oomsight_server.listener.ServerLimits``."""
+
+NATIVE_MODES = ("auto", "true", "false")
+CONTAINER_MODES = ("gpu", "all")
+
+
+def _lower_choice(choices: tuple[str, ...], name: str, raw: str) -> str:
+    return parse_choice(choices, name, raw.lower())
+
+
+def _drain_seconds(name: str, raw: str) -> float:
+    return parse_seconds(name, raw, minimum=0.0, maximum=3600.0)
+
+
+_RESOURCE = "a Kubernetes quantity; an empty value leaves it unset"
+INJECT = (
+    Setting(
+        "inject_image",
+        "inject",
+        "image",
+        "",
+        _verbatim,
+        "the oomsight image of the injected sidecar and zero-code init container (required)",
+        shown="required",
+    ),
+    Setting(
+        "inject_image_pull_policy",
+        "inject",
+        "image_pull_policy",
+        "IfNotPresent",
+        _verbatim,
+        "pull policy of the injected containers",
+    ),
+    Setting(
+        "inject_native_sidecar",
+        "inject",
+        "native_sidecar",
+        "auto",
+        functools.partial(_lower_choice, NATIVE_MODES),
+        "`true`: inject a native sidecar (an init container with `restartPolicy: Always`, Kubernetes 1.29+) so "
+        "Jobs complete; `false`: a regular container; `auto`: decided once at start from the API server's version",
+    ),
+    Setting(
+        "inject_kube_version_hint",
+        "inject",
+        "kube_version_hint",
+        "",
+        _verbatim,
+        "the cluster's version as the chart saw it at render time (`auto` uses it when the API server cannot be asked)",
+    ),
+    Setting(
+        "inject_containers",
+        "inject",
+        "containers",
+        "gpu",
+        functools.partial(parse_choice, CONTAINER_MODES),
+        "which containers get the spool and the env: `gpu` (those asking for a GPU) or `all`",
+    ),
+    Setting(
+        "inject_gpu_resources",
+        "inject",
+        "gpu_resources",
+        "nvidia.com/gpu,nvidia.com/mig-,amd.com/gpu",
+        _verbatim,
+        "comma-separated resource names (or prefixes) that mean a container asks for a GPU",
+    ),
+    Setting(
+        "inject_spool_size_limit",
+        "inject",
+        "spool_size_limit",
+        "256Mi",
+        _verbatim,
+        "`sizeLimit` of the memory-backed spool `emptyDir` (it counts as the pod's memory); a Kubernetes quantity",
+    ),
+    Setting(
+        "inject_metrics_port",
+        "inject",
+        "metrics_port",
+        DEFAULT_METRICS_PORT,
+        parse_port,
+        "the injected sidecar's metrics port (named `metrics`)",
+    ),
+    Setting(
+        "inject_cpu_request",
+        "inject",
+        "cpu_request",
+        "10m",
+        _verbatim,
+        f"CPU the sidecar requests; {_RESOURCE}",
+        empty=True,
+    ),
+    Setting(
+        "inject_memory_request",
+        "inject",
+        "memory_request",
+        "64Mi",
+        _verbatim,
+        f"memory the sidecar requests; {_RESOURCE}",
+        empty=True,
+    ),
+    Setting(
+        "inject_cpu_limit",
+        "inject",
+        "cpu_limit",
+        "",
+        _verbatim,
+        f"CPU limit of the sidecar (unset by default so scrapes are never throttled); {_RESOURCE}",
+        empty=True,
+    ),
+    Setting(
+        "inject_memory_limit",
+        "inject",
+        "memory_limit",
+        "128Mi",
+        _verbatim,
+        f"memory limit of the sidecar; {_RESOURCE}",
+        empty=True,
+    ),
+    Setting(
+        "inject_run_as_user",
+        "inject",
+        "run_as_user",
+        65532,
+        parse_count,
+        "the fixed non-root UID and GID of the injected containers",
+    ),
+    Setting(
+        "inject_scrape_annotations",
+        "inject",
+        "scrape_annotations",
+        True,
+        parse_bool,
+        "add `prometheus.io/scrape`, `port` and `path` to the pod (Prometheus without the operator)",
+    ),
+    Setting(
+        "inject_events",
+        "inject",
+        "events",
+        True,
+        parse_bool,
+        "let the sidecar post Kubernetes Events on OOM (it still needs the RBAC grant); annotation "
+        "`oomsight.io/events` per pod",
+    ),
+    Setting(
+        "inject_resource_claims",
+        "inject",
+        "resource_claims",
+        False,
+        parse_bool,
+        "give the sidecar `OOMSIGHT_RESOURCE_CLAIMS=1` (the chart's `rbac.resourceClaims` grants the read)",
+    ),
+    Setting(
+        "inject_zero_code",
+        "inject",
+        "zero_code",
+        True,
+        parse_bool,
+        'honour `oomsight.io/inject-python: "true"` (the pod still has to opt in)',
+    ),
+    Setting(
+        "inject_drain_seconds",
+        "inject",
+        "drain_seconds",
+        0.0,
+        _drain_seconds,
+        "the sidecar's `OOMSIGHT_DRAIN_SECONDS` (0 to 3600): serve this long after SIGTERM for a last scrape",
+    ),
+    Setting(
+        "inject_admin_port",
+        "inject",
+        "admin_port",
+        DEFAULT_ADMIN_PORT,
+        parse_admin_port,
+        "the sidecar's admin port on its loopback; `0` off, `auto` the system picks; `hostNetwork` pods always "
+        'get `auto` and a required token (`docs/kubernetes.md`, "Ports")',
+        kind="Optional[int]",
+    ),
+)
+"""What the webhook injects (``oomsight_webhook.injection``), set by the chart from ``values.yaml``;
+per-pod overrides are annotations."""
+
+TABLES = {"hook": HOOK, "sidecar": SIDECAR, "webhook": WEBHOOK, "inject": INJECT}
+"""Every settings table: together, every ``OOMSIGHT_*`` variable oomsight reads."""
 
 
 def check(settings: Settings) -> None:

@@ -14,6 +14,7 @@ import sys
 from typing import Any, Optional
 
 from oomsight._version import __version__
+from oomsight.config.values import port_number
 from oomsight.tools import exitcode
 
 EXAMPLES = {
@@ -31,17 +32,6 @@ PORT_HINTS = {
     "sidecar": "; choose another with --port N (the admin endpoint's 21401 being taken only turns it off)",
     "webhook": "; choose another with --port N (its metrics port: OOMSIGHT_WEBHOOK_METRICS_PORT, 0 turns it off)",
 }
-
-
-def port_number(text: str) -> int:
-    """``--port``: a TCP port, 0 to 65535 (0 picks a free one)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0 to 65535; 0 picks a free one)")
-    return port
 
 
 def seconds_at_least_zero(text: str) -> float:

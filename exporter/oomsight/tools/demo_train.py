@@ -16,12 +16,16 @@ import subprocess
 import sys
 import time
 
+from oomsight.config import BY_KEYWORD
+
+ENV_WINDOW = BY_KEYWORD["window_seconds"].variable
+
 
 def launch(ranks: int = 2) -> int:
     env = {
         **os.environ,
         "WORLD_SIZE": str(ranks),
-        "OOMSIGHT_WINDOW_SECONDS": os.environ.get("OOMSIGHT_WINDOW_SECONDS", "12"),
+        ENV_WINDOW: os.environ.get(ENV_WINDOW, "12"),
     }
     procs = [
         subprocess.Popen(
