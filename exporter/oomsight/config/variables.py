@@ -21,13 +21,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from oomsight.config.table import Group, Setting, Value
 from oomsight.config.values import DEFAULT_METRICS_PORT, ConfigError, parse_bool, parse_count, parse_port, parse_seconds
-
-if TYPE_CHECKING:
-    from oomsight.config.hook import Settings
 
 HISTORY_MODES = ("all", "state")
 
@@ -843,7 +840,15 @@ TABLES = {"hook": HOOK, "sidecar": SIDECAR, "webhook": WEBHOOK, "inject": INJECT
 """Every settings table: together, every ``OOMSIGHT_*`` variable oomsight reads."""
 
 
-def check(settings: Settings) -> None:
+class _Sampled(Protocol):
+    """What :func:`check` reads of ``oomsight.config.hook.Settings`` (named by shape, not imported:
+    that module imports this one)."""
+
+    @property
+    def sampling(self) -> object: ...
+
+
+def check(settings: _Sampled) -> None:
     """Reject combinations that cannot work, naming the variables involved."""
     sampling = settings.sampling
     for shorter, longer in (

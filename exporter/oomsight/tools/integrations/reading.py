@@ -73,9 +73,7 @@ def ensure_hook(**settings: Any) -> bool:
 
     if runtime.current() is not None:
         return True
-    import oomsight
-
-    return oomsight.start(**settings)
+    return runtime.start(**settings)
 
 
 class MemoryReader:
