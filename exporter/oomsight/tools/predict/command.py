@@ -96,6 +96,10 @@ def _add_parallel_arguments(p: Any) -> None:
     p.add_argument("--no-reshard", action="store_true", help="fsdp/fsdp2: keep units gathered after forward")
     p.add_argument("--offload", choices=("optimizer", "params"), default=None, help="to the host")
     p.add_argument("--bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
+    p.add_argument("--mixed-precision", choices=("bf16", "fp16"), default=None,
+                   help="fsdp2: MixedPrecisionPolicy(param_dtype): fp32 masters gathered in 16 bits")  # fmt: skip
+    p.add_argument("--checkpointing", action="store_true",
+                   help="activation checkpointing of every block of a transformers configuration")  # fmt: skip
     p.add_argument("--largest-batch", action="store_true",
                    help="search the largest (micro-)batch: per rank with --parallel, with --generate too")  # fmt: skip
     p.add_argument("--gpus-needed", action="store_true", help="the fewest GPUs of --gpu/--capacity that fit")
@@ -256,6 +260,8 @@ def _adapted(args: argparse.Namespace, build: Any) -> Any:
     if args.dtype:
         dtype = getattr(torch, DTYPES[args.dtype])
         build = functools.partial(_built_as, build, dtype)
+    if getattr(args, "checkpointing", False):
+        build = functools.partial(_checkpointed, build)
     if args.lora:
         peft = importlib.util.find_spec("peft") is not None
         build = adapter.with_lora(build, args.lora_rank, args.lora_targets, peft)
@@ -266,6 +272,13 @@ def _adapted(args: argparse.Namespace, build: Any) -> Any:
 
 def _built_as(build: Any, dtype: Any) -> Any:
     return build().to(dtype)
+
+
+def _checkpointed(build: Any) -> Any:
+    """transformers' activation checkpointing of every block (non-reentrant, as accelerate and TRL set it)."""
+    model = build()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -345,6 +358,10 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     def batch(n: int) -> Any:
         return spec["batch"](n, "cpu")
 
+    from oomsight.tools.predict import sharded
+
+    if args.parallel in sharded.TRACED:  # the rank is traced itself: no one-GPU trace of the whole model
+        return _predict_traced_rank(args, spec)
     p = predict_peak(spec["build"], batch, args.batch, optimizer, spec.get("step"), **kwargs)
     out: dict[str, Any] = {"prediction": in_order(p.to_dict())}
     if "seq_len" in spec and not args.generate:
@@ -365,6 +382,34 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
         )  # fmt: skip
         out["largest_batch"] = {k: v for k, v in search.to_dict().items() if k != "prediction"}
     return out
+
+
+def _predict_traced_rank(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
+    """``--parallel fsdp2``: rank 0 traced on a fake process group is the prediction."""
+    out: dict[str, Any] = {}
+    if args.gpu:
+        out["gpu"] = _gpu_facts(args)
+    out["parallel"] = _per_rank(args, spec, {})
+    rank = out["parallel"]
+    out["prediction"] = {
+        "batch_size": args.batch, "peak_allocated_bytes": rank["per_rank_peak_allocated_bytes"],
+        "peak_reserved_bytes": rank["per_rank_peak_reserved_bytes"], "by_category_bytes": rank["parts_bytes"],
+        "rank": 0, "seq_len": spec.get("seq_len"), "workspace_bytes": rank["workspace_bytes"],
+        "seconds": rank["trace_seconds"],
+    }  # fmt: skip
+    if args.largest_batch and "usable_bytes" in rank:
+        layout = _layout(args)
+        out["largest_batch_per_rank"] = parallel_search(
+            lambda b: _traced_rank(args, spec, layout, b)["per_rank_peak_reserved_bytes"], rank["usable_bytes"],
+            args.batch,
+        )  # fmt: skip
+    return out
+
+
+def parallel_search(peak_of: Any, budget: int, start: int) -> dict[str, Any]:
+    from oomsight.tools.predict import parallel
+
+    return parallel.largest_batch(peak_of, budget, start=start)
 
 
 def _largest_per_rank(args: argparse.Namespace, spec: dict[str, Any], batch: Any, optimizer: Any,
@@ -449,25 +494,88 @@ def _gpu_facts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[str, Any]) -> dict[str, Any]:
-    """The peak per rank of the layout and, with ``--gpus-needed``, the fewest ranks that fit."""
+    """The peak per rank of the layout and, with ``--gpus-needed``, the fewest ranks that fit. FSDP2 is
+    traced rank by rank on a fake process group (``sharded.py``); the others are laid out moment by
+    moment from the one-GPU trace (``parallel.per_rank``). The verdict is on the peak reserved."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from oomsight.tools.predict import parallel
+    from oomsight.tools.predict import parallel, sharded
 
     with unset_fake_temporarily(), torch.device("meta"):
         model = spec["build"]()
     layout = _layout(args)
-    found = parallel.per_rank(prediction, parallel.units(model, layout.shards), layout)
+    if layout.parallel in sharded.TRACED:
+        found = _traced_rank(args, spec, layout, args.batch)
+    else:
+        found = parallel.per_rank(prediction, parallel.units(model, layout.shards), layout)
+        slack = int(prediction["peak_reserved_bytes"]) - int(prediction["peak_allocated_bytes"])
+        found["per_rank_peak_reserved_bytes"] = found["per_rank_peak_allocated_bytes"] + max(0, slack)
     if args.capacity_bytes is not None:
-        budget = int(_usable(args, layout.world_size) * (1.0 - args.margin))
-        found["usable_bytes"], found["fits"] = budget, found["per_rank_peak_allocated_bytes"] <= budget
+        budget = _budget(args, layout.world_size)
+        found["usable_bytes"], found["fits"] = budget, found["per_rank_peak_reserved_bytes"] <= budget
     if args.gpus_needed:
-        found["gpus_needed"] = parallel.gpus_needed(
-            prediction, lambda w: parallel.units(model, w), layout,
-            lambda w: int(_usable(args, w) * (1.0 - args.margin)),
-        )  # fmt: skip
+        if layout.parallel in sharded.TRACED:
+            search = sharded.gpus_needed(
+                lambda w: _peaks(_traced_rank(args, spec, parallel._with_world(layout, w), args.batch)),
+                lambda w: _budget(args, w), layout,
+            )  # fmt: skip
+            found["gpus_needed"], found["gpus_needed_traces"] = search["gpus_needed"], search["traces"]
+        else:
+            found["gpus_needed"] = parallel.gpus_needed(
+                prediction, lambda w: parallel.units(model, w), layout, lambda w: _budget(args, w),
+            )  # fmt: skip
     return found
+
+
+def _peaks(rank: dict[str, Any]) -> tuple[int, int]:
+    return int(rank["per_rank_peak_allocated_bytes"]), int(rank["per_rank_peak_reserved_bytes"])
+
+
+def _budget(args: argparse.Namespace, world: int) -> int:
+    """What a rank's allocator may reserve: the capacity less the context and NCCL (``--gpu``), less the margin."""
+    return int(_usable(args, world) * (1.0 - args.margin))
+
+
+def _traced_rank(args: argparse.Namespace, spec: dict[str, Any], layout: Any, batch_size: int) -> dict[str, Any]:
+    """Rank 0 of ``layout`` traced on a fake process group, as ``per_rank``'s dict."""
+    from dataclasses import asdict
+
+    from oomsight.tools.predict import hfmodel, sharded
+
+    kwargs = {**_trace_settings(args), "steps": 2}
+    param_dtype = _dtype(args.mixed_precision)
+    optimizer = spec.get("optimizer") or _optimizer(args.optimizer)
+
+    def batch(n: int) -> Any:
+        return spec["batch"](n, "cpu")
+
+    if "config" in spec:
+        traced = sharded.predict_config_rank(
+            spec["config"], lambda c: _adapted(args, hfmodel.builder(c)), batch, batch_size, layout, optimizer,
+            param_dtype=param_dtype, **kwargs,
+        )  # fmt: skip
+    else:
+        traced = sharded.predict_rank(
+            spec["build"], batch, batch_size, layout, optimizer, spec.get("step"), param_dtype=param_dtype, **kwargs
+        ).to_dict()
+    return {
+        **asdict(layout),
+        "per_rank_peak_allocated_bytes": int(traced["peak_allocated_bytes"]),
+        "per_rank_peak_reserved_bytes": int(traced["peak_reserved_bytes"]),
+        "parts_bytes": traced["by_category_bytes"],
+        "moment": traced.get("moment", "traced"),
+        "workspace_bytes": int(traced["workspace_bytes"]),
+        "trace_seconds": traced["seconds"],
+        "traced": f"rank 0 of {layout.world_size} on a fake process group, {traced.get('layers_traced')} blocks "
+        f"traced of {traced.get('layers')}",
+    }
+
+
+def _dtype(name: Optional[str]) -> Any:
+    import torch
+
+    return getattr(torch, DTYPES[name]) if name else None
 
 
 def in_order(prediction: dict[str, Any]) -> dict[str, Any]:
@@ -513,22 +621,31 @@ def _prose_job(result: dict[str, Any]) -> list[str]:
         parts = _named_sizes(par["parts_bytes"])
         lines.append(
             f"{par['parallel']} over {par['world_size']} ranks: peak allocated per rank "
-            f"{format_bytes(par['per_rank_peak_allocated_bytes'])} ({parts})"
+            f"{format_bytes(par['per_rank_peak_allocated_bytes'])} ({parts}); peak reserved "
+            f"{format_bytes(par['per_rank_peak_reserved_bytes'])}"
         )
         if "fits" in par:
-            lines.append(f"per rank it {'fits' if par['fits'] else 'does not fit'} {format_bytes(par['usable_bytes'])}")
+            lines.append(f"per rank its peak reserved {'fits' if par['fits'] else 'does not fit'} "
+                         f"{format_bytes(par['usable_bytes'])} (the GPU less context, NCCL, margin)")  # fmt: skip
         search = result.get("largest_batch_per_rank")
         if search:
             lines.append(f"largest micro-batch per rank that fits: {search['max_batch_size']} "
                          f"({len(search['tried'])} predictions)")  # fmt: skip
         if "gpus_needed" in par:
             needed = par["gpus_needed"]
-            lines.append(f"GPUs needed: {needed}" if needed else "GPUs needed: no count of these GPUs fits this job")
+            traces = f" ({par['gpus_needed_traces']} traced counts)" if "gpus_needed_traces" in par else ""
+            none = "GPUs needed: no count of these GPUs fits this job"
+            lines.append(f"GPUs needed: {needed}{traces}" if needed else none)
     return lines
 
 
 def _prose(result: dict[str, Any]) -> str:
     p = result["prediction"]
+    if "rank" in p:  # a traced rank of a sharded job: the per-rank lines say it all
+        lines = _prose_job(result)
+        par = result["parallel"]
+        lines.insert(1 if result.get("gpu") else 0, f"traced: {par['traced']}; the peak falls in the {par['moment']}")
+        return "\n".join(lines)
     lines = [
         f"batch {p['batch_size']}, {p['steps']} steps: peak allocated {format_bytes(p['peak_allocated_bytes'])}, "
         f"peak reserved {format_bytes(p['peak_reserved_bytes'])}"

@@ -75,6 +75,8 @@ class Unit:
     trained_numel: int
     trained_shard_bytes: int
     """The padded shards of the trained parameters: what a rank's gradients and optimizer state scale with."""
+    largest_module_numel: int = 0
+    """The most parameters one module of the unit holds directly (DeepSpeed's ``largest_layer_params``)."""
 
 
 def units(model: nn.Module, world_size: int) -> list[Unit]:
@@ -86,7 +88,10 @@ def units(model: nn.Module, world_size: int) -> list[Unit]:
         params = [p for p in module.parameters() if id(p) not in seen]
         seen.update(id(p) for p in params)
         if params or not name:
-            found.append(_unit(name or "(root)", params, world_size))
+            mine = {id(p) for p in params}
+            largest = max((sum(p.numel() for p in m.parameters(recurse=False) if id(p) in mine)
+                           for m in module.modules()), default=0)  # fmt: skip
+            found.append(dataclasses.replace(_unit(name or "(root)", params, world_size), largest_module_numel=largest))
     return found
 
 
@@ -140,59 +145,123 @@ def check(layout: Layout) -> Optional[str]:
 
 
 def per_rank(prediction: dict[str, Any], model_units: list[Unit], layout: Layout) -> dict[str, Any]:
-    """The peak allocated bytes of one rank, and its parts (see the module's table)."""
-    cats = prediction["by_category_bytes"]
+    """The peak allocated bytes of one rank and its parts, moment by moment (see the module's table).
+
+    Two moments of the one-GPU trace are laid out apart and the larger is the rank's peak: the
+    forward/backward peak (its activations and temporaries kept, the model states as the layout
+    holds them then, the gathered units and communication buffers added) and the optimizer step
+    (the states, and the step's own temporaries for this rank's share of the parameters). A sum of
+    peaks of different moments (the one-GPU step's unsharded foreach temporary beside gathered
+    layers) is never taken. A prediction without ``moments`` is one moment, its peak."""
+    moments = prediction.get("moments") or {}
+    whole = {k: prediction[k] for k in ("peak_allocated_bytes", "by_category_bytes")}
+    fb = moments.get("forward_backward") or whole
+    transient = int(moments.get("optimizer_step_transient_bytes", 0))
+    at_fb = _laid_out(fb, model_units, layout, step_transient=None)
+    at_step = _laid_out(fb, model_units, layout, step_transient=transient) if transient else None
+    peak, parts, moment = at_fb[0], at_fb[1], "forward_backward"
+    if at_step and at_step[0] > peak:
+        peak, parts, moment = at_step[0], at_step[1], "optimizer_step"
+    return {**asdict(layout), "per_rank_peak_allocated_bytes": peak, "parts_bytes": parts, "moment": moment,
+            "units": len(model_units), "largest_unit_bytes": max(u.param_bytes for u in model_units)}  # fmt: skip
+
+
+def _laid_out(
+    fb: dict[str, Any], model_units: list[Unit], layout: Layout, step_transient: Optional[int]
+) -> tuple[int, dict[str, int]]:
+    """One moment's bytes on a rank: ``step_transient`` None is the forward/backward peak, else the
+    optimizer step with that one-GPU temporary (shared out as the optimizer state is)."""
+    cats = fb["by_category_bytes"]
     params_c, grads_c, opt_c = (int(cats.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state"))
-    rest = int(prediction["peak_allocated_bytes"]) - params_c - grads_c - opt_c
     kind = layout.parallel
     trained = sum(u.trained_bytes for u in model_units)
     trained_numel = sum(u.trained_numel for u in model_units)
     grad_itemsize = trained // trained_numel if trained_numel else 4
-    parts: dict[str, int] = {"rest_of_step": rest}
+    if step_transient is None:
+        parts: dict[str, int] = {"rest_of_step": int(fb["peak_allocated_bytes"]) - params_c - grads_c - opt_c}
+    else:  # the optimizer step: every gradient exists; the activations are gone
+        parts = {"workspace": int(cats.get("workspace", 0)), "buffers": int(cats.get("buffers", 0))}
+        grads_c = trained
     if kind == "ddp":
         parts.update(parameters=params_c, optimizer_state=opt_c)
         parts["gradients"] = trained if layout.bucket_view else grads_c
         parts["ddp_buckets"] = 0 if layout.bucket_view else trained
+        share = 1.0
     elif kind.startswith("zero"):
         parts.update(_zero(kind, params_c, grads_c, opt_c, model_units, layout, trained_numel, grad_itemsize))
+        share = (4 / grad_itemsize) / layout.world_size  # DeepSpeed steps on fp32 partitions
+        if step_transient is None:
+            parts["gathered_parameters"] = (
+                sum(u.param_bytes for u in _gathered(model_units)) if kind == "zero3" else 0
+            )
+            parts["ipg_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, trained_numel) * grad_itemsize
     else:
-        parts.update(_fsdp(kind, grads_c, opt_c, model_units, layout))
-        if layout.shards < layout.world_size:  # HSDP: the reduced shard is all-reduced across replicas
+        parts.update(_fsdp(kind, grads_c, opt_c, model_units, layout, during_step=step_transient is not None))
+        if layout.shards < layout.world_size and step_transient is None:  # HSDP: all-reduce across replicas
             parts["replica_all_reduce_buffer"] = max(u.trained_shard_bytes for u in model_units)
-    peak = sum(parts.values())
-    return {**asdict(layout), "per_rank_peak_allocated_bytes": peak, "parts_bytes": parts,
-            "units": len(model_units), "largest_unit_bytes": max(u.param_bytes for u in model_units)}  # fmt: skip
+        share = sum(u.trained_shard_bytes for u in model_units) / trained if trained else 0.0
+    if step_transient is not None:
+        parts["optimizer_step_temporaries"] = 0 if layout.offload else math.ceil(step_transient * share)
+    return sum(parts.values()), parts
 
 
 def _gathered(model_units: list[Unit], count: int = GATHERED_UNITS) -> list[Unit]:
     return sorted(model_units, key=lambda u: u.param_bytes, reverse=True)[:count]
 
 
+def largest_layer_numel(model: nn.Module) -> int:
+    """DeepSpeed's ``largest_layer_params``: the most parameters one module holds directly."""
+    return max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+
+
+def zero_model_states(
+    stage: int, total_numel: int, largest_layer: int, world: int, offload: Optional[str] = None
+) -> int:
+    """Bytes of model states per GPU by DeepSpeed's own estimators (16-bit parameters, Adam):
+    ``estimate_zero2_model_states_mem_needs`` 2P + 18P/N (offloaded: 2P) and
+    ``estimate_zero3_model_states_mem_needs`` 4L + 18P/N (optimizer offloaded: 4L + 2P/N; parameters
+    too: 4L), where 18 = 16-bit gradients 2 + fp32 gradients 4 + fp32 master 4 + Adam state 8."""
+    if stage == 2:
+        return 2 * total_numel + (0 if offload else int(18 * total_numel / world))
+    if offload == "params":
+        return 4 * largest_layer
+    return 4 * largest_layer + int((2 if offload else 18) * total_numel / world)
+
+
 def _zero(kind: str, params_c: int, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout,
           trained_numel: int, grad_itemsize: int) -> dict[str, int]:  # fmt: skip
+    """ZeRO's states by DeepSpeed's partition rules: Adam state in fp32 (the one-GPU state rescaled to
+    4 bytes an element), an fp32 gradient partition and an fp32 master partition for 16-bit
+    parameters, a 16-bit gradient partition (stage 2/3; stage 1 keeps the full gradients)."""
     w, off = layout.world_size, layout.offload
     sixteen_bit = grad_itemsize < 4
+    part = math.ceil(trained_numel / w)
     parts = {
-        "optimizer_state": 0 if off else math.ceil(opt_c / w),
-        "fp32_master": 0 if off or not sixteen_bit else 4 * math.ceil(trained_numel / w),
-        "ipg_bucket": min(ZERO_REDUCE_BUCKET_ELEMENTS, trained_numel) * grad_itemsize,
-        # ZeRO-2/3 keep a gradient partition buffer from the first backward (ZeRO-3: from init) on
-        "gradients": grads_c if kind == "zero1" else (0 if off else math.ceil(trained_numel / w) * grad_itemsize),
+        "optimizer_state": 0 if off else math.ceil(opt_c * (4 / grad_itemsize) / w),
+        "fp32_master": 0 if off or not sixteen_bit else 4 * part,
+        "fp32_gradient_partition": 0 if off or not sixteen_bit else 4 * part,
+        "gradients": grads_c if kind == "zero1" else (0 if off else part * grad_itemsize),
     }
     if kind == "zero3":
+        # stage 3 converts the 16-bit gradients to fp32 per sub-group at the step; DeepSpeed's estimate
+        # (18P/N with the 16-bit parameter shard inside) leaves 2 bytes a parameter for them
+        parts["fp32_gradient_partition"] = 0 if off or not sixteen_bit else 2 * part
         parts["parameters"] = 0 if off == "params" else sum(u.flat_shard_bytes for u in model_units)
-        parts["gathered_parameters"] = sum(u.param_bytes for u in _gathered(model_units))
+        parts["largest_layer_buffer"] = 4 * max((u.largest_module_numel for u in model_units), default=0)
     else:
         parts["parameters"] = params_c
     return parts
 
 
-def _fsdp(kind: str, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout) -> dict[str, int]:
+def _fsdp(kind: str, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout,
+          during_step: bool = False) -> dict[str, int]:  # fmt: skip
     offloaded = layout.offload == "params"
     trained = sum(u.trained_bytes for u in model_units)
     share = sum(u.trained_shard_bytes for u in model_units) / trained if trained else 0.0
     shards = sum((u.shard_bytes if kind == "fsdp2" else u.flat_shard_bytes) for u in model_units)
-    if layout.reshard:
+    if during_step:
+        gathered_bytes = 0
+    elif layout.reshard:
         gathered = _gathered(model_units)
         root = model_units[-1]
         extra_root = kind == "fsdp2" and root not in gathered
@@ -204,7 +273,7 @@ def _fsdp(kind: str, grads_c: int, opt_c: int, model_units: list[Unit], layout: 
         "gathered_parameters": gathered_bytes,
         "gradients": 0 if offloaded else math.ceil(grads_c * share),
         "optimizer_state": 0 if layout.offload else math.ceil(opt_c * share),
-        "reduce_scatter_buffer": max(u.trained_bytes for u in model_units),
+        "reduce_scatter_buffer": 0 if during_step else max(u.trained_bytes for u in model_units),
     }
 
 

@@ -51,6 +51,10 @@ class Prediction:
     """With a capacity: whether the allocator model, replayed under it as a cap, ran out
     (a stricter test than the real allocator turned out to be: docs/prediction.md)."""
     notes: list[str] = field(default_factory=list)
+    moments: dict[str, Any] = field(default_factory=dict)
+    """The step's moments apart: ``forward_backward`` (its peak allocated and the live bytes by category
+    then, outside every optimizer step) and ``optimizer_step_transient_bytes`` (the most an
+    ``optimizer.step()`` allocates above what was alive when it began: its foreach temporaries)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,16 +92,22 @@ def expandable_default() -> bool:
 
 def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> dict[str, Any]:
     """Replay a trace through the allocator model: peaks, per-step peaks, categories at the peak."""
-    from oomsight.tools.predict.tracing import HOST, TEMPORARIES
+    from oomsight.tools.predict.tracing import HOST
 
     alloc = CachingAllocator(cap=cap, expandable_segments=expandable)
     handles: dict[int, int] = {}
     sizes: dict[int, int] = {}
     peak_at, step_peaks, step_max, oom = -1, [], 0, False
     ends = set(trace.step_ends)
+    windows = getattr(trace, "optimizer_windows", [])
+    in_step = [False] * (len(trace.events) + 1)
+    for first, end in windows:
+        in_step[first:end] = [True] * (end - first)
+    level: list[int] = []  # allocated after each event
     for i, (aid, size) in enumerate(trace.events):
         if aid > 0:
             if trace.categories.get(aid) == HOST:
+                level.append(alloc.stats.allocated)
                 continue
             before = alloc.stats.peak_allocated
             try:
@@ -111,11 +121,62 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
                 peak_at = i
         elif -aid in handles:
             alloc.free(handles.pop(-aid))
+        level.append(alloc.stats.allocated)
         if i + 1 in ends:
             step_peaks.append(step_max)
             step_max = alloc.stats.allocated
+    outside = [i for i in range(len(level)) if not in_step[i]]
+    fb_at = max(outside, key=lambda i: level[i]) if outside else -1
+    transient = 0
+    for first, end in windows:
+        inside = level[first:end]
+        if inside:
+            transient = max(transient, max(inside) - (level[first - 1] if first else 0))
+    return {
+        "peak_allocated": alloc.stats.peak_allocated,
+        "peak_reserved": alloc.stats.peak_reserved,
+        "step_peaks": step_peaks,
+        "by_category": _live_by_category(trace, sizes, peak_at),
+        "oom": oom,
+        "moments": {
+            "peak_in_optimizer_step": bool(0 <= peak_at < len(in_step) and in_step[peak_at]),
+            "forward_backward": {
+                "peak_allocated_bytes": level[fb_at] if fb_at >= 0 else 0,
+                "by_category_bytes": _live_by_category(trace, sizes, fb_at),
+            },
+            "optimizer_step_transient_bytes": transient,
+            "last_step": _last_step(trace, level, sizes),
+        },
+    }
+
+
+def _last_step(trace: Any, level: list[int], sizes: dict[int, int]) -> dict[str, Any]:
+    """The last step's moments: the most allocated in its forward, at the start of its (last) backward,
+    the most in its backward, the most in its optimizer step; the live bytes by category at the
+    backward's start."""
+    if not trace.backward_starts or not level:
+        return {}
+    ends = [0, *trace.step_ends]
+    first = ends[-2] if len(ends) > 1 and ends[-2] < len(level) else 0
+    bwd = max(b for b in trace.backward_starts if b <= len(level)) if trace.backward_starts else first
+    opt = [w for w in trace.optimizer_windows if w[0] >= bwd]
+    end_bwd = opt[0][0] if opt else len(level)
+    at = max(bwd - 1, 0)
+    return {
+        "forward_peak_bytes": max(level[first:bwd], default=0),
+        "backward_start_bytes": level[at],
+        "backward_peak_bytes": max(level[bwd:end_bwd], default=0),
+        "optimizer_peak_bytes": max(level[opt[0][0] : opt[0][1]], default=0) if opt else 0,
+        "backward_start_by_category_bytes": _live_by_category(trace, sizes, at),
+    }
+
+
+def _live_by_category(trace: Any, sizes: dict[int, int], upto: int) -> dict[str, int]:
+    """The bytes by category alive just after event ``upto``."""
+    from oomsight.tools.predict.tracing import TEMPORARIES
+
     live: dict[int, int] = {}
-    for aid, size in trace.events[: peak_at + 1]:
+    for aid, size in trace.events[: upto + 1]:
         if aid > 0 and aid in sizes:
             live[aid] = size
         elif aid < 0:
@@ -124,13 +185,7 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
     for aid, size in live.items():
         cat = trace.categories.get(aid, TEMPORARIES)
         by_category[cat] = by_category.get(cat, 0) + size
-    return {
-        "peak_allocated": alloc.stats.peak_allocated,
-        "peak_reserved": alloc.stats.peak_reserved,
-        "step_peaks": step_peaks,
-        "by_category": by_category,
-        "oom": oom,
-    }
+    return dict(sorted(by_category.items()))
 
 
 def predict_peak(
@@ -147,6 +202,8 @@ def predict_peak(
     expandable_segments: Optional[bool] = None,
     workspace_bytes: Optional[int] = None,
     capability: Optional[tuple[int, int]] = (9, 0),
+    materializer: Any = None,
+    host_states: bool = False,
 ) -> Prediction:
     """Predict the peak memory of ``steps`` training steps at ``batch_size``.
 
@@ -174,6 +231,8 @@ def predict_peak(
         step_fn,
         steps=steps,
         workspace_bytes=workspace,
+        materializer=materializer,
+        host_states=host_states,
     )
     result = replay(trace, expandable=expandable)
     fits = None if capacity is None else result["peak_allocated"] <= capacity
@@ -191,6 +250,7 @@ def predict_peak(
         fits=fits,
         oom_in_replay=oom,
         notes=trace.notes,
+        moments=result["moments"],
     )
 
 

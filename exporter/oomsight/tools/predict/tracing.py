@@ -19,16 +19,17 @@ after a step), activations (alive when a backward begins) and temporaries (the r
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from oomsight.tools.predict import emulation, kernels
@@ -42,6 +43,9 @@ PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES, WORKS
     "temporaries",
     "workspace",
 )
+GATHERED = "gathered_parameters"
+"""A sharded job's parameters gathered for compute (FSDP2's unsharded buffers, made and freed by
+``UntypedStorage.resize_``)."""
 HOST = "host"
 """Tensors PyTorch keeps in host memory on CUDA too: an optimizer's ``step`` counters (unless
 ``capturable`` or ``fused``). The trace runs on the CPU device, so it must say which."""
@@ -65,6 +69,10 @@ class Trace:
     events: list[tuple[int, int]] = field(default_factory=list)
     categories: dict[int, str] = field(default_factory=dict)
     step_ends: list[int] = field(default_factory=list)
+    optimizer_windows: list[tuple[int, int]] = field(default_factory=list)
+    backward_starts: list[int] = field(default_factory=list)
+    """The event index where each backward pass begins."""
+    """``(first, end)`` event indices of each ``optimizer.step()``."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -77,6 +85,9 @@ class Recorder(TorchDispatchMode):
         self.workspace_bytes = workspace_bytes
         self._ids = itertools.count(1)
         self._live: dict[int, int] = {}  # storage address -> allocation id
+        self._watched: set[int] = set()
+        self.host = False
+        """While True, every new storage is the host's (an offloaded optimizer step)."""
         self._workspaces: set[str] = set()
         self._in_backward = False
 
@@ -85,6 +96,7 @@ class Recorder(TorchDispatchMode):
         if backward != self._in_backward:
             self._in_backward = backward
             if backward:
+                self.trace.backward_starts.append(len(self.trace.events))
                 self._mark_activations()
         if func in BLAS_OPS:
             self._workspace("backward" if backward else "forward", self.workspace_bytes)
@@ -97,29 +109,54 @@ class Recorder(TorchDispatchMode):
         self._private(kernels.private_bytes(func, args))
         return out
 
-    def seen(self, t: torch.Tensor) -> None:
+    def seen(self, t: torch.Tensor, category: Optional[str] = None) -> None:
+        if is_traceable_wrapper_subclass(t):  # a DTensor holds only its local shard (never the outer size)
+            for inner in inner_tensors(t):
+                self.seen(inner, category)
+            return
         if t.device.type == "meta":  # the model as built, before it gets fake parameters
             return
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self._live:
+        if key in self._live or not storage.nbytes():
             return
+        self._born(storage, int(storage.nbytes()), category)
+
+    def _born(self, storage: Any, size: int, category: Optional[str]) -> None:
+        key = storage._cdata
         aid = next(self._ids)
         self._live[key] = aid
-        self.trace.events.append((aid, int(storage.nbytes())))
-        weakref.finalize(storage, self._died, key, aid)
+        self.trace.events.append((aid, size))
+        category = HOST if self.host else category
+        if category:
+            self.trace.categories[aid] = category
+        if key not in self._watched:
+            self._watched.add(key)
+            weakref.finalize(storage, self._died, key)
 
-    def _died(self, key: int, aid: int) -> None:
-        if self._live.get(key) == aid:
-            del self._live[key]
-        self.trace.events.append((-aid, 0))
+    def _died(self, key: int) -> None:
+        self._watched.discard(key)
+        aid = self._live.pop(key, None)
+        if aid is not None:
+            self.trace.events.append((-aid, 0))
+
+    def resized(self, storage: Any) -> None:
+        """``UntypedStorage.resize_``: FSDP frees a gathered buffer to 0 bytes and makes it again."""
+        key = storage._cdata
+        aid = self._live.pop(key, None)
+        if aid is not None:
+            self.trace.events.append((-aid, 0))
+        if storage.nbytes():
+            self._born(storage, int(storage.nbytes()), GATHERED)
 
     def allocation_of(self, t: torch.Tensor) -> Optional[int]:
         return self._live.get(t.untyped_storage()._cdata)
 
     def categorize(self, tensors: Iterable[Any], category: str) -> None:
         for t in tensors:
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
+                self.categorize(inner_tensors(t), category)
+            elif isinstance(t, torch.Tensor):
                 aid = self.allocation_of(t)
                 if aid is not None:
                     self.trace.categories.setdefault(aid, category)
@@ -141,6 +178,37 @@ class Recorder(TorchDispatchMode):
     def _mark_activations(self) -> None:
         for aid in self._live.values():
             self.trace.categories.setdefault(aid, ACTIVATIONS)
+
+
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors a wrapper subclass (DTensor, a quantized tensor) holds, recursively."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    found: list[torch.Tensor] = []
+    for name in names:
+        inner = getattr(t, name, None)
+        if isinstance(inner, torch.Tensor):
+            found.extend(inner_tensors(inner))
+    return found
+
+
+@contextlib.contextmanager
+def resizes_seen(recorder: Recorder) -> Iterator[None]:
+    """``UntypedStorage.resize_`` reported to ``recorder`` (no dispatch mode sees it; torch's own
+    ``MemTracker`` patches it the same way)."""
+    plain = torch.UntypedStorage.resize_
+
+    def resize_(storage: Any, size: int) -> Any:
+        out = plain(storage, size)
+        recorder.resized(storage)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = plain  # type: ignore[method-assign]
 
 
 def materialize(build: Callable[[], torch.nn.Module], recorder: Recorder) -> torch.nn.Module:
@@ -179,16 +247,22 @@ def trace_steps(
     step: StepFn,
     steps: int = 3,
     workspace_bytes: int = 0,
+    materializer: Optional[Callable[[Callable[[], torch.nn.Module], Recorder], torch.nn.Module]] = None,
+    host_states: bool = False,
 ) -> Trace:
-    """Trace ``steps`` calls of ``step(model, batch, optimizer)`` on fake tensors."""
+    """Trace ``steps`` calls of ``step(model, batch, optimizer)`` on fake tensors.
+
+    ``materializer(build_model, recorder)`` gives the model its fake parameters (default
+    ``materialize``; ``sharded.py`` shards it first); ``host_states``: gradients, optimizer state
+    and the optimizer step live on the host (an offloaded sharded job), so the device never sees them."""
     trace = Trace()
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     recorder = Recorder(trace, workspace_bytes)
-    with fake, emulation.cuda_like(), recorder:
-        model = materialize(build_model, recorder)
+    with fake, emulation.cuda_like(), recorder, resizes_seen(recorder):
+        model = (materializer or materialize)(build_model, recorder)
         optimizer = make_optimizer(model)
         emulation.prepare_optimizer(optimizer)
-        hooks = _optimizer_hooks(optimizer, model, recorder, trace)
+        hooks = _optimizer_hooks(optimizer, model, recorder, trace, host_states)
         batch = make_batch()
         for _ in range(steps):
             step(model, batch, optimizer)
@@ -201,19 +275,26 @@ def trace_steps(
     return trace
 
 
-def _optimizer_hooks(optimizer: Any, model: torch.nn.Module, recorder: Recorder, trace: Trace) -> list[Any]:
+def _optimizer_hooks(
+    optimizer: Any, model: torch.nn.Module, recorder: Recorder, trace: Trace, host_states: bool = False
+) -> list[Any]:
     if not isinstance(optimizer, torch.optim.Optimizer):
         return []
+    first = [0]
 
     def before(_opt: Any, _args: Any, _kwargs: Any) -> None:
-        recorder.categorize((p.grad for p in model.parameters()), GRADIENTS)
+        recorder.categorize((p.grad for p in model.parameters()), HOST if host_states else GRADIENTS)
+        recorder.host = host_states
+        first[0] = len(trace.events)
 
     def after(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        recorder.host = False
         recorder.categorize(_host_counters(optimizer), HOST)
         recorder.categorize(
             (t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)),
-            OPTIMIZER_STATE,
+            HOST if host_states else OPTIMIZER_STATE,
         )
+        trace.optimizer_windows.append((first[0], len(trace.events)))
         trace.step_ends.append(len(trace.events))
 
     return [optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)]

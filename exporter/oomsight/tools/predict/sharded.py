@@ -1,0 +1,254 @@
+"""One rank of an FSDP2 job, traced: ``fully_shard`` itself on a fake process group of the job's size.
+
+The way torchtitan estimates a sharded job's memory and torch's own ``FSDPMemTracker`` measures it:
+in one process, a process group of the ``fake`` back-end (it hallucinates every collective: no data
+moves, no other process exists) gives the ranks' mesh, ``fully_shard`` wraps each block of the model
+and the root on the meta device, ``to_empty`` gives this rank its fake local shards, and the user's
+step runs under the same fake-tensor trace as one GPU's (``tracing.trace_steps``). So the timeline is
+the rank's own: each unit's all-gather buffer and its copy-out into the unsharded parameters (freed by
+``UntypedStorage.resize_``, which the trace follows), the prefetched unit, the root kept gathered
+between forward and backward, the reduce-scatter input, the sharded gradients, and the optimizer step
+on this rank's shards with its own foreach temporaries. Nothing is added up from formulas.
+
+Flags: ``reshard`` (``reshard_after_forward`` of every block; the root keeps FSDP2's default),
+``param_dtype`` (``MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)``: fp32 masters gathered in
+16 bits), ``offload`` (``CPUOffloadPolicy``: parameter shards, gradients, optimizer state and the
+optimizer step on the host; the trace keeps them off the device), ``shard_size`` (HSDP: a 2-D mesh of
+replicas x shards). The micro-batch is each rank's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from oomsight.tools.predict import parallel, tracing
+
+TRACED = ("fsdp2",)
+"""The layouts traced rank by rank (the others: ``parallel.per_rank``, moment by moment)."""
+
+
+class ShardingUnavailable(RuntimeError):
+    """This process cannot make a fake process group (one is already initialised, or no back-end)."""
+
+
+@contextlib.contextmanager
+def fake_world(layout: parallel.Layout) -> Iterator[Any]:
+    """A fake process group of ``layout.world_size`` ranks (this process is rank 0) and its mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available():
+        raise ShardingUnavailable("this torch has no torch.distributed")
+    if dist.is_initialized():
+        raise ShardingUnavailable("a process group is already initialised in this process")
+    streams = sys.stdout, sys.stderr  # init_process_group may wrap them with a "[rank0]:" prefix
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=layout.world_size)
+    try:
+        if layout.shards < layout.world_size:
+            shape = (layout.world_size // layout.shards, layout.shards)
+            yield init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+        else:
+            yield init_device_mesh("cpu", (layout.world_size,))
+    finally:
+        dist.destroy_process_group()
+        sys.stdout, sys.stderr = streams
+
+
+def materializer(layout: parallel.Layout, mesh: Any, param_dtype: Optional[torch.dtype] = None) -> Any:
+    """``trace_steps``' materializer: the model sharded by ``fully_shard`` on ``mesh``, this rank's shards fake."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+
+    def build_sharded(build: Callable[[], nn.Module], recorder: tracing.Recorder) -> nn.Module:
+        with unset_fake_temporarily(), torch.device("meta"):
+            model = build()
+            blocks = [m for _, m in parallel._wrapped_modules(model)]
+            for block in reversed(blocks):  # inner first: a block inside another is its own unit
+                fully_shard(block, mesh=mesh, reshard_after_forward=layout.reshard, mp_policy=policy)
+            fully_shard(model, mesh=mesh, mp_policy=policy)  # the root: FSDP2 keeps it gathered until backward
+        model.to_empty(device="cpu")  # under the trace's fake mode: this rank's local shards
+        host = tracing.HOST if layout.offload else tracing.PARAMETERS
+        recorder.categorize(model.parameters(), host)
+        recorder.categorize(model.buffers(), tracing.BUFFERS)
+        _see_gathered(model, recorder)
+        return model
+
+    return build_sharded
+
+
+def _see_gathered(model: nn.Module, recorder: tracing.Recorder) -> None:
+    """Name each unit's first gathered buffers (made by ``torch.empty``; later ones come by ``resize_``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def gathered(module: nn.Module, *_: Any) -> None:
+        state = module._get_fsdp_state()  # type: ignore[operator]
+        group = getattr(state, "_fsdp_param_group", None)
+        for fp in getattr(group, "fsdp_params", ()) or ():
+            recorder.categorize(getattr(fp, "all_gather_outputs", ()) or (), tracing.GATHERED)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.register_forward_pre_hook(gathered)
+
+
+def check(layout: parallel.Layout) -> Optional[str]:
+    """What the traced layout cannot do, in one line, or None."""
+    if layout.parallel == "fsdp2" and layout.offload == "optimizer":
+        return (
+            "--offload optimizer: FSDP2 offloads parameters, gradients and optimizer state together (--offload params)"
+        )
+    return None
+
+
+def predict_rank(
+    build: Callable[[], nn.Module],
+    batch: Callable[[int], Any],
+    batch_size: int,
+    layout: parallel.Layout,
+    optimizer: Optional[Callable[[Any], Any]] = None,
+    step: Optional[Callable[[Any, Any, Any], Any]] = None,
+    *,
+    param_dtype: Optional[torch.dtype] = None,
+    **kwargs: Any,
+) -> Any:
+    """The ``Prediction`` of rank 0 of ``layout`` (FSDP2) at a micro-batch of ``batch_size`` per rank."""
+    from oomsight.tools.predict.predictor import predict_peak
+
+    with fake_world(layout) as mesh:
+        return predict_peak(
+            build, batch, batch_size, optimizer, step,
+            materializer=materializer(layout, mesh, param_dtype), host_states=bool(layout.offload), **kwargs,
+        )  # fmt: skip
+
+
+LAYERS_TRACED = (2, 3)
+"""Blocks of a transformers configuration traced when it has more: the real shapes, fewer repeats."""
+
+
+def predict_config_rank(
+    config: Any,
+    make_build: Callable[[Any], Callable[[], nn.Module]],
+    batch: Callable[[int], Any],
+    batch_size: int,
+    layout: parallel.Layout,
+    optimizer: Optional[Callable[[Any], Any]] = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Rank 0's peak for a transformers configuration of many identical blocks: the sharded step traced
+    with ``LAYERS_TRACED`` blocks of the real shapes (each its own ``fully_shard`` unit, the root whole),
+    and every figure carried to ``num_hidden_layers`` along the line through the two (each block adds
+    the same shard, optimizer state and saved activations; the gathered units, the root and the
+    communication buffers do not grow). The two traces must peak at the same kind of moment, else the
+    whole model is traced. ``make_build(config)`` builds the model of a configuration."""
+    import copy
+
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    few = [n for n in LAYERS_TRACED if n < layers]
+    if len(few) < 2:
+        found = predict_rank(make_build(config), batch, batch_size, layout, optimizer, **kwargs).to_dict()
+        return {**found, "layers_traced": [layers], "layers": layers}
+    traced = []
+    for n in few:
+        small = copy.deepcopy(config)
+        small.num_hidden_layers = n
+        if isinstance(getattr(small, "layer_types", None), list):
+            small.layer_types = small.layer_types[:n]
+        traced.append(predict_rank(make_build(small), batch, batch_size, layout, optimizer, **kwargs).to_dict())
+    a, b = traced
+    la, lb = a["moments"].get("last_step") or {}, b["moments"].get("last_step") or {}
+    if not la or not lb:
+        found = predict_rank(make_build(config), batch, batch_size, layout, optimizer, **kwargs).to_dict()
+        return {**found, "layers_traced": [layers], "layers": layers}
+    grow = layers - few[1]
+    step = few[1] - few[0]
+
+    def line(x: int, y: int) -> int:
+        return int(y + (y - x) * grow / step)
+
+    start = line(la["backward_start_bytes"], lb["backward_start_bytes"])
+    # the backward's own additions above its start (the head's gradient, gathered and prefetched units,
+    # reduce-scatter buffers) are the same at any depth; the activations only fall from there
+    rise = lb["backward_peak_bytes"] - lb["backward_start_bytes"]
+    moments = {
+        "forward": line(la["forward_peak_bytes"], lb["forward_peak_bytes"]),
+        "backward": start + max(0, rise),
+        "optimizer_step": line(la["optimizer_peak_bytes"], lb["optimizer_peak_bytes"]),
+    }
+    moment = max(moments, key=lambda k: moments[k])
+    peak = moments[moment]
+    ca, cb = la["backward_start_by_category_bytes"], lb["backward_start_by_category_bytes"]
+    by_cat = {c: line(ca.get(c, 0), cb.get(c, 0)) for c in sorted(set(ca) | set(cb))}
+    by_cat["backward_rise"] = max(0, rise)
+    slack = b["peak_reserved_bytes"] - b["peak_allocated_bytes"]  # the allocator's cached surplus
+    return {
+        **b,
+        "peak_allocated_bytes": peak,
+        "peak_reserved_bytes": peak + max(0, slack),
+        "by_category_bytes": by_cat,
+        "moment": moment,
+        "moments_bytes": moments,
+        "seconds": round(a["seconds"] + b["seconds"], 3),
+        "layers_traced": few,
+        "layers": layers,
+    }
+
+
+def gpus_needed(
+    peak_of: Callable[[int], tuple[int, int]],
+    budget_of: Callable[[int], int],
+    layout: parallel.Layout,
+    limit: int = 1024,
+) -> dict[str, Any]:
+    """The fewest ranks (1, 2, 4, then multiples of 8 up to ``limit``) whose traced per-rank peak reserved
+    fits ``budget_of(world)``, in a few traces (``peak_of(world)``: allocated and reserved). A sharded
+    rank holds a fixed part (activations, gathered units, buffers) and a part divided by the world
+    (shards, gradients, state), so two traces give the curve ``a + b / world`` of the allocated peak (plus
+    the most the allocator cached above it in those traces); the counts between the one it names and the
+    fewest traced to fit are bisected by traces (one, where the curve is right). Hybrid sharding keeps
+    its shard size: one trace."""
+    if layout.shard_size:
+        fits = peak_of(layout.world_size)[1] <= budget_of(layout.world_size)
+        return {"gpus_needed": layout.world_size if fits else None, "traces": 1}
+    counts = [1, 2, 4, *range(8, limit + 1, 8)]
+    tried: dict[int, tuple[int, int]] = {}
+
+    def peak(w: int) -> tuple[int, int]:
+        if w not in tried:
+            tried[w] = peak_of(w)
+        return tried[w]
+
+    w1 = max(2, layout.world_size)
+    w2 = w1 * 2 if w1 * 2 <= limit else max(1, w1 // 2)
+    b = (peak(w1)[0] - peak(w2)[0]) / (1 / w1 - 1 / w2)
+    a = peak(w1)[0] - b / w1
+    slack = max(r - p for p, r in tried.values())
+    guess = next((w for w in counts if a + b / w + slack <= budget_of(w)), None)
+    fitting = [w for w, (_, r) in tried.items() if r <= budget_of(w)]
+    found = min(fitting) if fitting else None
+    if guess is not None and (not found or guess < found) and peak(guess)[1] <= budget_of(guess):
+        found = guess  # the curve was right: the count below it does not fit by the curve
+    elif guess is not None:  # bisect the counts between the curve's answer and the fewest known to fit
+        lo = counts.index(guess) - 1  # the count below the guess: taken as not fitting (the curve says so)
+        hi = counts.index(found) if found else min(len(counts) - 1, counts.index(guess) + 2)
+        if not found and peak(counts[hi])[1] <= budget_of(counts[hi]):
+            found = counts[hi]
+        while found and hi - lo > 1:
+            mid = (lo + hi) // 2
+            if peak(counts[mid])[1] <= budget_of(counts[mid]):
+                hi, found = mid, counts[mid]
+            else:
+                lo = mid
+    return {"gpus_needed": found, "traces": len(tried), "curve_bytes": [int(a), int(b)], "cached_bytes": slack}

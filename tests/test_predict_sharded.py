@@ -1,0 +1,128 @@
+"""Issue 34: a sharded job's per-rank peak traced from its own program (``fully_shard`` on a fake process
+group of the job's size, ``tools/predict/sharded.py``), checked against hand arithmetic at the sizes people
+rent clusters for, and ZeRO's per-rank states against DeepSpeed's own estimator formulas."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from oomsight.tools import cli  # noqa: E402
+from oomsight.tools.predict import parallel, sharded  # noqa: E402
+
+LLAMA_70B = ("llama:hidden_size=8192,intermediate_size=28672,num_hidden_layers=80,num_attention_heads=64,"
+             "num_key_value_heads=8,vocab_size=128256,max_position_embeddings=8192")  # fmt: skip
+MIXTRAL = ("mixtral:hidden_size=4096,intermediate_size=14336,num_hidden_layers=32,num_attention_heads=32,"
+           "num_key_value_heads=8,num_local_experts=8,num_experts_per_tok=2,vocab_size=32000,"
+           "max_position_embeddings=32768")  # fmt: skip
+H, FF, KV, V, LAYERS = 8192, 28672, 1024, 128256, 80
+
+
+def predicted(capsys: Any, *argv: str) -> dict[str, Any]:
+    assert cli.main(["predict", *argv, "--batch", "1", "--dtype", "bf16", "--gpu", "H100", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def llama70b_hand(seq: int, checkpointed: bool, world: int = 64) -> float:
+    """Rank 0 at the start of backward, by hand: states (bf16 parameter shards 2P/N and AdamW state 4P/N;
+    no gradient yet: zero_grad set them to None), the root kept gathered (embeddings and head), three
+    layer-sized buffers (the layer computing, its all-gather buffer, the prefetched layer), the head's
+    unsharded gradient, the saved activations (per token and layer: two RMSNorms 8h each, q, attention
+    output, k and v, the MLP's four 8i; with checkpointing only the layer's 2h input and one layer
+    recomputed) and the logits (bf16 and their fp32 copy)."""
+    layer = (2 * H * H + 2 * H * KV + 3 * H * FF + 2 * H) * 2
+    root = 2 * V * H * 2 + 2 * H
+    params = LAYERS * layer + root
+    per_token_layer = 20 * H + 4 * KV + 8 * FF
+    acts = (LAYERS * 2 * H + per_token_layer) * seq if checkpointed else LAYERS * per_token_layer * seq
+    return 3 * params / world + root + 3 * layer + V * H * 2 + acts + 6 * V * seq
+
+
+def test_llama_70b_fsdp2_over_64_h100_is_the_hand_arithmetic_and_fits_a_count(capsys: Any) -> None:
+    out = predicted(capsys, "--model", LLAMA_70B, "--seq-len", "512", "--world-size", "64", "--parallel",
+                    "fsdp2", "--gpus-needed")  # fmt: skip
+    rank = out["parallel"]
+    peak = rank["per_rank_peak_allocated_bytes"]
+    assert abs(peak / llama70b_hand(512, False) - 1) < 0.05, peak
+    assert rank["parts_bytes"]["optimizer_state"] == pytest.approx(4 * 70.55e9 / 64, rel=0.01)
+    assert rank["fits"] and rank["gpus_needed"] is not None and rank["gpus_needed"] <= 64
+    assert rank["gpus_needed_traces"] <= 4
+
+
+def test_llama_70b_with_checkpointing_at_4096_tokens_is_the_hand_arithmetic(capsys: Any) -> None:
+    out = predicted(capsys, "--model", LLAMA_70B, "--seq-len", "4096", "--world-size", "64", "--parallel",
+                    "fsdp2", "--checkpointing")  # fmt: skip
+    peak = out["parallel"]["per_rank_peak_allocated_bytes"]
+    assert abs(peak / llama70b_hand(4096, True) - 1) < 0.05, peak
+
+
+def test_mixtral_8x7b_fsdp2_over_8_peaks_in_its_sharded_optimizer_step(capsys: Any) -> None:
+    import transformers
+
+    from oomsight.tools.predict import hfmodel
+
+    config = hfmodel.load_config(MIXTRAL)
+    with torch.device("meta"):
+        numel = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+    out = predicted(capsys, "--model", MIXTRAL, "--seq-len", "512", "--world-size", "8", "--parallel", "fsdp2",
+                    "--gpus-needed")  # fmt: skip
+    rank = out["parallel"]
+    # bf16 shards 2P/N, gradients 2P/N, AdamW state 4P/N and the foreach step's gradient-sized temporary 2P/N
+    hand = 10 * numel / 8
+    assert rank["moment"] == "optimizer_step"
+    assert abs(rank["per_rank_peak_allocated_bytes"] / hand - 1) < 0.05
+    assert rank["gpus_needed"] is not None and rank["gpus_needed"] <= 8
+
+
+@pytest.mark.parametrize("world", [8, 64])
+@pytest.mark.parametrize("offload", [None, "optimizer", "params"])
+def test_zero2_and_zero3_states_per_rank_are_deepspeeds_estimates(world: int, offload: Any) -> None:
+    import transformers
+
+    from oomsight.tools.predict import hfmodel
+
+    config = hfmodel.load_config("llama:hidden_size=512,intermediate_size=1376,num_hidden_layers=4,"
+                                 "num_attention_heads=8,num_key_value_heads=8,vocab_size=32000")  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    numel = sum(p.numel() for p in model.parameters())
+    pbytes = 2 * numel
+    one_gpu = {"peak_allocated_bytes": 3 * pbytes + 10**6,
+               "by_category_bytes": {"parameters": pbytes, "gradients": 0, "optimizer_state": 2 * pbytes}}  # fmt: skip
+    units = parallel.units(model, world)
+    largest = parallel.largest_layer_numel(model)
+    states = ("parameters", "gradients", "fp32_gradient_partition", "fp32_master", "optimizer_state",
+              "largest_layer_buffer")  # fmt: skip
+    for stage in (2, 3):
+        if offload == "params" and stage == 2:
+            continue
+        laid = parallel.per_rank(one_gpu, units, parallel.Layout(world, f"zero{stage}", offload=offload))
+        ours = sum(laid["parts_bytes"].get(k, 0) for k in states)
+        assert ours == pytest.approx(parallel.zero_model_states(stage, numel, largest, world, offload), abs=64)
+    assert parallel.zero_model_states(2, 10**9, 0, 8) == 2 * 10**9 + 18 * 10**9 // 8  # 2P + 18P/N
+    assert parallel.zero_model_states(3, 10**9, 10**7, 8) == 4 * 10**7 + 18 * 10**9 // 8  # 4L + 18P/N
+
+
+def test_the_blocks_carried_to_the_model_s_depth_match_the_whole_model_traced() -> None:
+    import transformers
+
+    from oomsight.tools.predict import hfmodel
+
+    config = hfmodel.load_config("llama:hidden_size=256,intermediate_size=688,num_hidden_layers=8,"
+                                 "num_attention_heads=4,num_key_value_heads=2,vocab_size=4000")  # fmt: skip
+    tokens = hfmodel.tokens(config, 256)
+    layout = parallel.Layout(4, "fsdp2")
+
+    def batch(n: int) -> Any:
+        return tokens(n, "cpu")
+
+    whole = sharded.predict_rank(hfmodel.builder(config), batch, 2, layout, steps=2)
+    carried = sharded.predict_config_rank(config, hfmodel.builder, batch, 2, layout, steps=2)
+    assert carried["layers_traced"] == [2, 3]
+    assert abs(carried["peak_allocated_bytes"] / whole.peak_allocated_bytes - 1) < 0.03
+    del transformers
