@@ -128,6 +128,13 @@ def _steps(s: Shape, rng: random.Random) -> Iterator[tuple[int, float, float, fl
             return
 
 
+def rows(floors: list[float], peaks: list[float], dt: float = 0.5, first: int = 3) -> list[list[float]]:
+    """Hand-made step rows ``[step, time, floor, peak, reserved, exact]`` from ``first`` on, ``dt``
+    seconds apart, every peak exact and reserved at the peak (``tests/test_trend.py`` and
+    ``tests/test_forecast.py``)."""
+    return [[i + first, 100.0 + i * dt, f, p, p, 1.0] for i, (f, p) in enumerate(zip(floors, peaks))]
+
+
 def horizons(first: float = 60.0, last: float = 6 * 3600.0, count: int = 24) -> list[float]:
     """``count`` times before an OOM, evenly spaced on a log scale from ``first`` to ``last`` seconds."""
     ratio = math.log(last / first) / (count - 1)

@@ -1,3 +1,5 @@
+import memory_series
+
 from oomsight.analysis import trend
 
 GIB = 1 << 30
@@ -5,7 +7,7 @@ MIB = 1 << 20
 
 
 def rows(floors, peaks, dt=0.02):
-    return [[i + 1, 100.0 + i * dt, f, p, p, 1.0] for i, (f, p) in enumerate(zip(floors, peaks))]
+    return memory_series.rows(floors, peaks, dt, first=1)
 
 
 def test_a_steady_leak_is_found_and_forecast_in_steps_and_seconds():

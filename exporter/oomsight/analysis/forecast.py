@@ -49,11 +49,27 @@ class Columns:
     peaks: Sequence[float]
     exact: Sequence[bool]
     """The peak is exact (torch's lifetime peak rose since the row before), else a lower bound."""
+    reserved: Sequence[float] = ()
+    """What the caching allocator reserved at the row (empty: unknown). It keeps what it reserved, so
+    this bounds the lifetime peak from above (until ``empty_cache``): a new lifetime peak between
+    two rows of a thinned history shows here even where the row that held it was thinned away."""
 
     def since(self, step: float) -> Columns:
         """The rows from ``step`` on."""
         i = next((k for k, s in enumerate(self.steps) if s >= step), len(self.steps))
-        return Columns(self.steps[i:], self.times[i:], self.floors[i:], self.peaks[i:], self.exact[i:])
+        return dataclasses.replace(
+            self, steps=self.steps[i:], times=self.times[i:], floors=self.floors[i:], peaks=self.peaks[i:],
+            exact=self.exact[i:], reserved=self.reserved[i:],
+        )
+
+    def lifetime(self) -> list[float]:
+        """The lifetime peak at each row, as high as the rows allow: the highest peak so far, or what
+        was reserved where higher."""
+        out, top = [], -math.inf
+        for i, p in enumerate(self.peaks):
+            top = max(top, p, self.reserved[i] if i < len(self.reserved) else p)
+            out.append(top)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +114,7 @@ def predict(cols: Columns, capacity: float, leak_from: Optional[float], detect: 
     if leak_from is not None or detect(even):
         kind, reach = _leak(view, even, capacity)
     else:
-        kind, reach = _demand(cols, spans(cols, peak=max), capacity)
+        kind, reach = _demand(cols, spans(cols), capacity)
     if isinstance(reach, str):
         return none(reach)
     pace = _pace(cols)
@@ -107,8 +123,6 @@ def predict(cols: Columns, capacity: float, leak_from: Optional[float], detect: 
     per_step, fastest = pace
     seconds = reach.steps * per_step
     earliest = min(reach.earliest_steps * fastest, seconds)
-    if seconds > 0 and earliest < th.value("forecast_min_earliest_share") * seconds:
-        return none(TOO_NOISY)
     return Forecast(kind, "", reach.steps, seconds, earliest)
 
 
@@ -129,6 +143,7 @@ def spans(cols: Columns, peak: Callable[[Sequence[float]], float] = max) -> Colu
         floors=[_mean([cols.floors[i] for i in g]) for g in rows],
         peaks=[peak([cols.peaks[i] for i in g]) for g in rows],
         exact=[any(cols.exact[i] for i in g) for g in rows],
+        reserved=[max(cols.reserved[i] for i in g) for g in rows] if cols.reserved else (),
     )
 
 
@@ -136,30 +151,49 @@ def _leak(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | 
     window = 2 * th.count("recent_rows")
     recent = cols.since(cols.steps[-window] if len(cols.steps) > window else 0)
     if _stairs(recent.steps, recent.floors) is not None:
-        return STAIR_LEAK, _stair_reach(recent, recent.floors, capacity, _excess(recent, recent.floors))
+        over, _most = _excess(recent, recent.floors)
+        highest = max(over, _record_excess(recent, recent.floors))
+        return STAIR_LEAK, _stair_reach(recent, recent.floors, capacity, (over, highest))
     line = _fit(even.steps, even.floors)
     if isinstance(line, str):
         return STEADY_LEAK, line
+    if not _told(line):
+        return STEADY_LEAK, TOO_NOISY
     over, _most = _excess(cols, [line.at(x) for x in cols.steps])
     noise = th.value("forecast_interval_t") * _spread([f - line.at(x) for x, f in zip(recent.steps, recent.floors)])
-    return STEADY_LEAK, _line_reach(line, cols.steps[-1], capacity, (over, over + noise))
+    highest = noise + max(over, _record_excess(cols, [line.at(x) for x in cols.steps]))
+    return STEADY_LEAK, _line_reach(line, cols.steps[-1], capacity, (over, highest))
 
 
 def _demand(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | str]:
-    """A running peak that rose by the least growth, and in the later half of the rows too."""
-    running = list(_running_max(even.peaks))
+    """A lifetime peak that rose by the least growth, and in the later half of the rows too: the
+    line through it (the envelope the steps' own memory climbs along), carried forward from where it
+    stands; where it rises in stairs (a curriculum's stages), the next stage may come at the next
+    step (:func:`_stair_reach`)."""
+    running = even.lifetime()
     least = min(th.value("growth_bytes"), th.value("growth_share") * capacity)
     half = len(running) // 2
     if running[-1] - running[0] < least or running[-1] - running[half] <= 0:
         return "", NO_RISE
-    if _rise_share(running) >= th.value("growing_share"):
-        line = _fit(even.steps, running)
-        return GROWING_DEMAND, line if isinstance(line, str) else _line_reach(line, cols.steps[-1], capacity, (0, 0))
-    raw = list(_running_max(cols.peaks))
-    stairs = _stairs(cols.steps, raw)
-    if stairs is None or not _still_climbing(cols.steps, stairs):
-        return "", NO_RISE  # records of a steady load now and then (an outlier), or a curriculum at its end
-    return GROWING_DEMAND, _stair_reach(cols, raw, capacity, (0.0, 0.0))
+    life = cols.lifetime()
+    if _rise_share(running) < th.value("growing_share"):
+        stairs = _stairs(cols.steps, life)
+        if stairs is None or not _still_climbing(cols.steps, stairs):
+            return "", NO_RISE  # records of a steady load now and then (an outlier), or a curriculum at its end
+    line = _fit(even.steps, running)
+    if isinstance(line, str):
+        return "", line
+    t = th.value("forecast_interval_t")
+    if not _told(line):
+        return GROWING_DEMAND, TOO_NOISY
+    left = max(capacity - life[-1], 0.0)
+    slope_hi = _slope_hi(line)
+    reach = _Reach(left / line.slope, min(max(left - t * line.resid, 0.0) / slope_hi, left / line.slope))
+    if _stairs(cols.steps, life) is not None:
+        stairs = _stair_reach(cols, life, capacity, (0.0, 0.0))
+        if not isinstance(stairs, str):
+            reach = _Reach(reach.steps, min(reach.earliest_steps, stairs.earliest_steps))
+    return GROWING_DEMAND, reach
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,12 +226,23 @@ def _fit(xs: Sequence[float], ys: Sequence[float]) -> _Line | str:
     return _Line(slope, mx, my, sxx, n, resid)
 
 
+def _slope_hi(line: _Line) -> float:
+    """The upper end of the slope's one-sided interval (``forecast_interval_t`` standard errors)."""
+    return line.slope + th.value("forecast_interval_t") * line.resid / math.sqrt(line.sxx)
+
+
+def _told(line: _Line) -> bool:
+    """The slope is told from noise: at least ``forecast_min_earliest_share`` of its interval's upper
+    end (else the rows cannot say within that factor how fast it rises)."""
+    return line.slope >= th.value("forecast_min_earliest_share") * _slope_hi(line)
+
+
 def _line_reach(line: _Line, last: float, capacity: float, excess: tuple[float, float]) -> _Reach:
     """Steps from ``last`` until ``line`` plus ``excess`` (central, highest) reaches ``capacity``; the
     earliest with the slope and the line's level at the upper end of their interval."""
     t = th.value("forecast_interval_t")
     level = line.at(last)
-    slope_hi = line.slope + t * line.resid / math.sqrt(line.sxx)
+    slope_hi = _slope_hi(line)
     level_hi = level + t * line.resid * math.sqrt(1 / line.n + (last - line.mean_x) ** 2 / line.sxx)
     central = max(capacity - level - excess[0], 0.0) / line.slope
     earliest = max(capacity - level_hi - excess[1], 0.0) / slope_hi
@@ -215,14 +260,14 @@ def _stair_reach(cols: Columns, ys: Sequence[float], capacity: float, excess: tu
     height, gap = _median(heights), _median(gaps)
     since = cols.steps[-1] - jumps[-1][0]
 
-    def reach(left: float, rise: float, every: float) -> float:
+    def reach(left: float, rise: float, every: float, first: float) -> float:
         if left <= 0:
             return 0.0
         more = math.ceil(left / rise - 1e-9)
-        return max(every - since, 1.0) + (more - 1) * every
+        return first + (more - 1) * every
 
-    central = reach(capacity - ys[-1] - excess[0], height, gap)
-    earliest = reach(capacity - ys[-1] - excess[1], heights[-1], gaps[0])
+    central = reach(capacity - ys[-1] - excess[0], height, gap, max(gap - since, 1.0))
+    earliest = reach(capacity - ys[-1] - excess[1], heights[-1], gaps[0], 1.0)
     return _Reach(central, min(earliest, central))
 
 
@@ -255,6 +300,15 @@ def _excess(cols: Columns, ys: Sequence[float]) -> tuple[float, float]:
     step whose peak crosses, a high one), for the central forecast and the earliest alike."""
     over = [p - y for p, y, e in zip(cols.peaks, ys, cols.exact) if e] or [p - y for p, y in zip(cols.peaks, ys)]
     return max(over), max(over)
+
+
+def _record_excess(cols: Columns, ys: Sequence[float]) -> float:
+    """The highest a new lifetime peak rose above the line, taken at the row before it (the step
+    it may have come right after): a step that needs more now and then (a long sample, padding to
+    it) may need that much again at any step, seen or thinned away."""
+    life = cols.lifetime()
+    rose = [life[i] - ys[i - 1] for i in range(1, len(life)) if life[i] > life[i - 1]]
+    return max(rose, default=0.0)
 
 
 def _pace(cols: Columns) -> Optional[tuple[float, float]]:

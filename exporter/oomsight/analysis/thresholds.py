@@ -119,9 +119,10 @@ TABLE: dict[str, Threshold] = {
         "recent_rows", "forecast", integer=True,
     ),
     "forecast_min_earliest_share": Threshold(
-        0.2, "share of the central forecast", "an earliest time below a fifth of the central one says the "
-        "rows cannot tell when the OOM comes within a factor of five: no forecast (too_noisy) rather "
-        "than a page on noise", "forecast",
+        0.2, "share of the slope's upper bound", "a slope below a fifth of the upper end of its interval says "
+        "the rows cannot tell how fast memory rises within a factor of five: no forecast (too_noisy) rather "
+        "than a page on noise. Headroom inside the noise band is not this: its earliest time is near 0 "
+        "and pages", "forecast",
     ),
     "stair_jump_share": Threshold(
         0.5, "share of the largest rise", "a rise at least half the largest one is a jump of a stair; "

@@ -176,6 +176,7 @@ def _columns(rows: Sequence[Sequence[float]]) -> fc.Columns:
         floors=[float(r[FLOOR]) for r in rows],
         peaks=[float(r[PEAK]) for r in rows],
         exact=[bool(r[EXACT]) if len(r) > EXACT else True for r in rows],
+        reserved=[float(r[RESERVED]) for r in rows],
     )
 
 
@@ -324,7 +325,12 @@ def unconsumed(pending: Optional[int], most: Optional[int], trains: bool) -> boo
     ``pile_consumed_multiple`` times the most seen together."""
     if most is None:
         return not trains
-    return pending is not None and pending > th.value("pile_consumed_multiple") * max(most, 1)
+    return pending is not None and pending > beyond_consumed(most)
+
+
+def beyond_consumed(most: int) -> float:
+    """The pending forwards beyond which they are more than ``most`` consumed together suggests."""
+    return th.value("pile_consumed_multiple") * max(most, 1)
 
 
 def piled_up(
