@@ -411,3 +411,22 @@ def test_an_evaluation_keeping_its_graphs_in_a_job_whose_backwards_took_eight_is
     d = _event(spool)["diagnosis"]
     assert d["cause"] == "leak" and d["facts"]["remedies"][0] == "leak", d["summary"]
     assert "no_grad" in d["facts"]["remedies"]
+
+
+def test_an_evaluation_that_keeps_its_graphs_right_after_the_last_step_is_rowed_and_a_leak(hook_on, spool):
+    """No pause: the validation runs out faster than the pause bar. Once its forwards go beyond 4 x what
+    one backward of the job consumed, the hook rows them anyway, and the rows show the pile."""
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(model, opt, 3)  # a backward per forward
+    model.eval()
+    outputs = _evaluate(cuda, model, batches=4, kept_per_forward=GIB)
+    assert hook.forwards.series(0) == []  # within what a backward may consume: not rowed
+    outputs += _evaluate(cuda, model, batches=10, kept_per_forward=GIB, base=8 * GIB)
+    assert len(hook.forwards.series(0)) == 10  # forwards 5 to 14 are rowed
+    assert hook.forwards.pile(0, CAPACITY) is not None  # the live flag
+    _evaluate(cuda, model, batches=1, kept_per_forward=0, oom_at=1, base=18 * GIB)
+    d = _event(spool)["diagnosis"]
+    assert d["cause"] == "leak" and d["facts"]["remedies"][:2] == ["leak", "no_grad"], d["summary"]

@@ -142,9 +142,20 @@ class Evidence:
         self.frozen_forward = in_step_forward and f.get("module_frozen") is True
         """The forward of a model with no trainable parameter (a distillation teacher, an RLHF reference
         or reward model) in a training job: its activations, not an evaluation of the trained model."""
-        self.evaluating = in_step_forward and f.get("module_training") is False and not self.frozen_forward
+        self.kept_for_backward = (
+            consumed_known(f) and (self.pending or 0) >= 1 and (self.consumed or 0) > 1 and not unconsumed(f)
+        )
+        """Forwards keep their graphs for a backward, as this job's backwards consume several together
+        (summed micro-batch losses, an episode, a BPTT window): the failing forward is one of them."""
+        self.evaluating = (
+            in_step_forward
+            and f.get("module_training") is False
+            and not self.frozen_forward
+            and not self.kept_for_backward
+        )
         """A forward of a model in eval mode (``model.eval()``) in a training job: evaluation, not a
-        training step (whose memory the step rows describe)."""
+        training step (whose memory the step rows describe), unless its graphs are kept for a backward
+        as the job's own steps keep theirs (dropout-free fine-tuning summing micro-batch losses)."""
         self.trains_nothing = (
             self.no_grad
             or self.frozen_forward

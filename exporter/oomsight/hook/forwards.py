@@ -103,6 +103,8 @@ class ForwardMemory:
         self._window = 0
         """The forwards pending when the running backward began."""
         self._run = 0
+        self._beyond = 0.0
+        """The pending forwards beyond which they are more than the job's backwards consume."""
         self._forwarded = True
         """A forward came since the last consumption (without graph task ids: a new backward next)."""
         self._lock = threading.Lock()
@@ -128,6 +130,15 @@ class ForwardMemory:
                 self._looked = 0
                 self._finder = torch.nn.modules.module.register_module_forward_pre_hook(self._find)
             return True
+
+    def _start_rows(self) -> None:
+        """Row the forwards from now on, as an arming does: their graphs pile beyond what the job's
+        backwards have consumed together (an evaluation that forgets no_grad right after the last
+        step, faster than the pause bar), so the rows must show whether their memory piles too."""
+        with self._lock:
+            self._armed_steps = self.steps()
+            self.book = RowBook(MAX_ROWS)
+            self._last_read = -float("inf")
 
     def close(self) -> None:
         """Remove every hook; the rows stay for an OOM to report."""
@@ -183,7 +194,9 @@ class ForwardMemory:
             if self.pending & (self.pending - 1) == 0:  # the oldest pending forward, and at each doubling
                 self._watch(output, self.pending)
             if self.stepped():
-                return  # rows only where no optimizer step came since the arming
+                if self.most_consumed is None or self.pending <= self._beyond:
+                    return  # rows only where no optimizer step came since the arming
+                self._start_rows()  # forwards beyond what this job's backwards consume: row them now
             now = self.clock()
             if now - self._last_read < self.min_interval:
                 return
@@ -216,6 +229,7 @@ class ForwardMemory:
             self._run = max(self._run, self._window - index + 1)
             if self.most_consumed is None or self._run > self.most_consumed:
                 self.most_consumed = self._run
+                self._beyond = trend.beyond_consumed(self._run)
         except Exception as exc:
             self.errors.record("forward_memory", exc)
 
