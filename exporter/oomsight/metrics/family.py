@@ -32,6 +32,13 @@ PROFILE: a process's latest ``Profile``."""
 LABELS = {READER: [], SOURCE: PROC, PROCESS: PROC, DEVICE: DEV, OOM: DEV, PROFILE: PROC}
 """The labels of each scope's subjects."""
 
+STABLE, ALPHA = "STABLE", "ALPHA"
+"""Stability, as kube-state-metrics marks its families. STABLE: the name, type, labels and meaning
+change only after a release that deprecates them (docs/metrics.md, "Stability"). ALPHA: any of
+those may change in any release. A new row is ALPHA until it is marked STABLE; the dashboards and
+alerts read only STABLE families, or the row's ``alpha_read`` says why they read this one
+(tests/test_metric_stability.py)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -45,6 +52,22 @@ class Family:
     scope: str
     value: Callable[[Any], Any]
     label: str = ""
+    stability: str = ALPHA
+    """STABLE or ALPHA (:data:`STABLE`)."""
+    alpha_read: str = ""
+    """For an ALPHA family the dashboards or alerts read: which of them, and why they read it before it
+    is STABLE."""
+
+    @property
+    def exposed(self) -> str:
+        """The family's name as served: counters end in ``_total``, info families in ``_info``."""
+        return self.name + {"counter": "_total", "info": "_info"}.get(self.type, "")
+
+    @property
+    def stability_note(self) -> str:
+        """The stability cell of docs/metrics.md: the level, and for an ALPHA family that dashboards or
+        alerts read, why."""
+        return f"{self.stability}: {self.alpha_read}" if self.alpha_read else self.stability
 
     @property
     def labels(self) -> list[str]:
@@ -57,16 +80,36 @@ class Family:
         return "" if self.type == "info" else next(found, "")
 
 
-def gauge(name: str, help: str, scope: str, value: Callable[[Any], Any], label: str = "") -> Family:
-    return Family(name, "gauge", help, scope, value, label)
+def gauge(
+    name: str,
+    help: str,
+    scope: str,
+    value: Callable[[Any], Any],
+    label: str = "",
+    *,
+    stability: str = ALPHA,
+    alpha_read: str = "",
+) -> Family:
+    return Family(name, "gauge", help, scope, value, label, stability, alpha_read)
 
 
-def counter(name: str, help: str, scope: str, value: Callable[[Any], Any], label: str = "") -> Family:
-    return Family(name, "counter", help, scope, value, label)
+def counter(
+    name: str,
+    help: str,
+    scope: str,
+    value: Callable[[Any], Any],
+    label: str = "",
+    *,
+    stability: str = ALPHA,
+    alpha_read: str = "",
+) -> Family:
+    return Family(name, "counter", help, scope, value, label, stability, alpha_read)
 
 
-def info(name: str, help: str, scope: str, value: Callable[[Any], Any]) -> Family:
-    return Family(name, "info", help, scope, value)
+def info(
+    name: str, help: str, scope: str, value: Callable[[Any], Any], *, stability: str = ALPHA, alpha_read: str = ""
+) -> Family:
+    return Family(name, "info", help, scope, value, "", stability, alpha_read)
 
 
 def at(section: str, key: str) -> Callable[[DeviceSnapshot], Any]:
@@ -264,6 +307,10 @@ LEAK_HELP = (
     "not, or, with no optimizer step, the memory left after each forward that records a graph rises forward "
     "after forward (docs/diagnosis.md)."
 )
+PREDICTION_READ = (
+    "the pod dashboard's panel Predicted vs measured peak, the one place a job's prediction meets its measured "
+    "peak (docs/prediction.md); new with the fleet comparison, and the panel changes with the family"
+)
 SLOPE_HELP = (
     "Slope of the between-steps floor of allocated memory in bytes per optimizer step, not bytes (least squares "
     "over the judged step rows; negative while it falls, 0 when not known); absent before enough steps."
@@ -276,6 +323,7 @@ FAMILIES: tuple[Family, ...] = (
         "Version of the oomsight reader serving these metrics.",
         READER,
         lambda inv: {"version": __version__, "python_version": platform.python_version()},
+        stability=STABLE,
     ),
     counter(
         "oomsight_spool_skipped_files",
@@ -283,6 +331,7 @@ FAMILIES: tuple[Family, ...] = (
         READER,
         lambda inv: [(reason, inv.skipped_total.get(reason, 0)) for reason in SKIP_REASONS],
         "reason",
+        stability=STABLE,
     ),
     gauge(
         "oomsight_source_up",
@@ -290,38 +339,52 @@ FAMILIES: tuple[Family, ...] = (
         SOURCE,
         lambda sources: sources.items(),
         "source",
+        stability=STABLE,
     ),
     gauge(
         "oomsight_process_up",
         "1 while the process runs and publishes; 0 once it exited or went silent (kept for the retention period).",
         PROCESS,
         lambda v: float(v.up),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_snapshot_age_seconds",
         "Seconds since the process last wrote its snapshot.",
         PROCESS,
         lambda v: v.age_seconds,
+        stability=STABLE,
     ),
-    info("oomsight_process", "The process behind a rank: versions and allocator settings.", PROCESS, _process_info),
+    info(
+        "oomsight_process",
+        "The process behind a rank: versions and allocator settings.",
+        PROCESS,
+        _process_info,
+        stability=STABLE,
+    ),
     info(
         "oomsight_process_exit",
         "Why a process that is no longer up ended: normal, exception, oom, stopped, or vanished (silent without a final snapshot: killed, or its hook stopped).",
         PROCESS,
         lambda v: None if v.up else {"reason": v.exit_reason or "vanished"},
+        stability=STABLE,
     ),
-    counter("oomsight_steps", "Optimizer steps seen by the global step hook.", PROCESS, _step("count", 0)),
+    counter(
+        "oomsight_steps", "Optimizer steps seen by the global step hook.", PROCESS, _step("count", 0), stability=STABLE
+    ),
     counter(
         "oomsight_step_duration_seconds",
         "Sum of the times between consecutive optimizer steps.",
         PROCESS,
         _step("duration_seconds_total", 0.0),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_step_last_duration_seconds",
         "Time between the last two optimizer steps.",
         PROCESS,
         _step("last_duration_seconds"),
+        stability=STABLE,
     ),
     counter(
         "oomsight_hook_errors",
@@ -329,207 +392,256 @@ FAMILIES: tuple[Family, ...] = (
         PROCESS,
         _sorted("errors"),
         "component",
+        stability=STABLE,
     ),
     counter(
         "oomsight_oom_events_unwritten",
         "OOMs counted but not written because OOMSIGHT_MAX_OOM_EVENTS was reached.",
         PROCESS,
         _snap("oom_events_unwritten", 0),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_allocated_bytes",
         f"Bytes in live tensors ({_SRC} allocated_bytes.all.current).",
         DEVICE,
         at("allocator", "allocated_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_reserved_bytes",
         f"Bytes held by the caching allocator ({_SRC} reserved_bytes.all.current).",
         DEVICE,
         at("allocator", "reserved_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_active_bytes",
         f"Bytes in active blocks, incl. frees awaiting other streams ({_SRC} active_bytes.all.current).",
         DEVICE,
         at("allocator", "active_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_requested_bytes",
         f"Bytes requested by tensors before rounding ({_SRC} requested_bytes.all.current).",
         DEVICE,
         at("allocator", "requested_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_inactive_split_bytes",
         f"Free bytes inside split segments that empty_cache() cannot release: fragmentation ({_SRC} inactive_split_bytes.all.current).",
         DEVICE,
         at("allocator", "inactive_split_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_peak_allocated_bytes",
         f"Lifetime peak of allocated bytes; oomsight never resets it ({_SRC} allocated_bytes.all.peak).",
         DEVICE,
         at("allocator", "peak_allocated_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_peak_reserved_bytes",
         f"Lifetime peak of reserved bytes; oomsight never resets it ({_SRC} reserved_bytes.all.peak).",
         DEVICE,
         at("allocator", "peak_reserved_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_window_peak_allocated_bytes",
         "Maximum sampled allocated bytes within the hook's sliding window (OOMSIGHT_WINDOW_SECONDS).",
         DEVICE,
         at("allocator", "window_peak_allocated_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_window_peak_reserved_bytes",
         "Maximum sampled reserved bytes within the hook's sliding window.",
         DEVICE,
         at("allocator", "window_peak_reserved_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_window_min_allocated_bytes",
         "Minimum sampled allocated bytes within the sliding window: memory that survives between steps.",
         DEVICE,
         at("allocator", "window_min_allocated_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_torch_memory_limit_bytes",
         "Per-process cap of the caching allocator set with torch.cuda.set_per_process_memory_fraction(); absent when unset.",
         DEVICE,
         lambda d: d.get("limit_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_gpu_memory_total_bytes",
         "Device memory capacity (NVML nvmlDeviceGetMemoryInfo total).",
         DEVICE,
         at("nvml", "total_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_gpu_memory_used_bytes",
         "Device memory used by all processes and the driver (NVML used).",
         DEVICE,
         at("nvml", "used_bytes"),
+        stability=STABLE,
     ),
-    gauge("oomsight_gpu_memory_free_bytes", "Device memory free (NVML free).", DEVICE, at("nvml", "free_bytes")),
+    gauge(
+        "oomsight_gpu_memory_free_bytes",
+        "Device memory free (NVML free).",
+        DEVICE,
+        at("nvml", "free_bytes"),
+        stability=STABLE,
+    ),
     gauge(
         "oomsight_gpu_memory_reserved_bytes",
         "Device memory reserved by the driver and firmware (NVML v2 reserved).",
         DEVICE,
         at("nvml", "reserved_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_gpu_utilization_ratio",
         "Share of time a kernel ran on the device (NVML utilization.gpu / 100).",
         DEVICE,
         at("nvml", "utilization_ratio"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_gpu_process_used_bytes",
         "This process's device memory per NVML; absent where NVML cannot see the PID (containers).",
         DEVICE,
         at("nvml", "process_used_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_gpu_process_visible",
         "1 if NVML lists this process's PID on the device, else 0 (then non-torch bytes include other processes).",
         DEVICE,
         at("nvml", "process_visible"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_gpu_non_torch_bytes",
         "Device memory of this process outside PyTorch's allocator (CUDA context, NCCL, cuBLAS): NVML process used minus reserved; where the PID is not visible, device used minus reserved.",
         DEVICE,
         lambda d: non_torch_bytes(d),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_gpu_headroom_bytes",
         HEADROOM_HELP,
         DEVICE,
         lambda d: headroom_bytes(d),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_step_peak_allocated_bytes",
         "Peak allocated bytes of the last optimizer step read: exact when torch's lifetime peak rose in it, else the sampled maximum (a lower bound); with opt-in OOMSIGHT_STEP_PEAKS read and reset every step.",
         DEVICE,
         lambda d: _step_peak(d, "allocated_bytes") if d.get("step_peak") else _row(d, trend.PEAK),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_step_peak_reserved_bytes",
         "Peak reserved bytes of the last optimizer step (opt-in OOMSIGHT_STEP_PEAKS).",
         DEVICE,
         lambda d: _step_peak(d, "reserved_bytes"),
+        stability=ALPHA,
     ),
     gauge(
         "oomsight_step_floor_allocated_bytes",
         "Allocated bytes right after the last optimizer step read: what survives between steps (the leak signal).",
         DEVICE,
         lambda d: _row(d, trend.FLOOR),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_step_floor_slope_bytes",
         SLOPE_HELP,
         DEVICE,
         lambda d: _trend(d, "floor_slope_bytes"),
+        stability=ALPHA,
     ),
     gauge(
         "oomsight_oom_forecast_steps",
         "Optimizer steps until the step peak reaches capacity at the current leak or growth; +Inf without a rise.",
         DEVICE,
         lambda d: _trend(d, "steps_to_oom"),
+        stability=ALPHA,
     ),
     gauge(
         "oomsight_oom_forecast_seconds",
         "Seconds until the step peak reaches capacity at the current leak or growth and step time; +Inf without a rise.",
         DEVICE,
         lambda d: _trend(d, "seconds_to_oom"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_oom_forecast_earliest_seconds",
         "The earliest plausible seconds until the step peak reaches capacity, from the step rows' own noise (at most oomsight_oom_forecast_seconds); +Inf without a forecast (no rise, too few rows, too noisy: the snapshot's step_trend says why); absent for hooks older than wire 1.9.",
         DEVICE,
         lambda d: _trend(d, "earliest_seconds_to_oom") if _forecast_judged(d) else None,
+        stability=ALPHA,
+        alpha_read="alert OomsightCudaOomPredicted, which must fire before the OOM its central forecast could miss; new in wire 1.9 and its method may still change, and the alert changes with it",
     ),
     gauge(
         "oomsight_predicted_peak_allocated_bytes",
         "Peak allocated bytes the job's prediction (oomsight predict) gave for its training step, carried by the job (OOMSIGHT_PREDICTION or oomsight.record_prediction); compare with oomsight_torch_peak_allocated_bytes.",
         DEVICE,
         lambda d: _predicted(d, "peak_allocated_bytes"),
+        stability=ALPHA,
+        alpha_read=PREDICTION_READ,
     ),
     gauge(
         "oomsight_predicted_peak_reserved_bytes",
         "Peak reserved bytes the job's prediction gave; absent when it gave none (a bare size).",
         DEVICE,
         lambda d: _predicted(d, "peak_reserved_bytes"),
+        stability=ALPHA,
+        alpha_read=PREDICTION_READ,
     ),
     counter(
         "oomsight_torch_alloc_retries",
         f"cudaMalloc failures after which the allocator freed its cache and retried: slow steps, an OOM precursor ({_SRC} num_alloc_retries).",
         DEVICE,
         at("allocator", "alloc_retries"),
+        stability=STABLE,
     ),
     counter(
         "oomsight_torch_ooms",
         f"OOMs raised by this process's allocator, caught ones included ({_SRC} num_ooms); resets when the process restarts.",
         DEVICE,
         at("allocator", "ooms"),
+        stability=STABLE,
     ),
     counter(
         "oomsight_torch_device_allocs",
         f"cudaMalloc/cuMemMap calls ({_SRC} num_device_alloc; 0 before torch 2.4).",
         DEVICE,
         at("allocator", "device_allocs"),
+        stability=STABLE,
     ),
     counter(
         "oomsight_torch_device_frees",
         f"cudaFree/cuMemUnmap calls ({_SRC} num_device_free; 0 before torch 2.4).",
         DEVICE,
         at("allocator", "device_frees"),
+        stability=STABLE,
     ),
-    info("oomsight_gpu", "The GPU behind a (rank, device): model name.", DEVICE, lambda d: {"name": d.get("name", "")}),
+    info(
+        "oomsight_gpu",
+        "The GPU behind a (rank, device): model name.",
+        DEVICE,
+        lambda d: {"name": d.get("name", "")},
+        stability=STABLE,
+    ),
     gauge(
         "oomsight_memory_by_category_bytes",
         CATEGORY_HELP,
@@ -538,68 +650,85 @@ FAMILIES: tuple[Family, ...] = (
             [(name, d["categories"].get(f"{name}_bytes")) for name in CATEGORIES] if d.get("categories") else None
         ),
         "category",
+        stability=STABLE,
     ),
     counter(
         "oomsight_oom_events",
         "CUDA OOMs recorded by the hook's observer (caught ones included); 0 from the start.",
         OOM,
         lambda t: t.events,
+        stability=STABLE,
     ),
     counter(
         "oomsight_oom_fatal_events",
         "OOMs that ended their process (uncaught, or the process died before a later step).",
         OOM,
         lambda t: t.fatal,
+        stability=STABLE,
     ),
     counter(
         "oomsight_oom_recovered_events",
         "OOMs the process survived (a later step completed, or it exited normally).",
         OOM,
         lambda t: t.recovered,
+        stability=STABLE,
     ),
-    gauge("oomsight_last_oom_timestamp_seconds", "Unix time of the last OOM.", OOM, _last("time")),
+    gauge("oomsight_last_oom_timestamp_seconds", "Unix time of the last OOM.", OOM, _last("time"), stability=STABLE),
     gauge(
         "oomsight_last_oom_requested_bytes",
         "Bytes the failing allocation of the last OOM asked for.",
         OOM,
         _last("requested_bytes"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_last_oom_device_free_bytes",
         "Device bytes free as the allocator saw them at the last OOM.",
         OOM,
         _last("device_free_bytes"),
+        stability=STABLE,
     ),
     info(
         "oomsight_last_oom_cause",
         "Diagnosed cause of the last OOM (see docs/diagnosis.md).",
         OOM,
         lambda t: None if t.last is None else {"cause": t.last["diagnosis"]["cause"]},
+        stability=STABLE,
     ),
     gauge(
         "oomsight_leak_suspected",
         LEAK_HELP,
         DEVICE,
         lambda d: float(leak_suspected(d)),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_leak_graph_tensors",
         "CUDA tensors found alive past an optimizer step still holding their autograd graph (last scan).",
         PROCESS,
         _finding("leak", "graph_tensors"),
+        stability=STABLE,
     ),
-    gauge("oomsight_leak_graph_bytes", "Bytes of those tensors (last scan).", PROCESS, _finding("leak", "graph_bytes")),
+    gauge(
+        "oomsight_leak_graph_bytes",
+        "Bytes of those tensors (last scan).",
+        PROCESS,
+        _finding("leak", "graph_bytes"),
+        stability=STABLE,
+    ),
     gauge(
         "oomsight_advice_max_batch_size",
         "Largest batch size that keeps the margin, from oomsight.probe_batch_size().",
         PROCESS,
         _finding("batch_advice", "max_batch_size"),
+        stability=STABLE,
     ),
     gauge(
         "oomsight_profiling",
         "1 while a profiling window is pending or running in the process.",
         PROCESS,
         lambda v: float(bool(v.snapshot.get("profiling"))),
+        stability=ALPHA,
     ),
     gauge(
         "oomsight_profile_op_self_cuda_memory_bytes",
@@ -607,6 +736,7 @@ FAMILIES: tuple[Family, ...] = (
         PROFILE,
         _ops("top_by_memory", "self_cuda_memory_bytes"),
         "op",
+        stability=STABLE,
     ),
     gauge(
         "oomsight_profile_op_self_cuda_time_seconds",
@@ -614,12 +744,14 @@ FAMILIES: tuple[Family, ...] = (
         PROFILE,
         _ops("top_by_time", "self_cuda_time_us", 1e6),
         "op",
+        stability=STABLE,
     ),
     gauge(
         "oomsight_profile_last_timestamp_seconds",
         "When the last profiling window of the process ended.",
         PROFILE,
         lambda p: p["ended_at"],
+        stability=ALPHA,
     ),
 )
 """Every family of the spool, in exposition order."""
