@@ -328,7 +328,9 @@ def test_oom_counters_never_go_backwards_through_any_publish_stale_recover_resta
         last = now
 
 
-def test_the_ledger_file_is_written_only_when_counts_change_and_a_damaged_one_starts_afresh(spool, caplog):
+def test_the_ledger_file_is_written_only_when_counts_change_and_a_damaged_one_restarts_the_counts_at_0(
+    spool, caplog
+):
     from hostile import NOW, event, event_path, put, snapshot, snapshot_path
 
     clock = [NOW]
@@ -347,5 +349,11 @@ def test_the_ledger_file_is_written_only_when_counts_change_and_a_damaged_one_st
     for damaged in (b"{torn", b'{"decided": {}, "kept": [["0", "0", "0", "x", -1, 0, 0]]}', b"[" * 5000):
         put(spool, "sidecar/oom-ledger.json", damaged)
         reg, _ = registry_for(spool, clock=lambda: clock[0], ledger_path=ledger)
-        assert list(oom_counts(reg).values()) == [(1, 1, 0)]  # rebuilt from the event files
+        assert os.path.getsize(ledger) > 10  # replaced at once, before any scrape
+        # issue 36: an honest reset (0, its _created moved), never the recount of what is left
+        counts = oom_counts(reg)
+        assert list(counts.values()) == [(0, 0, 0)]
+        assert reg.get_sample_value("oomsight_oom_events_created", dict(next(iter(counts)))) == clock[0]
+    put(spool, event_path(1, 2), event(pid=1, seq=2, outcome="fatal"))
+    assert list(oom_counts(reg).values()) == [(1, 1, 0)]  # a new OOM after the reset counts
     assert sum("cannot be used" in r.getMessage() for r in caplog.records) == 3

@@ -216,6 +216,10 @@ def family(row: Family, subjects: Iterable[tuple[tuple[str, ...], Any]]) -> Metr
         value = row.value(subject)
         if value is None:
             continue
+        created = getattr(subject, "created", None) if row.type == "counter" else None
+        if created is not None:  # an OOM counter restarted by a lost ledger (``oomsight.metrics.ledger``)
+            fam.add_metric(labels, value, created=created)
+            continue
         if not row.label:
             fam.add_metric(labels, value)
             continue

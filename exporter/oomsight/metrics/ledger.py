@@ -14,27 +14,52 @@ The ledger makes those tallies counters:
 * **Through restarts** of the reader when given a ``path`` (the sidecar's
   ``<spool>/sidecar/oom-ledger.json``): the decided outcomes of the event files present and the
   counts of the live keys, written when they change and read back at start (a key read back keeps
-  its series for a retention from then). The file is read as
-  untrusted, like every spool file; one that cannot be used starts an empty ledger, said once.
+  its series for a retention from then).
+* **A ledger can only help** (issue 36). The file is as untrusted as every spool file: it is read and
+  written only inside a real folder (never through a symbolic link), a row must be possible (counts
+  whole numbers up to :data:`MAX_COUNT`, what a spool's listing can hold; fatal plus recovered at most
+  events), and anything else in it is a lost ledger, replaced at once. A lost ledger cannot say what
+  the counters were, so they restart as an honest reset: the event files present then are not counted
+  (they are kept in the ledger as ``uncounted``), every counter starts again at 0 and its OpenMetrics
+  ``_created`` is the time of the reset. Counting those files again could serve a lower non-zero
+  value (events 3 -> 2 when one file went), which Prometheus reads as a reset followed by new OOMs.
+  A ledger that is simply missing is a first start: the files are counted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
+import stat as stat_mod
 from typing import Any, Optional
 
 from oomsight.analysis.inventory import DeviceKey, Inventory, OomTally
 from oomsight.wire import decoding
+from oomsight.wire.reader import Budget
 from oomsight.wire.schema import OUTCOME_FATAL, OUTCOME_PENDING, OUTCOME_RECOVERED, OomEvent
-from oomsight.wire.spool import write_atomic
 
 logger = logging.getLogger(__name__)
 
 LEDGER_MAX_BYTES = 1024 * 1024
 """The ledger file holds at most the spool's event ids and its live keys: far below this."""
+MAX_COUNT = Budget().entries_per_folder
+"""The most OOM events one key can count: the event files one listing of the spool holds."""
+_OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+_OPEN_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+class Lost(Exception):
+    """The ledger is there but cannot be used: the counters restart as an honest reset."""
+
+
+@dataclasses.dataclass
+class Tally(OomTally):
+    """An OOM tally with the time its counters (re)started, where the ledger knows it (after a reset)."""
+
+    created: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -57,6 +82,11 @@ class Ledger:
         self.decided: dict[str, str] = {}
         """OOM event id -> the outcome it was first counted with (fatal or recovered)."""
         self.kept: dict[DeviceKey, Kept] = {}
+        self.uncounted: set[str] = set()
+        """Ids of the event files present when a lost ledger was reset: never counted."""
+        self.reset_at: Optional[float] = None
+        """When the counters restarted after a lost ledger (their ``_created``); None if never."""
+        self._lost = False
         self._written: Any = None
         self._loaded = False
         if path is not None:
@@ -68,9 +98,12 @@ class Ledger:
             for kept in self.kept.values():
                 kept.seen = now
             self._loaded = False
+        if self._lost:  # an honest reset: what is there now is not counted, the counters start at 0
+            self.uncounted, self.reset_at, self._lost = {event_id(v.event) for v in inv.events}, now, False
         ids = self._decide(inv)
         if inv.error is None:  # every folder listed: ids not read now are files gone
             self.decided = {k: v for k, v in self.decided.items() if k in ids}
+            self.uncounted &= ids
         self._floor(inv.ooms, now)
         self._save()
 
@@ -84,12 +117,13 @@ class Ledger:
                 view.outcome = decided
             elif view.outcome != OUTCOME_PENDING:
                 self.decided[oom] = view.outcome
-        for tally in inv.ooms.values():
-            tally.events = tally.fatal = tally.recovered = 0
+        inv.ooms = {key: Tally(last=t.last, created=self.reset_at) for key, t in inv.ooms.items()}
         for view in inv.events:
             p = view.event["process"]
             key = (str(p["rank"]), str(p["local_rank"]), str(view.event["device"]), view.event["gpu_uuid"])
-            tally = inv.ooms.setdefault(key, OomTally())
+            tally = inv.ooms.setdefault(key, Tally(created=self.reset_at))
+            if event_id(view.event) in self.uncounted:
+                continue
             tally.events += 1
             tally.fatal += view.outcome == OUTCOME_FATAL
             tally.recovered += view.outcome == OUTCOME_RECOVERED
@@ -101,29 +135,35 @@ class Ledger:
             if key not in present and now - kept.seen > self.retention_seconds:
                 del self.kept[key]  # its files are gone and so is its retention
                 continue
-            tally = ooms.setdefault(key, OomTally(last=kept.last))
+            tally = ooms.setdefault(key, Tally(last=kept.last, created=self.reset_at))
             tally.events, tally.fatal = max(tally.events, kept.events), max(tally.fatal, kept.fatal)
             tally.recovered = max(tally.recovered, kept.recovered)
             tally.last = tally.last if tally.last is not None else kept.last
         for key, tally in ooms.items():
-            tally.events = max(tally.events, tally.fatal + tally.recovered)
+            tally.events = min(max(tally.events, tally.fatal + tally.recovered), MAX_COUNT)
+            tally.fatal, tally.recovered = min(tally.fatal, tally.events), min(tally.recovered, tally.events)
             seen = now if key in present else self.kept[key].seen
             self.kept[key] = Kept(tally.events, tally.fatal, tally.recovered, seen, tally.last)
 
-    def _save(self) -> None:
-        if self.path is None:
-            return
-        state = {
+    def _state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
             "decided": dict(sorted(self.decided.items())),
             "kept": sorted([*key, k.events, k.fatal, k.recovered] for key, k in self.kept.items()),
         }
-        if state == self._written:
+        if self.reset_at is not None:
+            state.update(uncounted=sorted(self.uncounted), reset_at=self.reset_at)
+        return state
+
+    def _save(self, force: bool = False) -> None:
+        if self.path is None:
+            return
+        state = self._state()
+        if state == self._written and not force:
             return
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            write_atomic(self.path, json.dumps(state).encode(), durable=False)
+            _write(self.path, json.dumps(state).encode())
             self._written = state
-        except OSError as exc:
+        except (OSError, Lost) as exc:
             if self._written is not False:
                 logger.warning(
                     "oomsight: cannot keep the OOM ledger in %s (%s); counters may reset if the sidecar restarts",
@@ -134,14 +174,23 @@ class Ledger:
 
     def _load(self, path: str) -> None:
         try:
-            state = decoding.load(path, LEDGER_MAX_BYTES)
-            self.decided, self.kept = _decided(state["decided"]), _kept(state["kept"])
+            state = _read(path)
+            if not isinstance(state, dict):
+                raise Lost("not an object")
+            self.decided, self.kept = _decided(state.get("decided")), _kept(state.get("kept"))
+            self.uncounted, self.reset_at = _uncounted(state.get("uncounted", [])), _time(state.get("reset_at"))
             self._loaded = True
         except FileNotFoundError:
-            return
-        except (decoding.Unusable, KeyError, TypeError, ValueError) as exc:
-            logger.warning("oomsight: the OOM ledger %s cannot be used (%s); starting an empty one", path, exc)
-            self.decided, self.kept = {}, {}
+            return  # a first start: the event files are counted
+        except (OSError, Lost, decoding.Unusable) as exc:
+            logger.warning(
+                "oomsight: the OOM ledger %s cannot be used (%s); replaced, and the OOM counters restart at 0 "
+                "(an honest reset: their _created moves)",
+                path,
+                exc,
+            )
+            self.decided, self.kept, self.uncounted, self._lost = {}, {}, set(), True
+            self._save(force=True)  # repaired at once
 
 
 def event_id(ev: OomEvent) -> str:
@@ -150,29 +199,111 @@ def event_id(ev: OomEvent) -> str:
 
 
 def _decided(found: Any) -> dict[str, str]:
-    if not isinstance(found, dict):
-        raise TypeError("decided is not an object")
+    if not isinstance(found, dict) or len(found) > MAX_COUNT:
+        raise Lost("decided is not an object of at most a spool's events")
     outcomes = (OUTCOME_FATAL, OUTCOME_RECOVERED)
-    return {k: v for k, v in found.items() if isinstance(k, str) and v in outcomes}
+    if not all(isinstance(k, str) and v in outcomes for k, v in found.items()):
+        raise Lost("decided holds an entry that is not an event id and an outcome")
+    return dict(found)
+
+
+def _uncounted(found: Any) -> set[str]:
+    if not isinstance(found, list) or len(found) > MAX_COUNT or not all(isinstance(x, str) for x in found):
+        raise Lost("uncounted is not a list of at most a spool's event ids")
+    return set(found)
+
+
+def _time(found: Any) -> Optional[float]:
+    if found is None:
+        return None
+    if type(found) not in (int, float) or not 0 <= found < 2**40:
+        raise Lost(f"reset_at is not a time: {found!r:.50}")
+    return float(found)
 
 
 def _kept(found: Any) -> dict[DeviceKey, Kept]:
-    if not isinstance(found, list):
-        raise TypeError("kept is not a list")
+    if not isinstance(found, list) or len(found) > MAX_COUNT:
+        raise Lost("kept is not a list of at most a spool's keys")
     kept = {}
     for row in found:
-        if not isinstance(row, list) or len(row) != 7:
-            raise ValueError(
-                f"a row that is not (rank, local rank, device, GPU, events, fatal, recovered): {row!r:.200}"
-            )
-        key, counts = tuple(row[:4]), row[4:]
-        if not all(isinstance(x, str) for x in key) or not all(_count(x) for x in counts):
-            raise ValueError(
-                f"a row that is not (rank, local rank, device, GPU, events, fatal, recovered): {row!r:.200}"
-            )
-        kept[key] = Kept(counts[0], counts[1], counts[2], 0.0)
+        if not isinstance(row, list) or len(row) != 7 or not all(isinstance(x, str) for x in row[:4]):
+            raise Lost(f"a row that is not (rank, local rank, device, GPU, events, fatal, recovered): {row!r:.200}")
+        events, fatal, recovered = row[4:]
+        if not all(_count(x) for x in row[4:]) or fatal + recovered > events:
+            raise Lost(f"a row with impossible counts (at most {MAX_COUNT}, fatal + recovered <= events): {row!r:.200}")
+        kept[tuple(row[:4])] = Kept(events, fatal, recovered, 0.0)
     return kept
 
 
 def _count(x: Any) -> bool:
-    return type(x) is int and 0 <= x < 2**53
+    return type(x) is int and 0 <= x <= MAX_COUNT
+
+
+def _folder(path: str) -> int:
+    """The ledger's folder, open; created where missing, never followed through a symbolic link."""
+    folder = os.path.dirname(path)
+    try:
+        return os.open(folder, _OPEN_DIR)
+    except FileNotFoundError:
+        os.makedirs(folder, exist_ok=True)
+        return os.open(folder, _OPEN_DIR)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Lost(f"{folder} is not a folder (a symbolic link is not followed)") from None
+        raise
+
+
+def _read(path: str) -> Any:
+    dir_fd = _folder(path)
+    try:
+        try:
+            fd = os.open(os.path.basename(path), _OPEN_FILE, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise Lost(f"not a regular file ({exc.strerror})") from None
+            raise
+        try:
+            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                raise Lost("not a regular file")
+            raw = os.read(fd, LEDGER_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+    if len(raw) > LEDGER_MAX_BYTES:
+        raise Lost(f"over {LEDGER_MAX_BYTES} bytes")
+    return decoding.decode(raw)
+
+
+def _write(path: str, data: bytes) -> None:
+    """Replace the ledger atomically inside its real folder; whatever else holds its name (a folder, a FIFO,
+    a link) is removed first: the name is the sidecar's."""
+    dir_fd = _folder(path)
+    name, tmp = os.path.basename(path), f".{os.path.basename(path)}.tmp-{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644, dir_fd=dir_fd)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat_mod.S_ISDIR(st.st_mode):
+                _remove_tree(name, dir_fd)
+        except FileNotFoundError:
+            pass
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _remove_tree(name: str, dir_fd: int) -> None:
+    """Remove the folder ``name`` (in the folder open as ``dir_fd``) and what it holds, links unfollowed."""
+    fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+    try:
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(entry.name, fd)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
