@@ -147,7 +147,7 @@ def test_a_refused_listing_is_counted_logged_once_and_keeps_the_last_budgets(cap
         reader.refresh()
         reader.refresh()
     assert [b.claim for b in reader.budgets()] == ["train-gpu"]
-    assert reader.counts() == {"read": 1, "failed": 2, "malformed": 0}
+    assert reader.counts() == {"read": 1, "failed": 2, "malformed": 0, "truncated": 0}
     assert len([r for r in caplog.records if "rbac.resourceClaims" in r.getMessage()]) == 1
 
 
@@ -285,3 +285,115 @@ def test_the_html_report_shows_the_text_reports_claimed_share_and_nothing_withou
     text = report.render(take_inventory(SpoolReader(spool).read(), now=now), spool)
     peak, ratio, share, verdict = cells
     assert f"  {gpu}: peak reserved {peak}, {ratio} of the claimed {share}, {verdict}" in text.splitlines()
+
+
+class PagedKube(FakeKube):
+    """A fake API server that lists claims a page at a time, as ``limit``/``continue`` do; ``foreign``
+    claims of other pods are made page by page (never all at once) before the stored ones."""
+
+    def __init__(self, foreign: int = 0) -> None:
+        super().__init__()
+        self.foreign = foreign
+        self.pages: list[tuple[int, str, int]] = []
+        self._other = claim("neighbour-gpu", "other-pod-uid", "40Gi", share="s-2")
+
+    def list_resource_claims_page(self, namespace: str, limit: int, continue_token: str, max_bytes: int) -> Any:
+        self.pages.append((limit, continue_token, max_bytes))
+        start = int(continue_token or 0)
+        stored = [c for c in self.claims if c.get("metadata", {}).get("namespace") == namespace]
+        total = self.foreign + len(stored)
+        items = [
+            self._other if i < self.foreign else stored[i - self.foreign]
+            for i in range(start, min(total, start + limit))
+        ]
+        more = str(start + limit) if start + limit < total else ""
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimList",
+            "metadata": {"continue": more},
+            "items": items,
+        }
+
+
+def test_claims_are_listed_a_bounded_page_at_a_time_among_50_000_of_other_pods() -> None:
+    """Issue 36: 50,000 claims of other pods in one list held 292.9 MiB; a page at a time, only the
+    pod's budgets are kept."""
+    import tracemalloc
+
+    fake = PagedKube(foreign=50_000)
+    fake.claims = [claim("train-gpu", POD_UID, "16Gi")]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID)
+    tracemalloc.start()
+    try:
+        reader.refresh()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [b.claim for b in reader.budgets()] == ["train-gpu"]
+    assert len(fake.pages) == 501 and {(limit, size) for limit, _, size in fake.pages} == {(100, 4 * 2**20)}
+    assert peak < 8 * 2**20, peak  # a page of 100 claims, not 50,000
+    assert reader.counts() == {"read": 1, "failed": 0, "malformed": 0, "truncated": 0}
+
+
+def test_a_listing_past_the_page_bound_is_truncated_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from oomsight_sidecar import claims as claims_mod
+
+    monkeypatch.setattr(claims_mod, "MAX_PAGES", 3)
+    fake = PagedKube(foreign=1_000)
+    fake.claims = [claim("train-gpu", POD_UID, "16Gi")]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID)
+    reader.refresh()
+    assert len(fake.pages) == 3 and reader.budgets() == []
+    assert reader.counts() == {"read": 1, "failed": 0, "malformed": 0, "truncated": 1}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"items": 5},
+        {"items": "claims"},
+        {"items": [5, "x", None, {"status": "allocated"}, {"status": {"reservedFor": 7}}]},
+        {"kind": "Status"},
+        [],
+        None,
+    ],
+)
+def test_malformed_listings_are_counted_and_never_end_the_refresh_thread(answer: Any) -> None:
+    """Issue 36: a list whose items is 5, or a claim whose status is a string, ended the thread for good."""
+    fake = FakeKube()
+    fake.claims = [claim("train-gpu", POD_UID, "24Gi")]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID)
+    reader.refresh()
+    good = fake.list_resource_claims
+    fake.list_resource_claims = lambda namespace: answer  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = start_refresh(reader, stop, interval_seconds=0.01)
+    try:
+        for _ in range(200):
+            if reader.counts()["malformed"] >= 3:
+                break
+            threading.Event().wait(0.01)
+        assert thread.is_alive() and reader.counts()["malformed"] >= 3
+        fake.claims = [claim("train-gpu", POD_UID, "32Gi")]
+        fake.list_resource_claims = good  # type: ignore[method-assign]
+        for _ in range(200):
+            if [b.memory_bytes for b in reader.budgets()] == [32 * 2**30]:
+                break
+            threading.Event().wait(0.01)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert [b.memory_bytes for b in reader.budgets()] == [32 * 2**30]  # still reading after the bad answers
+
+
+def test_a_claim_whose_status_is_a_string_is_skipped_and_the_others_read() -> None:
+    fake = FakeKube()
+    broken = claim("broken", POD_UID, "8Gi")
+    broken["status"] = "allocated"
+    odd = claim("odd", POD_UID, "8Gi")
+    odd["status"]["allocation"]["devices"]["results"] = {"not": "a list"}
+    fake.claims = [broken, odd, claim("train-gpu", POD_UID, "16Gi")]
+    reader = ClaimReader(lambda: fake, "ml", POD_UID)
+    reader.refresh()
+    assert [b.claim for b in reader.budgets()] == ["train-gpu"]
+    assert reader.counts() == {"read": 1, "failed": 0, "malformed": 2, "truncated": 0}

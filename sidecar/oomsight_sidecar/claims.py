@@ -12,6 +12,15 @@ in each claim's ``status.reservedFor`` before the pod runs. The sidecar lists th
 its namespace (the only grant it needs: ``list`` on ``resourceclaims`` there, the chart's
 ``rbac.resourceClaims``) and keeps those reserved for its own pod's uid.
 
+Bounded and robust (issue 36): the claims are listed in pages of :data:`PAGE_CLAIMS` (``limit`` and
+``continue``) where the client offers pages (``list_resource_claims_page``), at most :data:`MAX_PAGES`
+pages of at most :data:`PAGE_MAX_BYTES` each; of each claim only the fields used are kept (the budgets
+of the pod's own claims), so 50,000 claims of other pods in the namespace cost one page at a time. The
+API has no field selector for ``status.reservedFor``, so the pod's claims are picked out here. Items
+that are not claims (``items`` not a list, a claim or its status not a map) are skipped and counted
+``malformed``; a listing cut at the bound is counted ``truncated``; nothing in an answer ends the
+refresh thread (a defect of ours is counted ``failed``).
+
 A result names the device by driver, pool and device (``gpu.nvidia.com``, ``node-1``, ``gpu-0``),
 not by the GPU's UUID, so the series carries ``dra_device="<pool>/<device>"`` instead of
 ``gpu_uuid``; the rules compare a pod's GPUs with the smallest budget of that pod
@@ -23,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -39,8 +48,15 @@ MEMORY = "memory"
 REFRESH_SECONDS = 60.0
 """How often the claims are listed again: an allocation does not change while the pod runs, but a
 claim is reserved for the pod shortly before it starts, and a failed read is retried."""
-RESULTS = ("read", "failed", "malformed")
-"""What became of each listing, and each result the sidecar could not read (counted, never raised)."""
+RESULTS = ("read", "failed", "malformed", "truncated")
+"""What became of each listing, each item or result the sidecar could not read, and each listing cut at
+:data:`MAX_PAGES` (counted, never raised)."""
+PAGE_CLAIMS = 100
+"""Claims asked for per page (``limit``): a claim is 2 to 100 KB of JSON (annotations included)."""
+PAGE_MAX_BYTES = 4 * 1024 * 1024
+"""The most bytes of one page the client reads; a longer answer is an error (``failed``)."""
+MAX_PAGES = 1000
+"""Pages read per listing: 100,000 claims; past it the listing is ``truncated`` and what was read is used."""
 
 
 def parse_memory(value: Any) -> Optional[int]:
@@ -54,9 +70,24 @@ def parse_memory(value: Any) -> Optional[int]:
     return int(amount) if amount >= 0 else None
 
 
+class ClaimPages(Protocol):
+    """A client that lists ResourceClaims a page at a time (``oomsight_server.kube.KubeClient`` once it
+    offers it; the plain ``list_resource_claims`` is used otherwise)."""
+
+    def list_resource_claims_page(self, namespace: str, limit: int, continue_token: str, max_bytes: int) -> Any: ...
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def reserved_for(claim: Mapping[str, Any], pod_uid: str) -> bool:
     """The claim's ``status.reservedFor`` lists the pod with this uid."""
-    consumers = (claim.get("status") or {}).get("reservedFor") or []
+    consumers = _list(_map(claim.get("status")).get("reservedFor"))
     return any(isinstance(c, Mapping) and c.get("resource") == "pods" and c.get("uid") == pod_uid for c in consumers)
 
 
@@ -65,9 +96,11 @@ def claim_budgets(claim: Mapping[str, Any]) -> tuple[list[Budget], int]:
 
     A result without ``consumedCapacity.memory`` (a whole GPU, or a driver without consumable
     capacity) gives no budget: the GPU's own capacity stays the limit."""
-    name = str((claim.get("metadata") or {}).get("name", ""))
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
+    name = str(_map(claim.get("metadata")).get("name", ""))[:253]
+    allocation = _map(_map(claim.get("status")).get("allocation"))
+    results = _map(allocation.get("devices")).get("results") or []
+    if not isinstance(results, list):
+        return [], 1
     budgets, malformed = [], 0
     for result in results:
         capacity = result.get("consumedCapacity") if isinstance(result, Mapping) else None
@@ -78,8 +111,26 @@ def claim_budgets(claim: Mapping[str, Any]) -> tuple[list[Budget], int]:
         if memory is None:
             malformed += 1
             continue
-        device = f"{result.get('pool', '')}/{result.get('device', '')}"
-        budgets.append(Budget(name, str(result.get("request", "")), str(result.get("driver", "")), device, memory))
+        device = f"{str(result.get('pool', ''))[:253]}/{str(result.get('device', ''))[:253]}"
+        request, driver = str(result.get("request", ""))[:253], str(result.get("driver", ""))[:253]
+        budgets.append(Budget(name, request, driver, device, memory))
+    return budgets, malformed
+
+
+def pod_budgets(items: Any, pod_uid: str) -> tuple[list[Budget], int]:
+    """The budgets of the claims of ``items`` reserved for the pod, and how many items or results were
+    malformed (``items`` not a list counts one)."""
+    if not isinstance(items, list):
+        return [], 1
+    budgets, malformed = [], 0
+    for claim in items:
+        if not isinstance(claim, Mapping) or not isinstance(claim.get("status") or {}, Mapping):
+            malformed += 1
+            continue
+        if reserved_for(claim, pod_uid):
+            found, bad = claim_budgets(claim)
+            budgets += found
+            malformed += bad
     return budgets, malformed
 
 
@@ -110,11 +161,11 @@ class ClaimReader:
             return dict(self._counts)
 
     def refresh(self) -> None:
-        """List the namespace's claims once; on failure keep the last budgets and count it."""
+        """List the namespace's claims once; on failure keep the last budgets and count it. Never raises."""
         try:
             self._client = self._client or self._factory()
-            listing = self._client.list_resource_claims(self.namespace)
-        except Exception as exc:  # one guard for the API, the client and the network: the sidecar serves on
+            found = self._list(self._client)
+        except Exception as exc:  # one guard for the API, the client, the network and our defects: serve on
             self._count("failed")
             if not self._warned:
                 self._warned = True
@@ -125,25 +176,44 @@ class ClaimReader:
                     exc,
                 )
             return
-        budgets, malformed = [], 0
-        for claim in listing.get("items") or []:
-            if isinstance(claim, Mapping) and reserved_for(claim, self.pod_uid):
-                found, bad = claim_budgets(claim)
-                budgets += found
-                malformed += bad
+        if found is None:  # not a listing at all: counted, the last budgets kept
+            return
         with self._lock:
-            self._budgets = budgets
+            self._budgets = found
             self._counts["read"] += 1
-            self._counts["malformed"] += malformed
         if self.spool_dir:
             try:
-                budget_doc.write(self.spool_dir, budgets)
+                budget_doc.write(self.spool_dir, found)
             except OSError as exc:  # a full or read-only spool: the metric still carries the budget
                 logger.debug("oomsight sidecar: budget not written to the spool: %s", exc)
 
-    def _count(self, result: str) -> None:
+    def _list(self, client: Any) -> Optional[list[Budget]]:
+        """The pod's budgets, page by page where the client can; None where an answer is not a listing."""
+        pages = getattr(client, "list_resource_claims_page", None)
+        budgets: list[Budget] = []
+        token = ""
+        for _ in range(MAX_PAGES if pages is not None else 1):
+            page = (
+                pages(self.namespace, PAGE_CLAIMS, token, PAGE_MAX_BYTES)
+                if pages
+                else client.list_resource_claims(self.namespace)
+            )
+            if not isinstance(page, Mapping) or "items" not in page:
+                self._count("malformed")
+                return None
+            found, malformed = pod_budgets(page["items"], self.pod_uid)
+            budgets += found
+            if malformed:
+                self._count("malformed", malformed)
+            token = _map(page.get("metadata")).get("continue") or ""
+            if not isinstance(token, str) or not token or pages is None:
+                return budgets
+        self._count("truncated")
+        return budgets
+
+    def _count(self, result: str, n: int = 1) -> None:
         with self._lock:
-            self._counts[result] += 1
+            self._counts[result] += n
 
 
 class ClaimCollector(Collector):
@@ -169,8 +239,8 @@ class ClaimCollector(Collector):
             yield family
         reads = CounterMetricFamily(
             "oomsight_resource_claim_reads",
-            "Listings of the pod's ResourceClaims by result (read, failed) and device results not understood "
-            "(malformed).",
+            "Listings of the pod's ResourceClaims by result (read, failed, truncated at the page bound) and "
+            "claims or device results not understood (malformed).",
             labels=["result"],
         )
         for key, value in self.reader.counts().items():
@@ -184,7 +254,7 @@ def start_refresh(
     """Read now, then every ``interval_seconds`` until ``stop``."""
 
     def loop() -> None:
-        reader.refresh()
+        reader.refresh()  # never raises: the thread lives until ``stop``
         while not stop.wait(interval_seconds):
             reader.refresh()
 
