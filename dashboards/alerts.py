@@ -285,6 +285,41 @@ def waste_alerts() -> list[Alert]:
     ]
 
 
+def rightsizing_alerts() -> list[Alert]:
+    """A pod's DRA memory claim against its workload's observed need over the right-sizing window (the
+    exact lifetime peak reserved plus the memory outside the allocator; docs/kubernetes.md, "Right-sizing")."""
+    window = knob("rightsizing_window")
+    ratio = f"{r.POD_BUDGET}\n/ on ({c.WORKLOAD}) group_left () {r.RS_NEED_WINDOW}"
+    return [
+        Alert(
+            "OomsightGpuMemoryClaimBelowPeak",
+            f"{ratio}\n< {T.claim_below_peak_ratio:g}",
+            T.claim_below_peak_for,
+            "warning",
+            "A pod claims less GPU memory than its workload's runs have needed.",
+            "{{ $labels.namespace }}/{{ $labels.pod }} claimed through DRA {{ $value | humanizePercentage }} of "
+            f"the GPU memory the runs of workload {{{{ $labels.workload }}}} needed at their peak within {window} "
+            "(lifetime peak reserved plus the memory outside PyTorch's allocator, and the failed allocation of a "
+            "run that died of an OOM). It runs out of memory where those runs peaked, or takes memory promised to "
+            "the GPU's other claims. `oomsight recommend` gives the request.",
+        ),
+        Alert(
+            "OomsightGpuMemoryClaimOversized",
+            r.promql(f"""
+                {ratio}
+                > {knob("claim_oversized_factor")}
+                and on ({c.WORKLOAD}) last_over_time({r.RS_NEED}[{window}] offset {window})"""),
+            T.claim_oversized_for,
+            "info",
+            "A pod claims far more GPU memory than its workload has needed over a whole window.",
+            "{{ $labels.namespace }}/{{ $labels.pod }} claimed through DRA {{ $value | humanize }} times the GPU "
+            f"memory the runs of workload {{{{ $labels.workload }}}} needed at their peak within {window}, and the "
+            f"workload has been observed for longer than that (alert above {knob('claim_oversized_factor')} "
+            "times). The rest idles: `oomsight recommend` gives a request that fits.",
+        ),
+    ]
+
+
 def all_alerts() -> list[Alert]:
     return [
         *oom_alerts(),
@@ -295,6 +330,7 @@ def all_alerts() -> list[Alert]:
         *webhook_alerts(),
         *budget_alerts(),
         *waste_alerts(),
+        *rightsizing_alerts(),
     ]
 
 

@@ -165,6 +165,31 @@ idle = p.table(
     [p.column("Peak share", "percentunit", IDLE), p.column("pod", link=POD_LINK)],
 )
 
+right_sizing = p.table(
+    "Right-sizing: workloads that would fit a smaller request",
+    f"Per workload with GPUs running now: the memory they grant (a DRA claim, else the whole GPU or MIG instance) "
+    f"beyond the recommended request, largest first. Recommended: the highest per-GPU need of its runs over "
+    f"{T.rightsizing_window} (exact lifetime peak reserved + memory outside PyTorch's allocator + the failed "
+    f"allocation of a run that died of an OOM) plus {T.rightsizing_margin_ratio:.0%}. `oomsight recommend` names "
+    "the MIG profile, GPU and DRA claim that fit.",
+    q.RIGHT_SIZING,
+    {
+        "namespace": "namespace",
+        "workload": "workload",
+        "workload_type": "kind",
+        "Value #A": "Wasted",
+        "Value #B": "Recommended",
+        "Value #C": "Observed peak",
+        "Value #D": "Granted now",
+    },
+    [
+        p.column("Wasted", "bytes"),
+        p.column("Recommended", "bytes"),
+        p.column("Observed peak", "bytes"),
+        p.column("Granted now", "bytes"),
+    ],
+)
+
 ooms = [
     (
         p.timeseries(
@@ -203,6 +228,7 @@ dashboard = p.dashboard(
         "Peaks, headroom and waste",
         (9, peaks),
         (7, [(idle, 24)]),
+        (7, [(right_sizing, 24)]),
         "CUDA out-of-memory errors",
         (8, ooms),
     ],

@@ -68,6 +68,22 @@ class Thresholds:
     nothing inside CUDA stops (docs/alerts.md, "GPU memory budgets")."""
     budget_exceeded_for: str = "5m"
     """Several window peaks above the share, not one spike: the neighbours' own peaks may not coincide."""
+    rightsizing_window: str = "7d"
+    """Right-sizing: the runs a workload's recommended GPU memory covers (the highest need within it). A week
+    holds a weekly pattern (a nightly job's longest input, a Monday retrain); ``oomsight recommend --window``
+    picks another at query time."""
+    rightsizing_margin_ratio: float = 0.10
+    """Right-sizing: the recommendation is the window's highest need times (1 + this). The need is already the
+    exact lifetime peak reserved plus the memory outside the allocator, not a sample, so the margin covers
+    what the window did not see (a longer sequence, a new driver's larger context), not sampling error."""
+    claim_below_peak_ratio: float = 1.0
+    """``OomsightGpuMemoryClaimBelowPeak``: a pod's DRA claim below this share of its workload's observed need
+    over the window (1: below the need itself, margin not counted)."""
+    claim_below_peak_for: str = "5m"
+    claim_oversized_factor: float = 2.0
+    """``OomsightGpuMemoryClaimOversized``: a claim more than this many times the workload's observed need over a
+    whole window: half of it idles at the workload's worst moment in a week."""
+    claim_oversized_for: str = "1h"
 
 
 THRESHOLDS = Thresholds()

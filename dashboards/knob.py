@@ -30,6 +30,9 @@ FIELDS = (
     "webhook_certificate_days",
     "webhook_errors_window",
     "webhook_errors_min",
+    "rightsizing_window",
+    "rightsizing_margin_ratio",
+    "claim_oversized_factor",
 )
 """The overridable ``config.Thresholds`` fields. Not here: ``busy_ratio``
 (dashboards only) and the ``*_for`` durations (``prometheusRule.customRules.<alert>.for``)."""

@@ -159,6 +159,13 @@ TOP_PEAK_PODS = [row(f"topk(10, max_over_time({r.POD_PEAK_RESERVED}{WL}[{RANGE}]
 NEAR_CAPACITY_PODS = [row(f"topk(10, 1 - min_over_time({r.POD_HEADROOM}{WL}[{RANGE}]))", "share")]
 HEADROOM_DISTRIBUTION = [Query(f"min_over_time({r.GPU_HEADROOM}{WL}[{RANGE}])", "{{pod}} {{gpu_uuid}}", instant=True)]
 IDLE_GPUS = [row(f"{GPU_PEAK_SHARE} < {T.underused_peak_ratio}", "share")]
+RIGHT_SIZING = [
+    row(f"{r.RS_WASTE}{WL} > 0", "waste"),
+    row(f"{r.RS_REQUEST}{WL}", "recommended"),
+    row(f"{r.RS_NEED_WINDOW}{WL}", "observed peak"),
+    row(f"sum by ({c.WORKLOAD}) ({r.RS_GRANTED}{WL})", "granted"),
+]
+"""Workloads whose running GPUs grant more than the recommended request (``oomsight recommend``), by waste."""
 
 # ------------------------------------------------------------------ workload / pod detail
 TIMELINE = [

@@ -16,8 +16,9 @@ import textwrap
 from typing import Any
 
 from dashboards import config as c
+from dashboards.knob import fill, knob
 
-OPERATIONS = {"sum", "max", "min", "count", "relabel"}
+OPERATIONS = {"sum", "max", "min", "count", "relabel", "max_over_time"}
 OWNER = "namespace_workload_pod:oomsight_pod_owner_info:relabel"
 OOM_EVENT = "namespace_workload_pod_rank_device_cause:oomsight_last_oom_timestamp_seconds:max"
 GPU_RESERVED = "namespace_workload_pod_gpu:oomsight_torch_reserved_bytes:sum"
@@ -45,6 +46,34 @@ WL_ALLOCATED = "namespace_workload:oomsight_torch_allocated_bytes:sum"
 WL_USED = "namespace_workload:oomsight_gpu_memory_used_bytes:sum"
 WL_TOTAL = "namespace_workload:oomsight_gpu_memory_total_bytes:sum"
 WL_GPUS = "namespace_workload:oomsight_torch_reserved_bytes:count"
+
+# Right-sizing (issue 38; docs/kubernetes.md, "Right-sizing"). ``oomsight recommend`` queries these by name:
+# oomsight.tools.recommend keeps the same names (the library cannot import dashboards/), a test compares them.
+RS_PEAK = "namespace_workload_pod_gpu:oomsight_torch_peak_reserved_bytes:sum"
+"""The exact lifetime peak reserved of every process on each GPU (torch's own peak, never reset by
+oomsight), summed; exited processes count while their series linger: their peak is final."""
+RS_OUTSIDE = "namespace_workload_pod_gpu:oomsight_gpu_non_torch_bytes:sum"
+"""What the allocator cannot see on each GPU (CUDA context, NCCL, cuBLAS workspaces): each process's own,
+summed, where NVML lists the processes' PIDs; elsewhere a process's figure is device used minus its
+reserved (the neighbours included), so the largest one counts, once."""
+RS_OOM_ASK = "namespace_workload_pod_gpu:oomsight_last_oom_requested_bytes:sum"
+"""The allocation that failed, of each process on the GPU that died of its OOM: such a run needed at
+least its peak plus this."""
+RS_NEED_GPU = "namespace_workload_pod_gpu:memory_need_bytes:sum"
+"""Peak reserved + outside the allocator + the failed allocation of a run that died: the memory the
+GPU's processes needed."""
+RS_NEED = "namespace_workload:memory_need_bytes:max"
+"""The workload's most demanding GPU now (a request is per device)."""
+RS_NEED_WINDOW = "namespace_workload:memory_need_bytes:max_over_time"
+"""The highest need over ``rightsizing_window``: the observed peak."""
+RS_REQUEST = "namespace_workload:memory_request_bytes:max"
+"""The recommended memory per GPU: the observed peak plus ``rightsizing_margin_ratio``."""
+RS_GRANTED = "namespace_workload_pod_gpu:memory_granted_bytes:min"
+"""What each running pod's GPU gives it now: its DRA memory claim where it has one, else the whole device
+(a MIG instance is its own device)."""
+RS_WASTE_GPU = "namespace_workload_pod_gpu:memory_waste_bytes:sum"
+RS_WASTE = "namespace_workload:memory_waste_bytes:sum"
+"""Granted minus recommended, over the workload's running GPUs (0 where the grant is below)."""
 
 GPU_LEVEL = f"{c.WORKLOAD}, pod, gpu_uuid"
 POD_LEVEL = f"{c.WORKLOAD}, pod"
@@ -149,6 +178,52 @@ def budget_rules() -> list[dict[str, str]]:
     ]
 
 
+def outside_expr() -> str:
+    """:data:`RS_OUTSIDE`: the sum of the processes' own where NVML sees them all, else the largest."""
+    own = f"(oomsight_gpu_non_torch_bytes and on ({c.DEVICE}) oomsight_gpu_process_visible == 1)"
+    return promql(f"""
+        sum by ({GPU_LEVEL}) (
+          {owned(own)}
+        )
+        unless on ({GPU_LEVEL}) max by ({GPU_LEVEL}) (
+          {owned("(oomsight_gpu_process_visible == 0)")}
+        )
+        or max by ({GPU_LEVEL}) (
+          {owned("oomsight_gpu_non_torch_bytes")}
+        )""")
+
+
+def rightsizing_rules() -> list[dict[str, str]]:
+    """Per workload and GPU: the need, its highest value over the window, the recommended request and the
+    memory granted beyond it (docs/kubernetes.md, "Right-sizing")."""
+    died = f"(oomsight_last_oom_requested_bytes and on ({c.DEVICE}) oomsight_oom_fatal_events_total > 0)"
+    margin = knob("rightsizing_margin_ratio")
+    return [
+        {"record": RS_PEAK, "expr": f"sum by ({GPU_LEVEL}) (\n  {owned('oomsight_torch_peak_reserved_bytes')}\n)"},
+        {"record": RS_OUTSIDE, "expr": outside_expr()},
+        {"record": RS_OOM_ASK, "expr": f"sum by ({GPU_LEVEL}) (\n  {owned(died)}\n)"},
+        {
+            "record": RS_NEED_GPU,
+            "expr": promql(f"""
+                {RS_PEAK}
+                + on ({GPU_LEVEL}) ({RS_OUTSIDE} or {RS_PEAK} * 0)
+                + on ({GPU_LEVEL}) ({RS_OOM_ASK} or {RS_PEAK} * 0)"""),
+        },
+        {"record": RS_NEED, "expr": f"max by ({c.WORKLOAD}) ({RS_NEED_GPU})"},
+        {"record": RS_NEED_WINDOW, "expr": f"max_over_time({RS_NEED}[{knob('rightsizing_window')}])"},
+        {"record": RS_REQUEST, "expr": f"{RS_NEED_WINDOW} * (1 + {margin})"},
+        {
+            "record": RS_GRANTED,
+            "expr": f"({GPU_TOTAL} * 0 + on ({c.POD}) group_left () {POD_BUDGET})\nor {GPU_TOTAL}",
+        },
+        {
+            "record": RS_WASTE_GPU,
+            "expr": f"clamp_min(\n  {RS_GRANTED}\n  - on ({c.WORKLOAD}) group_left () {RS_REQUEST},\n  0\n)",
+        },
+        {"record": RS_WASTE, "expr": f"sum by ({c.WORKLOAD}) ({RS_WASTE_GPU})"},
+    ]
+
+
 def gpu_rule(record: str, metric: str, how: str) -> dict[str, str]:
     return {"record": record, "expr": f"{how} by ({GPU_LEVEL}) (\n  {owned(live(metric))}\n)"}
 
@@ -173,8 +248,10 @@ def recording_rules() -> list[dict[str, str]]:
         {"record": WL_USED, "expr": f"sum by ({c.WORKLOAD}) ({GPU_USED})"},
         {"record": WL_TOTAL, "expr": f"sum by ({c.WORKLOAD}) ({GPU_TOTAL})"},
         {"record": WL_GPUS, "expr": f"count by ({c.WORKLOAD}) ({GPU_RESERVED})"},
+        *rightsizing_rules(),
     ]
 
 
 def recording_group() -> dict[str, Any]:
-    return {"name": "oomsight.rules", "rules": recording_rules()}
+    """The recording rules as the plain rule file has them (thresholds filled in)."""
+    return {"name": "oomsight.rules", "rules": [{**r, "expr": fill(r["expr"])} for r in recording_rules()]}

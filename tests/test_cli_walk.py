@@ -306,6 +306,18 @@ def webhook_usage(tmp: Path) -> Result:
     return oomsight("webhook", "--tls-mode", "files", "--port", "0", tmp=str(tmp), env=env)
 
 
+def recommend_ok(tmp: Path) -> Result:
+    from procs import exposition_server
+
+    empty = b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+    with exposition_server(lambda path: empty) as port:
+        return oomsight("recommend", "--prometheus", f"http://127.0.0.1:{port}", tmp=str(tmp))
+
+
+def recommend_usage(tmp: Path) -> Result:
+    return oomsight("recommend", "--prometheus", "http://127.0.0.1:1", tmp=str(tmp))
+
+
 WAYS: dict[tuple[str, int], Callable[..., Result]] = {
     ("run", 0): run_ok,
     ("run", 2): run_usage,
@@ -329,6 +341,8 @@ WAYS: dict[tuple[str, int], Callable[..., Result]] = {
     ("predict", 1): predict_refused,
     ("predict", 2): predict_usage,
     ("predict", 141): predict_pipe_closed,
+    ("recommend", 0): recommend_ok,
+    ("recommend", 2): recommend_usage,
     ("demo", 0): demo_ok,
     ("demo", 130): demo_interrupted,
     ("demo", 141): demo_pipe_closed,

@@ -39,7 +39,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_rule_file_passes_promtool_check_rules() -> None:
     result = promtool("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 34 rules found" in result.stdout + result.stderr
+    assert "SUCCESS: 46 rules found" in result.stdout + result.stderr
 
 
 @pytest.mark.e2e
@@ -110,7 +110,8 @@ def test_forecasts_are_anded_with_a_level_threshold() -> None:
 
 def test_waste_is_information_and_only_waste() -> None:
     severities = {r["alert"]: r["labels"]["severity"] for r in alert_rules()}
-    assert [name for name, s in severities.items() if s == "info"] == ["OomsightGpuMemoryUnderused"]
+    waste = ["OomsightGpuMemoryUnderused", "OomsightGpuMemoryClaimOversized"]
+    assert [name for name, s in severities.items() if s == "info"] == waste
 
 
 LEVEL_LABELS = {"namespace", "workload", "pod", "gpu", "rank", "device", "cause"}
@@ -132,6 +133,11 @@ def test_recording_rules_are_named_level_metric_operations() -> None:
         "capacity_bytes",
         "budget_bytes",
         "budget_forecast_seconds",
+        # right-sizing (rules.RS_*): the need per GPU, the request, what is granted and wasted
+        "memory_need_bytes",
+        "memory_request_bytes",
+        "memory_granted_bytes",
+        "memory_waste_bytes",
     }
     for name in records:
         level, metric, operations = name.split(":")

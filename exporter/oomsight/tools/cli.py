@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     from oomsight.tools.predict import command as predict
 
     predict.add(sub)
+    from oomsight.tools import recommend
+
+    recommend.add(sub)
     demo = _subparser(sub, "demo", "the main job: live on a GPU, a labelled replay of an H200 run otherwise")
     demo.add_argument("--keep", action="store_true", help="keep the demo's spool and print the report commands for it")
     demo.add_argument(
