@@ -314,3 +314,61 @@ def test_hostile_strings_cannot_break_the_page_and_mistyped_fields_are_a_counted
     state = SpoolReader(spool).read()
     assert state.events == [] and state.skipped_total["invalid"] == 1
     assert cli.main(["report", "--html", out, spool]) == 0
+
+
+PAGE = "<!doctype html><p>a page</p>"
+
+
+def test_html_to_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
+    """Issue 36: the page was written to a temp file renamed over the link, replacing it."""
+    target, link = tmp_path / "real.html", tmp_path / "link.html"
+    target.write_text("old")
+    link.symlink_to(target)
+    report_html.write(str(link), PAGE)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == PAGE
+
+
+def test_html_to_a_fifo_is_written_through_and_the_fifo_stays(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))  # noqa: SIM115
+    reader.start()
+    report_html.write(str(fifo), PAGE)
+    reader.join(timeout=10)
+    assert got == [PAGE.encode()] and os.path.exists(fifo)
+    import stat
+
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_html_to_dev_null_writes_through_and_to_a_full_device_fails_in_one_line(tmp_path, capsys):
+    import stat
+
+    report_html.write(os.devnull, PAGE)
+    assert stat.S_ISCHR(os.lstat(os.devnull).st_mode)  # still the device, never a plain file
+    spool = str(tmp_path / "spool")
+    os.makedirs(os.path.join(spool, "snapshots"))
+    assert cli.main(["report", "--html", "/dev/full", spool]) == 1  # exitcode.REFUSED
+    err = capsys.readouterr().err
+    assert "cannot write /dev/full" in err and "wrote" not in err and len(err.strip().splitlines()) == 1
+    assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
+    assert cli.main(["report", "--html", str(tmp_path), spool]) == 1  # a folder: refused, not replaced
+    assert os.path.isdir(tmp_path)
+
+
+def test_html_to_dash_goes_to_standard_output(capsysbinary):
+    report_html.write("-", PAGE)
+    assert capsysbinary.readouterr().out == PAGE.encode()
+
+
+def test_html_to_a_regular_file_is_replaced_atomically(tmp_path):
+    out = tmp_path / "r.html"
+    out.write_text("old")
+    before = os.stat(out).st_ino
+    report_html.write(str(out), PAGE)
+    assert out.read_text() == PAGE and os.stat(out).st_ino != before  # a new file renamed into place
+    assert [p.name for p in tmp_path.iterdir()] == ["r.html"]  # no temp file left

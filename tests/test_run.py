@@ -279,3 +279,22 @@ def test_an_oom_under_a_process_cap_reads_as_the_cap_and_the_free_memory_of_the_
     out = oomsight("report", spool).stdout
     assert "process cap 7.00 GiB (set_per_process_memory_fraction), 130.00 GiB free on the device" in out
     assert "free 130.00 GiB of 7.00 GiB" not in out
+
+
+def test_a_tape_that_cannot_be_written_is_one_line_and_exits_1_before_the_command_runs(tmp_path):
+    """Issue 36: ``--tape DIR`` printed a thread's traceback, wrote no tape and exited 0."""
+    marker = tmp_path / "ran"
+    result = oomsight(
+        "run", "--port", "0", "--tape", str(tmp_path), "--", PY, "-c", f"open({str(marker)!r}, 'w').close()"
+    )
+    assert result.returncode == 1, result.stderr  # exitcode.REFUSED
+    assert f"oomsight run: cannot write the tape {tmp_path}: Is a directory\n" in result.stderr
+    assert "Traceback" not in result.stderr and not marker.exists()
+
+
+def test_a_tape_whose_writes_fail_midway_is_one_line_and_exits_1(tmp_path):
+    result = oomsight("run", "--port", "0", "--tape", "/dev/full", "--", PY, "-c", "pass")
+    assert result.returncode == 1, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if "tape" in ln]
+    assert lines == ["oomsight run: cannot write the tape /dev/full: No space left on device; it stops here"]
+    assert "Traceback" not in result.stderr

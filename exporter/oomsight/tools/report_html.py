@@ -9,8 +9,12 @@ content is untrusted (any process that can write the spool can write an op name)
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import logging
+import os
+import stat
+import sys
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -74,8 +78,31 @@ def build(spool_dir: str, now: float, retention_seconds: float) -> str:
 
 
 def write(path: str, page: str) -> None:
-    """Write the page atomically (a reader never sees half a page)."""
-    write_atomic(path, page.encode("utf-8"), durable=False)
+    """Write the page where the user named it, replacing nothing that is not a regular file (issue 36):
+    ``-`` is standard output; a regular file (or a new one) is written atomically (a reader never sees
+    half a page); a symbolic link is followed and its target written (the link stays a link); a FIFO or a
+    device is written through (``/dev/null``, a pipe to a browser); anything else (a folder, a socket) is
+    refused. Raises ``OSError`` on any failure (the command line says it in one line, exit 1)."""
+    data = page.encode("utf-8")
+    if path == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    target = os.path.realpath(path)  # a link's target; the link itself is never replaced
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG  # a new file
+    if stat.S_ISREG(mode):
+        write_atomic(target, data, durable=False)
+    elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        with open(target, "wb", buffering=0) as fh:  # no O_CREAT race: it exists, and is not replaced
+            fh.write(data)
+    elif stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    else:
+        raise OSError(errno.EINVAL, "not a file, a FIFO or a device", path)
 
 
 def render(r: Report) -> str:

@@ -80,6 +80,13 @@ def _run_in(spool: str, opts: RunOptions, out: TextIO) -> int:
         out.write(f"oomsight run: {exc}\n")
         _remove_ours(spool if opts.spool_dir is None else None)
         return exitcode.PORT_BUSY
+    try:
+        recorder = TapeRecorder(opts.tape, spool, out, opts.command) if opts.tape else None
+    except OSError as exc:  # a folder, a read-only place: said before the command runs
+        out.write(f"oomsight run: cannot write the tape {opts.tape}: {exc.strerror or exc}\n")
+        _stop_server(server)
+        _remove_ours(spool if opts.spool_dir is None else None)
+        return exitcode.REFUSED
     boot = tempfile.mkdtemp(prefix="oomsight-startup-")
     workers: list[Worker] = []
     try:
@@ -87,33 +94,60 @@ def _run_in(spool: str, opts: RunOptions, out: TextIO) -> int:
         env = dict(os.environ)
         env[ENV_DIR] = spool
         env["PYTHONPATH"] = startup.pythonpath_with(boot, env.get("PYTHONPATH"))
-        workers += [_start_tape(opts, spool), _start_watch(spool, out)]
+        workers += [recorder.start() if recorder else _idle(), _start_watch(spool, out)]
         code = _run_child(opts.command, env, out)
     finally:
         for stop, thread in workers:
             stop.set()
             thread.join()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        _stop_server(server)
         _remove_ours(boot)
     if opts.report:
         out.write(report.render(collector.inventory(), spool))
+    if recorder is not None and recorder.failed and code == exitcode.OK:
+        return exitcode.REFUSED  # the command succeeded, the tape asked for was not written whole
     return code
+
+
+def _stop_server(server: Any) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 Worker = tuple[threading.Event, threading.Thread]
 
 
-def _start_tape(opts: RunOptions, spool: str) -> Worker:
-    stop = threading.Event()
-    if opts.tape:
-        meta = {"command": opts.command}
-        thread = threading.Thread(target=tape.record, args=(spool, opts.tape, stop), kwargs={"meta": meta}, daemon=True)
-    else:
-        thread = threading.Thread(target=lambda: None)
+class TapeRecorder:
+    """``--tape``: the file opened at once (a folder or a read-only place is refused before the command
+    runs), written by a thread; a write that fails later (a full disk) is said in one line and the tape
+    stops there, and ``oomsight run`` then exits 1 where its command exited 0 (``exitcode.REFUSED``)."""
+
+    def __init__(self, path: str, spool: str, out: TextIO, command: list[str]) -> None:
+        self.path, self.spool, self.out, self.command = path, spool, out, command
+        self.file = open(path, "wb")  # noqa: SIM115 (closed by the recording thread)
+        self.failed = False
+
+    def start(self) -> Worker:
+        stop = threading.Event()
+        thread = threading.Thread(target=self._record, args=(stop,), name="oomsight-tape", daemon=True)
+        thread.start()
+        return stop, thread
+
+    def _record(self, stop: threading.Event) -> None:
+        try:
+            with self.file:
+                tape.record(self.spool, self.file, stop, meta={"command": self.command})
+        except (OSError, ValueError) as exc:
+            self.failed = True
+            reason = getattr(exc, "strerror", None) or exc
+            _say(self.out, f"oomsight run: cannot write the tape {self.path}: {reason}; it stops here\n")
+
+
+def _idle() -> Worker:
+    thread = threading.Thread(target=lambda: None)
     thread.start()
-    return stop, thread
+    return threading.Event(), thread
 
 
 def _start_watch(spool: str, out: TextIO) -> Worker:

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Callable, Optional
+from typing import Any, BinaryIO, Callable, Optional, Union
 
 from oomsight.wire import decoding
 from oomsight.wire.spool import EVENTS, MAX_FILE_BYTES, SNAPSHOTS, SUBDIRS, SpoolWriter, timeline_row, write_atomic
@@ -31,12 +31,14 @@ class TapeError(ValueError):
 
 def record(
     spool_dir: str,
-    tape_path: str,
+    tape_path: Union[str, BinaryIO],
     stop: threading.Event,
     interval: float = 0.05,
     meta: Optional[dict[str, Any]] = None,
 ) -> int:
-    """Poll the spool until ``stop`` is set (then once more); return the records written."""
+    """Poll the spool until ``stop`` is set (then once more); return the records written. ``tape_path``
+    may be a file already open for binary writing (``oomsight run`` opens it before its command starts,
+    so a tape that cannot be written is said at once); a write that fails raises ``OSError``."""
     seen: dict[str, tuple[int, int]] = {}
     start = time.time()
     count = 0
