@@ -34,6 +34,29 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(40, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
 
 
+def sharded(**options: Any) -> nn.Module:
+    """``model()`` under FSDP2: each linear layer its own group, the root one more."""
+    from torch.distributed.fsdp import fully_shard
+
+    m = model()
+    for layer in m:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, **options)
+    fully_shard(m, **options)
+    return m
+
+
+class Holder(nn.Module):
+    """A user's module around the wrapped model (a LightningModule, a model with a loss head)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
 def step(m: nn.Module, opt: torch.optim.Optimizer) -> None:
     m(torch.randn(8, 40)).sum().backward()
     opt.step()
@@ -63,13 +86,7 @@ def ddp(rank: int, out: str, bucket_view: bool) -> dict[str, Any]:
 
 
 def fsdp2(rank: int, out: str, reshard: bool) -> dict[str, Any]:
-    from torch.distributed.fsdp import fully_shard
-
-    m = model()
-    for layer in m:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, reshard_after_forward=reshard)
-    fully_shard(m, reshard_after_forward=reshard)
+    m = sharded(reshard_after_forward=reshard)
     opt = torch.optim.AdamW(m.parameters())
     for _ in range(2):
         step(m, opt)
@@ -165,7 +182,122 @@ def hooked(rank: int, out: str, reshard: bool) -> dict[str, Any]:
     }
 
 
-BODIES = {"ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1, "hooked": hooked}
+def _ddp_truth(m: Any, opt: torch.optim.Optimizer, views: bool, extra: Any = ()) -> dict[str, int]:
+    """What a DDP rank holds: its parameters, gradients (fresh tensors, or views of the buckets), the
+    buckets themselves (the reducer's own sizes) and the optimizer state, every storage once."""
+    buckets = sum(b.buffer().numel() * b.buffer().element_size() for b in m.reducer._get_zeros_like_grad_buckets())
+    grads = storages(p.grad for p in m.parameters())
+    return {
+        "parameters": storages([*m.parameters(), *extra]),
+        "gradients": grads if views else grads + buckets,
+        "buckets": 0 if views else buckets,
+        "state": storages(v for s in opt.state.values() for v in s.values()),
+    }
+
+
+def compiled_ddp(rank: int, out: str, wrapped: bool) -> dict[str, Any]:
+    """``torch.compile(DDP(m))``, or a user's module holding the DDP model: the wrapper is found inside."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    # dynamo's DDPOptimizer wants the first bucket no larger than the others: the default caps for it
+    ddp = DistributedDataParallel(model(), bucket_cap_mb=0.01 if wrapped else None)
+    if wrapped:
+        outer: nn.Module = Holder(ddp)
+    else:
+        outer = torch.compile(ddp, backend="eager")
+    opt = torch.optim.AdamW(outer.parameters())
+    for _ in range(2):
+        step(outer, opt)
+    layout = measure(torch, [outer], [opt], "cpu")
+    return {"layout": layout.states(0), "truth": _ddp_truth(ddp, opt, False), "parallelism": layout.parallelism}
+
+
+def compiled_fsdp2(rank: int, out: str, wrapped: bool) -> dict[str, Any]:
+    """FSDP2 inside ``torch.compile`` (its ``_orig_mod``) or inside a user's module."""
+    m = sharded()
+    outer: nn.Module = Holder(m) if wrapped else torch.compile(m, backend="eager")  # type: ignore[assignment]
+    opt = torch.optim.AdamW(outer.parameters())
+    for _ in range(2):
+        step(outer, opt)
+    layout = measure(torch, [outer], [opt], "cpu")
+    truth = {
+        "parameters": storages(m.parameters()),
+        "gradients": storages(p.grad for p in m.parameters()),
+        "buckets": 0,
+        "state": storages(v for s in opt.state.values() for v in s.values()),
+    }
+    return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism}
+
+
+def ddp_zero_grad_in_no_sync(rank: int, out: str, views: bool) -> dict[str, Any]:
+    """DDP with ``gradient_as_bucket_view``; ``zero_grad()`` (set_to_none) in the middle of a ``no_sync``
+    accumulation: the next backwards make fresh gradients beside the buckets, which stay allocated."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    m = DistributedDataParallel(model(), gradient_as_bucket_view=views, bucket_cap_mb=0.01)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):  # synced steps: the gradients are views of the rebuilt buckets
+        step(m, opt)
+    synced = all(p.grad is None or p.grad._is_view() for p in m.parameters())
+    with m.no_sync():
+        m(torch.randn(8, 40)).sum().backward()
+        opt.zero_grad(set_to_none=True)
+        m(torch.randn(8, 40)).sum().backward()
+    fresh = not any(p.grad._is_view() for p in m.parameters())
+    layout = measure(torch, [m], [opt], "cpu")
+    truth = _ddp_truth(m, opt, False)  # fresh gradients: the buckets are beside them
+    return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism, "synced_views": synced,
+            "fresh": fresh}
+
+
+def zero_redundancy(rank: int, out: str, views: bool) -> dict[str, Any]:
+    """``ZeroRedundancyOptimizer`` (ZeRO-1) over DDP: each rank holds the state of its own partition."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    m = DistributedDataParallel(model(), gradient_as_bucket_view=views, bucket_cap_mb=0.01)
+    opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.AdamW)
+    for _ in range(2):
+        step(m, opt)
+    layout = measure(torch, [m], [opt], "cpu")  # the wrapper only: counted through its .optim
+    truth = _ddp_truth(m, opt.optim, views)
+    local = [p for g in opt.optim.param_groups for p in g["params"]]
+    truth["expected_state"] = 2 * storages(local)
+    truth["moments"] = storages(v for s in opt.optim.state.values() for k, v in s.items() if k != "step")
+    return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism,
+            "local_parameters": storages(local)}
+
+
+def fsdp_mixed_precision(rank: int, out: str, fsdp1: bool) -> dict[str, Any]:
+    """FSDP2 with ``MixedPrecisionPolicy(param_dtype=bfloat16)``, or FSDP1 with ``MixedPrecision``: the
+    policy is recorded; the shards stay float32."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, MixedPrecisionPolicy
+
+    if fsdp1:
+        policy = MixedPrecision(param_dtype=torch.bfloat16)
+        m: nn.Module = FullyShardedDataParallel(model(), device_id=torch.device("cpu"), mixed_precision=policy)
+    else:
+        m = sharded(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):
+        step(m, opt)
+    layout = measure(torch, [m], [opt], "cpu")
+    params = [m._handle.flat_param._local_shard] if fsdp1 else list(m.parameters())  # type: ignore[union-attr]
+    grads = [m._handle.flat_param.grad] if fsdp1 else [p.grad for p in m.parameters()]  # type: ignore[union-attr]
+    truth = {
+        "parameters": storages(params),
+        "gradients": storages(grads),
+        "buckets": 0,
+        "state": storages(v for s in opt.state.values() for v in s.values()),
+    }
+    return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism}
+
+
+BODIES = {
+    "ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1, "hooked": hooked, "compiled_ddp": compiled_ddp,
+    "compiled_fsdp2": compiled_fsdp2, "ddp_zero_grad_in_no_sync": ddp_zero_grad_in_no_sync,
+    "zero_redundancy": zero_redundancy, "fsdp_mixed_precision": fsdp_mixed_precision,
+}
 
 
 def run(rank: int, world: int, out: str, body: str, flag: bool) -> None:

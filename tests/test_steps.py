@@ -42,7 +42,13 @@ def test_the_models_seen_called_add_their_frozen_parameters():
     student, teacher = torch.nn.Linear(4, 4), torch.nn.Linear(4, 64).requires_grad_(False)
     opt = torch.optim.SGD(student.parameters(), lr=0.1)
     t.post_step(opt, (), {})
-    assert t.categories[0][0] == 80  # only what the optimizer holds is known so far
+    # never called, the teacher is found all the same by the walk's scan for live models
+    assert t.categories[0][0] == 80 + 1280
+    t.live = type(t.live)()  # as before any scan: only what the optimizer holds is known
+    t.live._next = float("inf")
+    t._next_walk = 0.0
+    t.post_step(opt, (), {})
+    assert t.categories[0][0] == 80
     t.set_roots([student, teacher])
     t.post_step(opt, (), {})  # learning new models walks at the next step, whatever the interval
     assert t.categories[0][0] == 80 + 1280

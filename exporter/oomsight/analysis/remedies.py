@@ -137,10 +137,18 @@ def sharded(job: Mapping[str, Any]) -> bool:
     return p.get("zero_stage") == 3 or int(p.get("shard_size") or 1) > 1
 
 
+def mixed_precision(job: Mapping[str, Any]) -> bool:
+    """The sharding wrapper computes in 16 bits (FSDP2's ``MixedPrecisionPolicy``, FSDP1's ``MixedPrecision``,
+    DeepSpeed's bf16/fp16): autocast's saving is taken (wire 1.9 ``parallelism.mixed_precision``)."""
+    return _par(job).get("mixed_precision") in ("bfloat16", "float16")
+
+
 IN_USE: dict[str, Callable[[Mapping[str, Any]], bool]] = {
-    "autocast": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
+    "autocast": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16")
+    or mixed_precision(job),
     "bf16_params": lambda job: job.get("param_dtype") in ("bfloat16", "float16"),
-    "half_precision": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16"),
+    "half_precision": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16")
+    or mixed_precision(job),
     "checkpointing": lambda job: bool(job.get("checkpointing")),
     "compile": lambda job: bool(job.get("compiled")),
     "expandable": lambda job: bool(job.get("expandable_segments")),

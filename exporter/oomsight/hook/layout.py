@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, Optional
 
 FROZEN_MODULES_MAX = 8
@@ -194,35 +196,86 @@ def _quantized(torch: Any, p: Any, wrapper: bool) -> bool:
 
 
 def trained_by(optimizers: Iterable[Any], params: Iterable[Any]) -> Callable[[Any], bool]:
-    """Whether a parameter trains: it requires grad and, where the optimizers hold the models' own
-    parameters, one of them holds it. A teacher left with ``requires_grad`` on but in no optimizer is
-    frozen all the same (its gradients, if autograd makes them, are waste). Where no optimizer holds
-    any model parameter (ZeRO steps copies; no optimizer yet) ``requires_grad`` alone decides."""
+    """Whether a parameter is trained: it requires grad and one of the optimizers holds it. A teacher
+    left with ``requires_grad`` on but in no optimizer is frozen all the same (its gradients, if autograd
+    makes them, are waste), and so is a model whose parameters were all replaced after its optimizer was
+    made (``load_state_dict(assign=True)``: the optimizer trains the old tensors). ``requires_grad``
+    alone decides only where no optimizer holds a parameter yet, or where an optimizer steps copies of
+    the parameters (DeepSpeed's ZeRO, apex's master weights). ``params``: the models' parameters."""
+    del params  # what decides is what the optimizers hold, not whether it overlaps the models
+    optimizers = list(optimizers)
     held = {id(p) for opt in optimizers for g in getattr(opt, "param_groups", []) for p in g.get("params", [])}
-    if not any(id(p) in held for p in params):  # the models' parameters
+    if not held or any(_steps_copies(opt) for opt in optimizers):
         return lambda p: bool(getattr(p, "requires_grad", False))
     return lambda p: bool(getattr(p, "requires_grad", False)) and id(p) in held
 
 
+COPYING_PACKAGES = ("deepspeed", "apex")
+"""Packages whose optimizers step fp32 copies of the model's parameters (not the parameters)."""
+DELEGATE_ATTRIBUTES = ("optim", "optimizer", "_optimizer", "base_optimizer", "inner_optimizer")
+"""Where an optimizer that wraps another keeps it: ``ZeroRedundancyOptimizer.optim``, Accelerate's
+``AcceleratedOptimizer.optimizer``, Lightning's ``LightningOptimizer._optimizer``, SAM's
+``base_optimizer``, ..."""
+DELEGATE_DEPTH = 4
+
+
+def _steps_copies(opt: Any) -> bool:
+    return type(opt).__module__.partition(".")[0] in COPYING_PACKAGES
+
+
+def delegates(opt: Any) -> list[Any]:
+    """``opt`` and the optimizers it wraps, outermost first (attribute reads; at most four deep)."""
+    chain = [opt]
+    for _ in range(DELEGATE_DEPTH):
+        inner = next((getattr(chain[-1], a, None) for a in DELEGATE_ATTRIBUTES if _optimizer_like(
+            getattr(chain[-1], a, None))), None)
+        if inner is None or any(inner is o for o in chain):
+            break
+        chain.append(inner)
+    return chain
+
+
+def _optimizer_like(obj: Any) -> bool:
+    return obj is not None and hasattr(obj, "param_groups") and hasattr(obj, "state") and hasattr(obj, "step")
+
+
 def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_type: str = "cuda") -> Layout:
-    """The layout of ``roots`` (the outermost live modules) and ``optimizers``, per device of ``device_type``."""
-    roots, optimizers = list(roots), list(optimizers)
+    """The layout of ``roots`` (the outermost live modules) and ``optimizers``, per device of ``device_type``.
+    A wrapping optimizer is counted through the one it wraps (:func:`delegates`)."""
+    roots = list(roots)
+    chains = [delegates(opt) for opt in optimizers]
+    optimizers = list({id(o): o for chain in chains for o in chain}.values())
+    innermost = list({id(chain[-1]): chain[-1] for chain in chains}.values())
     named = _named_parameters(roots, optimizers)  # one walk of the module trees, reused below
     counter = _Counter(torch, device_type)
-    distributed = _distributed(torch)
-    modules = [m for root in roots for m in _modules(root)] if distributed else []
+    modules = [m for root in roots for m in _modules(root)] if _distributed(torch) else []
     for m in modules:  # FSDP2's gathered parameters stand for their shards, which the optimizers hold
         _fsdp2_aliases(counter, m)
-    held = trained_by(optimizers, (counter.aliases.get(id(p), p) for _root, _name, p in named if _root is not None))
+    held = trained_by(optimizers, ())
 
     def trains(p: Any) -> bool:
         return held(counter.aliases.get(id(p), p))
 
-    for m in modules:  # sharded wrappers first: their shards, and what they gathered
+    for m in modules:  # sharded wrappers first, wherever they sit in the tree: their shards, what they gathered
         _fsdp2_params(counter, m, trains)
         _fsdp1_params(counter, m, trains)
-    for root in roots:
-        _ddp_buckets(counter, root)
+    for m in {id(m): m for m in modules}.values():
+        _ddp_buckets(counter, m)
+    kinds = _count_parameters(torch, counter, named, trains)
+    _optimizer_states(counter, innermost, optimizers)
+    return Layout(
+        devices=counter.devices,
+        dtypes=counter.dtypes,
+        frozen_modules=frozen_modules(roots, named, trains),
+        parallelism=parallelism(torch, roots, modules, kinds, optimizers),
+        adapters="adapters" in kinds,
+    )
+
+
+def _count_parameters(
+    torch: Any, counter: _Counter, named: list[tuple[Any, str, Any]], trains: Callable[[Any], bool]
+) -> set[str]:
+    """Every parameter (each storage once) and its gradient; the kinds of parameters seen."""
     kinds: set[str] = set()
     for _root, name, p in named:
         wrapper = type(p) not in counter.plain and counter.is_wrapper(p)
@@ -246,14 +299,7 @@ def measure(torch: Any, roots: Iterable[Any], optimizers: Iterable[Any], device_
             device, size = counter.add(p.grad, GRADS)
             if not trained:
                 _bump(counter, device, "untrained_grads", size)
-    _optimizer_states(counter, optimizers)
-    return Layout(
-        devices=counter.devices,
-        dtypes=counter.dtypes,
-        frozen_modules=frozen_modules(roots, named, trains),
-        parallelism=parallelism(torch, roots, modules, kinds),
-        adapters="adapters" in kinds,
-    )
+    return kinds
 
 
 def _distributed(torch: Any) -> bool:
@@ -297,29 +343,42 @@ def _named_parameters(roots: list[Any], optimizers: list[Any]) -> list[tuple[Any
     return out
 
 
-def _optimizer_states(counter: _Counter, optimizers: list[Any]) -> None:
-    """The state the optimizers hold, and what they will hold once every state exists: the factor of
-    their kind times the bytes of the (local) parameters they train, each storage once."""
+def _optimizer_states(counter: _Counter, innermost: list[Any], optimizers: list[Any]) -> None:
+    """The state the optimizers hold (``optimizers``, wrappers and what they wrap, each storage once), and
+    what the ones that hold the state (``innermost``) will hold: the factor of their kind times the bytes
+    of the (local) parameters that will have state, each storage once (:func:`_will_have_state`)."""
     trained: set[tuple[int, int]] = set()
-    for opt in optimizers:
+    for opt in innermost:
         factor = state_factor(opt)
-        for group in getattr(opt, "param_groups", []):
-            for p in group.get("params", []):
-                if not getattr(p, "requires_grad", True):
+        for p in _will_have_state(opt):
+            for index, key, nbytes in counter._storages(getattr(p, "ds_tensor", p), 0):
+                if key in trained:
                     continue
-                for index, key, nbytes in counter._storages(getattr(p, "ds_tensor", p), 0):
-                    if key in trained:
-                        continue
-                    trained.add(key)
-                    totals = counter.totals(index)
-                    if factor is None or totals.expected_state is None:
-                        totals.expected_state = None
-                    else:
-                        totals.expected_state += int(factor * nbytes)
+                trained.add(key)
+                totals = counter.totals(index)
+                if factor is None or totals.expected_state is None:
+                    totals.expected_state = None
+                else:
+                    totals.expected_state += int(factor * nbytes)
+    for opt in optimizers:
         for state in getattr(opt, "state", {}).values():
-            for value in state.values():
+            for value in state.values() if isinstance(state, dict) else ():
                 if hasattr(value, "untyped_storage"):
                     counter.add(value, STATE)
+
+
+def _will_have_state(opt: Any) -> list[Any]:
+    """The parameters of ``opt`` whose state exists or will at its next step: those with state or a
+    gradient. An optimizer makes state only for a parameter that has a gradient at a step, so an expert
+    no token is routed to, or a parameter no loss reaches, never has any. Before the optimizer has state
+    or any of its parameters a gradient, every parameter that requires grad may get both."""
+    groups = getattr(opt, "param_groups", [])
+    params = [p for g in groups for p in g.get("params", []) if getattr(p, "requires_grad", True)]
+    state = getattr(opt, "state", None)
+    if not isinstance(state, Mapping):
+        return params
+    live = [p for p in params if getattr(p, "grad", None) is not None or state.get(p)]
+    return live if live or len(state) else params
 
 
 def _fsdp_params(module: Any) -> list[Any]:
@@ -371,29 +430,42 @@ def _fsdp1_params(counter: _Counter, module: Any, trains: Callable[[Any], bool])
         counter.add(flat.grad, GRADS)
 
 
-def _ddp_buckets(counter: _Counter, root: Any) -> None:
+def _ddp_buckets(counter: _Counter, ddp: Any) -> None:
     """DDP's flat buckets: one per group of gradients, in the parameters' dtype, allocated at
-    construction and kept. With ``gradient_as_bucket_view`` the gradients are views of them (the
-    gradients' storages are the buckets: counted there); otherwise they are a second copy."""
-    if "DistributedDataParallel" not in _names(root):
+    construction and kept, as large as the gradients they hold. A gradient that is a view of its bucket
+    (``gradient_as_bucket_view``, after a synchronised backward) shares the bucket's storage: the
+    bucket is counted there, as gradients. Every other gradient (the flag off; or fresh tensors made
+    by backwards after ``zero_grad()`` set them to None, inside ``no_sync``) is a second copy beside
+    the buckets: the buckets not found through a view are counted besides."""
+    if "DistributedDataParallel" not in _names(ddp):
         return
-    views = bool(getattr(root, "gradient_as_bucket_view", False))
+    views = bool(getattr(ddp, "gradient_as_bucket_view", False))
     total: dict[int, int] = {}
     counted: dict[int, int] = {}
-    for p in root.parameters():
+    for p in ddp.parameters():
         if not p.requires_grad or getattr(p.device, "type", None) != counter.device_type:
             continue
         index = p.device.index if p.device.index is not None else 0
         total[index] = total.get(index, 0) + p.numel() * p.element_size()
-        if views and p.grad is not None:
+        if views and p.grad is not None and _bucket_view(p.grad):
             device, size = counter.add(p.grad, GRADS)
             if device >= 0:
                 counted[device] = counted.get(device, 0) + size
     for index, size in total.items():
-        extra = max(size - counted.get(index, 0), 0)  # a bucket whose gradients are None (set_to_none)
+        extra = max(size - counted.get(index, 0), 0)
         totals = counter.totals(index)
         totals.buckets += extra
         totals.gradients += extra
+
+
+def _bucket_view(grad: Any) -> bool:
+    """The gradient is a view of a larger storage (the reducer's ``narrow(...).view(...)`` of its bucket),
+    not a tensor of its own (what autograd makes where ``.grad`` was None)."""
+    try:
+        own = grad.numel() * grad.element_size()
+        return bool(grad._is_view()) or grad.untyped_storage().nbytes() > own
+    except (AttributeError, RuntimeError):  # a tensor subclass without a plain storage: not DDP's
+        return False
 
 
 def frozen_modules(roots: list[Any], named: list[tuple[Any, str, Any]], trains: Callable[[Any], bool]) -> list[str]:
@@ -418,9 +490,13 @@ def frozen_modules(roots: list[Any], named: list[tuple[Any, str, Any]], trains: 
     return [name for _size, name in found[:FROZEN_MODULES_MAX]]
 
 
-def parallelism(torch: Any, roots: list[Any], modules: list[Any], kinds: set[str]) -> dict[str, Any]:
+def parallelism(
+    torch: Any, roots: list[Any], modules: list[Any], kinds: set[str], optimizers: Iterable[Any] = ()
+) -> dict[str, Any]:
     """The parallelism in use (the wire's ``Parallelism``), from the live modules (``modules``: every
-    module of the roots where a process group exists) and the kinds of parameters seen (``kinds``)."""
+    module of the roots where a process group exists, so a wrapper is found wherever it sits: inside
+    ``torch.compile``'s ``OptimizedModule``, inside a user's module), the kinds of parameters seen
+    (``kinds``) and the optimizers (ZeRO-1 by ``ZeroRedundancyOptimizer``)."""
     found: dict[str, Any] = {
         "world_size": world_size(torch),
         "strategy": "none",
@@ -430,22 +506,28 @@ def parallelism(torch: Any, roots: list[Any], modules: list[Any], kinds: set[str
         "reshard_after_forward": None,
         "gradient_as_bucket_view": None,
         "offload": None,
+        "mixed_precision": None,
     }
-    for root in roots:
-        names = _names(root)
-        if "DeepSpeedEngine" in names:
-            return _zero(root, found)
-        if "DistributedDataParallel" in names:
-            found.update(strategy="ddp", gradient_as_bucket_view=bool(getattr(root, "gradient_as_bucket_view", False)))
+    candidates = [*roots, *modules]
+    engine = next((m for m in candidates if "DeepSpeedEngine" in _names(m)), None)
+    if engine is not None:
+        return _zero(engine, found)
+    ddp = next((m for m in candidates if "DistributedDataParallel" in _names(m)), None)
+    if ddp is not None:
+        found.update(strategy="ddp", gradient_as_bucket_view=bool(getattr(ddp, "gradient_as_bucket_view", False)))
+        found["mixed_precision"] = _dtype_name(getattr(getattr(ddp, "mixed_precision", None), "param_dtype", None))
+    if any("ZeroRedundancyOptimizer" in _names(opt) for opt in optimizers):
+        found.update(zero_stage=1, strategy="zero" if found["strategy"] == "none" else found["strategy"])
     fsdp2 = [m for m in modules if "FSDPModule" in _names(m)]
     if fsdp2:
-        return _fsdp2(fsdp2, set(map(id, roots)), found)
+        return _fsdp2(fsdp2, found)
     fsdp1 = [m for m in modules if "FullyShardedDataParallel" in _names(m)]
     if fsdp1:
         m = fsdp1[0]
         strategy = getattr(getattr(m, "sharding_strategy", None), "name", None)
         offload = getattr(getattr(m, "cpu_offload", None), "offload_params", None)
         found.update(strategy="fsdp", sharding=strategy, shard_size=getattr(m, "world_size", None), offload=offload)
+        found["mixed_precision"] = _dtype_name(getattr(getattr(m, "mixed_precision", None), "param_dtype", None))
         return found
     if "zero" in kinds:
         found.update(strategy="zero", zero_stage=3, shard_size=found["world_size"])
@@ -454,11 +536,18 @@ def parallelism(torch: Any, roots: list[Any], modules: list[Any], kinds: set[str
     return found
 
 
-def _fsdp2(modules: list[Any], root_ids: set[int], found: dict[str, Any]) -> dict[str, Any]:
-    """FSDP2: the shard size, resharding after forward (judged on the non-root groups, as the root's
-    default is not to), hybrid sharding and CPU offload, from the parameter groups."""
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """``torch.bfloat16`` -> ``"bfloat16"``; None for None."""
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+def _fsdp2(modules: list[Any], found: dict[str, Any]) -> dict[str, Any]:
+    """FSDP2: the shard size, resharding after forward (judged on the inner groups, as the outermost
+    group's default is not to), hybrid sharding, CPU offload and the mixed-precision policy's
+    ``param_dtype``, from the parameter groups."""
+    inner = {id(c) for m in modules for c in m.modules() if c is not m}  # the outermost FSDP modules are roots
     reshard: Optional[bool] = None
-    hybrid, offload, shard = False, False, None
+    hybrid, offload, shard, mixed = False, False, None, None
     for m in modules:
         group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
         if group is None:
@@ -467,11 +556,14 @@ def _fsdp2(modules: list[Any], root_ids: set[int], found: dict[str, Any]) -> dic
         shard = getattr(info, "shard_mesh_size", shard)
         hybrid = hybrid or type(info).__name__ == "HSDPMeshInfo"
         offload = offload or any(getattr(fp, "offload_to_cpu", False) for fp in group.fsdp_params)
-        if id(m) not in root_ids or reshard is None:
+        for fp in group.fsdp_params:
+            mixed = mixed or _dtype_name(getattr(getattr(fp, "mp_policy", None), "param_dtype", None))
+        if id(m) in inner or reshard is None:
             resharded = getattr(group, "post_forward_mesh_info", None) is not None
-            reshard = resharded if id(m) not in root_ids else (reshard or resharded)
+            reshard = resharded if id(m) in inner else (reshard or resharded)
     sharding = "HYBRID_SHARD" if hybrid else "FULL_SHARD" if reshard is not False else "SHARD_GRAD_OP"
     found.update(strategy="fsdp2", sharding=sharding, shard_size=shard, reshard_after_forward=reshard, offload=offload)
+    found["mixed_precision"] = mixed
     return found
 
 
@@ -486,6 +578,7 @@ def _zero(engine: Any, found: dict[str, Any]) -> dict[str, Any]:
     stage = call("zero_optimization_stage")
     offload = bool(call("zero_cpu_offload") or call("zero_offload_param"))
     found.update(strategy="zero", zero_stage=stage, shard_size=found["world_size"], offload=offload)
+    found["mixed_precision"] = "bfloat16" if call("bfloat16_enabled") else "float16" if call("fp16_enabled") else None
     return found
 
 
@@ -510,3 +603,65 @@ def roots_of(modules: Iterable[Any]) -> list[Any]:
         for child in getattr(m, "children", lambda: [])():
             children.add(id(child))
     return [m for m in modules if id(m) not in children]
+
+
+SCAN_SHARE = 0.001
+"""At most this share of the training thread goes to the garbage-collector scan for live models: after a
+scan that took ``t`` seconds the next one waits ``t / SCAN_SHARE`` (a 30 ms scan: 30 s, the walk's own
+interval; a 300 ms scan of a huge program: 5 minutes)."""
+SCAN_MAX_SECONDS = 0.5
+"""A scan still running after this long gives up (its partial result is dropped, the previous one kept)."""
+SCAN_CHECK_EVERY = 4096
+"""Objects between two looks at the clock during a scan."""
+
+
+class LiveModels:
+    """Every live model (``nn.Module`` that no other module holds), found through the garbage collector
+    beside the models the job probe saw called: an EMA copy updated under ``no_grad``, a frozen teacher or
+    reference model never called inside a detection window. Run at the layout walk's cadence, bounded in
+    time (``SCAN_SHARE``, ``SCAN_MAX_SECONDS``); the models found are held by weak reference."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self._found: list[weakref.ref[Any]] = []
+        self._next = 0.0
+        self.last_seconds: Optional[float] = None
+        """How long the last scan took (None before one)."""
+        self.abandoned = 0
+        """Scans given up after ``SCAN_MAX_SECONDS``."""
+
+    @property
+    def roots(self) -> list[Any]:
+        return [m for m in (r() for r in self._found) if m is not None]
+
+    def scan(self, gc_module: Any, module_type: Any) -> list[Any]:
+        """The live models: scanned anew where the time share allows, else those of the last scan."""
+        start = self.clock()
+        if start < self._next:
+            return self.roots
+        modules = _scan(gc_module, module_type, self.clock, start + SCAN_MAX_SECONDS)
+        self.last_seconds = took = self.clock() - start
+        self._next = start + took / SCAN_SHARE
+        if modules is None:
+            self.abandoned += 1
+            return self.roots
+        self._found = [weakref.ref(m) for m in roots_of(modules)]
+        return self.roots
+
+
+def _scan(gc_module: Any, module_type: Any, clock: Callable[[], float], deadline: float) -> Optional[list[Any]]:
+    """Every live instance of ``module_type``; None when the clock passes ``deadline`` first."""
+    found: list[Any] = []
+    kinds: dict[type, bool] = {}  # one subclass check per type, a dict look-up per object
+    objects = gc_module.get_objects()
+    for start in range(0, len(objects), SCAN_CHECK_EVERY):
+        for o in objects[start : start + SCAN_CHECK_EVERY]:
+            t = type(o)  # type(), not isinstance(): no lazy object's __class__ runs
+            is_module = kinds.get(t)
+            if is_module is None:
+                is_module = kinds[t] = issubclass(t, module_type)
+            if is_module:
+                found.append(o)
+        if clock() > deadline:
+            return None
+    return found

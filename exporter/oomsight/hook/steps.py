@@ -10,6 +10,7 @@ the allocator peak after each step (its settings group: :class:`~oomsight.config
 
 from __future__ import annotations
 
+import gc
 import importlib
 import time
 import weakref
@@ -51,6 +52,8 @@ class StepTracker:
         """The device type whose tensors are counted (tests count the CPU's)."""
         self.torch: Any = None
         self._roots: list[weakref.ref[Any]] = []
+        self.live = layout.LiveModels()
+        """Every live model, found through the garbage collector at the walk's cadence (bounded in time)."""
         self.step_peaks: dict[int, StepPeak] = {}
         self.peak_devices: Callable[[], list[int]] = list
         """Set by the hook: the devices whose peaks to read when ``step_peaks`` is on."""
@@ -105,8 +108,9 @@ class StepTracker:
 
     @property
     def roots(self) -> list[Any]:
-        """The outermost modules the job probe saw called (models: trained, frozen, teachers), alive."""
-        return [m for m in (r() for r in self._roots) if m is not None]
+        """The live models the last scan found (an EMA copy, a teacher never called in a window), then the
+        outermost modules the job probe saw called (models: trained, frozen, teachers), alive."""
+        return list({id(m): m for m in [*self.live.roots, *(r() for r in self._roots)] if m is not None}.values())
 
     def set_roots(self, roots: list[Any]) -> None:
         """Learn the models (from the job probe's window); the next step measures them."""
@@ -152,6 +156,7 @@ class StepTracker:
         """Measure parameters (trainable and frozen), gradients and optimizer state per device."""
         if self.torch is None:
             return
+        self.live.scan(gc, self.torch.nn.Module)
         found = layout.measure(self.torch, self.roots, list(self._optimizers), self.device_type)
         self.layout = found
         self.param_dtypes = found.dtypes

@@ -304,7 +304,7 @@ class Parallelism(TypedDict):
     world_size: int
     #: the data-parallel wrapper in use
     strategy: str
-    #: DeepSpeed ZeRO stage 0-3
+    #: DeepSpeed ZeRO stage 0-3; 1 also for torch's ZeroRedundancyOptimizer
     zero_stage: NotRequired[Optional[int]]
     #: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (FSDP2: by its reshard setting)
     sharding: NotRequired[Optional[str]]
@@ -316,6 +316,9 @@ class Parallelism(TypedDict):
     gradient_as_bucket_view: NotRequired[Optional[bool]]
     #: parameters or optimizer state live on the CPU
     offload: NotRequired[Optional[bool]]
+    #: the dtype the wrapper computes in (FSDP2's MixedPrecisionPolicy.param_dtype, FSDP1's or DDP's
+    #: MixedPrecision, DeepSpeed bf16/fp16), e.g. "bfloat16"; null: none (since 1.9)
+    mixed_precision: NotRequired[Optional[str]]
 
 
 class JobSetup(TypedDict):

@@ -271,7 +271,7 @@ PARALLELISM = Table(
             "strategy", "str", "the data-parallel wrapper in use",
             choices=("none", "ddp", "fsdp", "fsdp2", "zero", "dtensor"),
         ),
-        nullable("zero_stage", "int", "DeepSpeed ZeRO stage 0-3"),
+        nullable("zero_stage", "int", "DeepSpeed ZeRO stage 0-3; 1 also for torch's ZeroRedundancyOptimizer"),
         nullable(
             "sharding", "str",
             "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (FSDP2: by its reshard setting)",
@@ -280,6 +280,12 @@ PARALLELISM = Table(
         nullable("reshard_after_forward", "bool", "FSDP2 frees the gathered parameters after forward"),
         nullable("gradient_as_bucket_view", "bool", "DDP: gradients are views of the buckets"),
         nullable("offload", "bool", "parameters or optimizer state live on the CPU"),
+        nullable(
+            "mixed_precision", "str",
+            "the dtype the wrapper computes in (FSDP2's MixedPrecisionPolicy.param_dtype, FSDP1's or DDP's "
+            'MixedPrecision, DeepSpeed bf16/fp16), e.g. "bfloat16"; null: none',
+            since=FORECAST,
+        ),
     ),
     since=LAYOUT,
 )
