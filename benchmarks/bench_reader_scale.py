@@ -15,6 +15,12 @@ between scrapes, over HTTP, and its resident memory (VmRSS, VmHWM) is read.
 
 Budget (issue 25): 8 ranks p99 <= 30 ms, 16 ranks <= 50 ms, 64 ranks <= 250 ms; sidecar RSS <= 40 MiB
 at 16 ranks.
+
+``--unchanged`` (issue 36) measures instead the CPU of a scrape of 64 ranks whose files did not change,
+with the reader's cache of parsed documents (keyed by file identity) on and off, in interleaved rounds
+of one process, and each part of the scrape apart (the read, the inventory and the families, the text):
+
+    PYTHONPATH=exporter:sidecar python3 benchmarks/bench_reader_scale.py --unchanged --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -200,8 +207,80 @@ def measure_tree(tree: str) -> dict[str, Any]:
     return {"changed": json.loads(found.stdout), "sidecar": sidecar_memory(tree)}
 
 
+UNCHANGED_RANKS, UNCHANGED_ROUNDS, UNCHANGED_SCRAPES = 64, 7, 30
+UNCHANGED_BUDGET_CPU_MS = 5.0
+"""Issue 36: an unchanged 64-rank spool costs about a stat per file, at most 5 ms of CPU per scrape."""
+
+
+def _cpu_ms(fn: Any, scrapes: int) -> float:
+    t0 = time.process_time()
+    for _ in range(scrapes):
+        fn()
+    return (time.process_time() - t0) / scrapes * 1000
+
+
+def measure_unchanged(n: int = UNCHANGED_RANKS) -> dict[str, Any]:
+    """CPU per scrape of ``n`` unchanged ranks, cache on and off in turns: the read alone, the read with the
+    inventory and the families, and the whole scrape with its text (``generate_latest``)."""
+    from prometheus_client import generate_latest
+
+    from oomsight.metrics.collector import SpoolCollector, families
+    from oomsight.wire.spool import SpoolReader
+
+    doc = reference_snapshot()
+    parts: dict[str, dict[str, list[float]]] = {"on": {}, "off": {}}
+    with tempfile.TemporaryDirectory() as root:
+        os.makedirs(os.path.join(root, "snapshots"))
+        publish_all(root, doc, n, 0)
+        for _ in range(UNCHANGED_ROUNDS):
+            for cache in ("on", "off"):
+                collector = SpoolCollector(
+                    root, stale_after_seconds=3600, reader=SpoolReader(root, cache=cache == "on")
+                )
+                collector.exposition(generate_latest)  # fills the cache
+                read, inventory = collector.reader.read, collector.inventory
+                measured = {
+                    "read": _cpu_ms(read, UNCHANGED_SCRAPES),
+                    "read_inventory_families": _cpu_ms(lambda f=inventory: families(f()), UNCHANGED_SCRAPES),
+                    "whole_scrape": _cpu_ms(partial(collector.exposition, generate_latest), UNCHANGED_SCRAPES),
+                }
+                for part, ms in measured.items():
+                    parts[cache].setdefault(part, []).append(round(ms, 3))
+        text = collector.exposition(generate_latest)
+    median = {c: {p: sorted(v)[len(v) // 2] for p, v in ps.items()} for c, ps in parts.items()}
+    return {
+        "ranks": n,
+        "samples": sum(1 for line in text.splitlines() if line and not line.startswith(b"#")),
+        "bytes": len(text),
+        "cpu_ms_per_scrape_median": median,
+        "cpu_ms_per_scrape_rounds": parts,
+        "budget_cpu_ms": UNCHANGED_BUDGET_CPU_MS,
+    }
+
+
+def main_unchanged(out: str) -> int:
+    gc.set_threshold(50_000, 20, 10)  # the sidecar's (oomsight_sidecar.main.GC_THRESHOLD)
+    result = measure_unchanged()
+    doc = {
+        "benchmark": "bench_reader_scale --unchanged",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "result": result,
+    }
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "reader_unchanged.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+    print(json.dumps(result["cpu_ms_per_scrape_median"], indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--unchanged", action="store_true", help="the CPU of unchanged ranks, cache on and off")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--before", default="918675c", help="the commit to measure against (default: 918675c)")
     parser.add_argument("--git", default=ROOT, help="the repository holding --before (default: this one)")
@@ -209,6 +288,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return worker()
+    if args.unchanged:
+        return main_unchanged(args.out)
     old = tempfile.mkdtemp(prefix="oomsight-before-")
     subprocess.run(
         ["git", "-C", args.git, "worktree", "add", "--detach", old, args.before], check=True, capture_output=True
