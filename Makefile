@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (README.md):
-#   make demo   - set up a small virtualenv (.venv-demo: the package and torch only) and run the main job
+#   make demo   - set up a small virtualenv (.venv-demo: the package, torch and numpy) and run the main job
 #   make test   - set up every test tool and run the whole suite (what CI runs)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -10,8 +10,9 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: demo test setup tools lint typecheck dashboards dashboards-check unit gpu-test clean
 
-# The demo needs only the base package and torch (CPU build 2.13.0 unless the system Python has
-# one, as scripts/setup-venv.sh decides): its own venv, so `make test` keeps the whole set in .venv.
+# The demo needs only the base package, torch and numpy (without numpy every torch import warns):
+# torch the CPU build 2.13.0 unless the system Python has one (scripts/setup-venv.sh decides);
+# its own venv, so `make test` keeps the whole set in .venv.
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu takes torch's CPU wheel (PyPI's Linux torch is the CUDA build).
 TORCH_INDEX ?=
 demo: $(DEMO_VENV)/.ready
@@ -21,7 +22,7 @@ $(DEMO_VENV)/.ready: pyproject.toml
 	if $(PYTHON) -c 'import torch' 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(DEMO_VENV); \
 	else $(PYTHON) -m venv $(DEMO_VENV) && \
 	  $(DEMO_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) 'torch==2.13.0'; fi
-	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -e .
+	$(DEMO_VENV)/bin/python -m pip install -q --disable-pip-version-check -e . numpy
 	touch $@
 
 test: setup tools lint typecheck dashboards-check unit

@@ -10,6 +10,7 @@ import argparse
 import errno
 import logging
 import os
+import socket
 import sys
 from typing import Any, Optional
 
@@ -29,6 +30,7 @@ EXAMPLES = {
 }
 KEEP_ALL_SECONDS = 10 * 365 * 86400.0
 PORT_HINTS = {
+    "run": "; choose another with --port N (0 picks one)",
     "sidecar": "; choose another with --port N (the admin endpoint's 21401 being taken only turns it off)",
     "webhook": "; choose another with --port N (its metrics port: OOMSIGHT_WEBHOOK_METRICS_PORT, 0 turns it off)",
 }
@@ -246,6 +248,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"oomsight run: {args.tape}: its folder does not exist", file=sys.stderr)
         return exitcode.USAGE
     port = DEFAULT_PORT if args.port is None else args.port
+    if args.port and _port_taken(args.host, port):  # before the spool line: a busy --port N is one line
+        raise OSError(errno.EADDRINUSE, "in use", f"{port} on {args.host}")
     opts = RunOptions(
         cmd,
         port=port,
@@ -262,7 +266,7 @@ def _report(args: argparse.Namespace) -> int:
     import time
 
     from oomsight.analysis.inventory import take_inventory
-    from oomsight.tools import report
+    from oomsight.tools import demo, report
     from oomsight.wire.spool import SpoolReader
 
     if not os.path.isdir(args.spool):
@@ -271,7 +275,8 @@ def _report(args: argparse.Namespace) -> int:
     if args.html:
         return _report_html(args)
     inv = take_inventory(SpoolReader(args.spool).read(), time.time(), retention_seconds=args.retention_seconds)
-    sys.stdout.write(report.render(inv, args.spool))
+    replayed = demo.replay_label(args.spool)  # a spool the demo kept from its replay says so again
+    sys.stdout.write((replayed + "\n" if replayed else "") + report.render(inv, args.spool))
     return exitcode.OK
 
 
@@ -317,6 +322,15 @@ def _replay(args: argparse.Namespace) -> int:
     if args.speed != 1.0:
         print(f"oomsight replay: {tape.replay_note(args.speed)}", file=sys.stderr)
     return exitcode.OK
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether ``port`` on ``host`` is taken now (the server binds it again a moment later)."""
+    try:
+        with socket.create_server((host, port)):
+            return False
+    except OSError as exc:  # another error (an unknown host) is the server's to report
+        return exc.errno == errno.EADDRINUSE
 
 
 def _profile(args: argparse.Namespace) -> int:

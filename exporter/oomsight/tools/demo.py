@@ -23,6 +23,9 @@ from oomsight.analysis.units import format_bytes
 from oomsight.tools import report, tape
 
 TAPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "h200-demo.tape.jsonl.gz")
+REPLAY_LABEL = "oomsight-demo-replay.txt"
+"""A file at the top of a replayed spool (the spool's readers look only into its subfolders): the
+replay's banner, which ``oomsight report`` prints again for a kept spool."""
 SHOWN = (
     "oomsight_torch_allocated_bytes",
     "oomsight_torch_reserved_bytes",
@@ -61,6 +64,15 @@ def _live(keep: bool) -> int:
     return 0 if rc in (0, 1) else rc
 
 
+def replay_label(spool: str) -> Optional[str]:
+    """The line that labels a spool the demo replayed into (kept with ``--keep``), else None."""
+    try:
+        with open(os.path.join(spool, REPLAY_LABEL)) as fh:
+            return f"== {fh.read().strip()} =="
+    except OSError:
+        return None
+
+
 def kept_notice(spool: str) -> str:
     """What ``--keep`` prints: where the spool is and the two report commands for it."""
     return (
@@ -79,6 +91,8 @@ def _replay(speed: float, keep: bool) -> int:
         f"(torch {process.get('torch_version', '?')}) -- no GPU here, this is not a live run =="
     )
     spool = tempfile.mkdtemp(prefix="oomsight-demo-")
+    with open(os.path.join(spool, REPLAY_LABEL), "w") as fh:  # `oomsight report` of a kept spool says so too
+        fh.write(banner.strip("= ") + "\n")
     try:
         print(banner, flush=True)
         _serve_replay(spool, len(records), speed)

@@ -44,15 +44,11 @@ def run(
         err.write(f"oomsight profile: {cmd.spool}: no such spool folder (oomsight run prints the one it uses)\n")
         return USAGE
     result = submit(cmd.spool, cmd.steps, cuda_time=not cmd.memory_only)
-    if cmd.json:
-        out.write(json.dumps(result.body) + "\n")
-    if not result.accepted:
-        if not cmd.json:
-            err.write(f"oomsight profile: {result.body['error']}\n")
+    if not result.accepted:  # an error is one line on stderr, with --json too (docs/cli.md)
+        err.write(f"oomsight profile: {result.body['error']}\n")
         return REFUSED if result.status != 400 else USAGE
     body = result.body
-    if not cmd.json:
-        out.write(_accepted(body, cmd.wait_seconds))
+    out.write(json.dumps(body) + "\n" if cmd.json else _accepted(body, cmd.wait_seconds))
     if not cmd.wait_seconds:
         return 0
     done = _wait(cmd, str(body["id"]), int(body["processes"]), Progress(err, clock=clock), (clock, sleep))
