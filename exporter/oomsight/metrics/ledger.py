@@ -239,12 +239,14 @@ def _count(x: Any) -> bool:
     return type(x) is int and 0 <= x <= MAX_COUNT
 
 
-def _folder(path: str) -> int:
-    """The ledger's folder, open; created where missing, never followed through a symbolic link."""
+def _folder(path: str, create: bool = False) -> int:
+    """The ledger's folder, open (``create``: made where missing); never followed through a symbolic link."""
     folder = os.path.dirname(path)
     try:
         return os.open(folder, _OPEN_DIR)
     except FileNotFoundError:
+        if not create:
+            raise
         os.makedirs(folder, exist_ok=True)
         return os.open(folder, _OPEN_DIR)
     except OSError as exc:
@@ -278,7 +280,7 @@ def _read(path: str) -> Any:
 def _write(path: str, data: bytes) -> None:
     """Replace the ledger atomically inside its real folder; whatever else holds its name (a folder, a FIFO,
     a link) is removed first: the name is the sidecar's."""
-    dir_fd = _folder(path)
+    dir_fd = _folder(path, create=True)
     name, tmp = os.path.basename(path), f".{os.path.basename(path)}.tmp-{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644, dir_fd=dir_fd)
