@@ -12,7 +12,11 @@ and then does the I/O:
   most waiting connections;
 * **fairness**: so a client flooding connections only ever loses its own, and one with a few
   (Prometheus, the kubelet, the API server) keeps them; past the bytes budget, the waiting
-  connection holding the most bytes goes.
+  connection holding the most bytes goes;
+* **fair workers**: requests that arrived whole wait for a worker in one queue per client
+  address, and workers take them round-robin over the clients, so a scraper with one
+  connection waits for at most one request of each other client, whatever their number of
+  connections (:meth:`ConnectionTable.next_ready`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import math
 import selectors
 import ssl
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Optional
 
 NEVER = math.inf
@@ -60,6 +64,8 @@ class ConnectionTable:
         self.waiting: dict[Connection, None] = {}
         self._peers: dict[str, OrderedDict[Connection, None]] = {}  # the waiting by client, idlest first
         self.busy: set[Connection] = set()
+        self.ready: OrderedDict[str, deque[Connection]] = OrderedDict()
+        """The busy connections not yet taken by a worker, by client, in the order of their turns."""
         self.lingering: OrderedDict[Connection, None] = OrderedDict()
         self.buffered = 0
         """Bytes in the buffers of waiting connections."""
@@ -104,10 +110,24 @@ class ConnectionTable:
         return False
 
     def dispatch(self, conn: Connection) -> None:
-        """Its request is whole: to a worker."""
+        """Its request is whole: it waits for a worker behind the earlier ones of its client."""
         conn.need = 0
         self.forget(conn)
         self.busy.add(conn)
+        self.ready.setdefault(peer(conn), deque()).append(conn)
+
+    def next_ready(self) -> Optional[Connection]:
+        """The request a free worker answers next: the oldest of the client whose turn it is,
+        and that client's turn goes to the back; None if none waits."""
+        if not self.ready:
+            return None
+        key, mine = next(iter(self.ready.items()))
+        conn = mine.popleft()
+        if mine:
+            self.ready.move_to_end(key)
+        else:
+            del self.ready[key]
+        return conn
 
     def returned(self, conn: Connection) -> None:
         """A worker is done with it."""

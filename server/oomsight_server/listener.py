@@ -1,7 +1,8 @@
 """The HTTP listener under every oomsight server (sidecar metrics and admin, webhook): its event loop.
 
 One event-loop thread holds every connection while its request arrives (TLS handshake
-included); a few worker threads answer requests that arrived whole. A connection that
+included); a few worker threads answer requests that arrived whole, round-robin over client
+addresses (a client flooding whole requests delays another by at most one of its own). A connection that
 only waits costs a descriptor and its bytes so far, never a thread, so thousands of idle
 or slow clients cannot keep Prometheus, the kubelet or the API server from being answered
 (docs/kubernetes.md, "Server limits", has the decision and its measurements):
@@ -16,7 +17,8 @@ or slow clients cannot keep Prometheus, the kubelet or the API server from being
   is cut off, so a client trickling a byte every few seconds cannot hold anything);
 * a **request-head cap**: request line and headers larger than ``max_head_bytes`` get
   ``431`` and a close; a request line that is not ``METHOD target HTTP/x.y`` (HTTP/0.9)
-  gets ``400`` and a close, at once;
+  gets ``400`` and a close, at once, and so do bytes that cannot begin one (a TLS
+  ClientHello on a plain port, junk without a line end) before any line end arrives;
 * **descriptors**: the soft ``RLIMIT_NOFILE`` is raised toward the hard one to fit the
   caps (:class:`DescriptorBudget`); when ``accept()`` still fails with ``EMFILE`` the
   idlest connection is closed and accepting pauses instead of spinning at 100 % CPU;
@@ -32,7 +34,6 @@ import contextlib
 import dataclasses
 import errno
 import logging
-import queue
 import re
 import resource
 import selectors
@@ -231,7 +232,9 @@ class BoundedServer:
         self.cap = 0  # claimed when serving starts (a server that fails to bind claims nothing)
         self.table = ConnectionTable()
         self._back: deque[tuple[Connection, bool]] = deque()
-        self._work: queue.SimpleQueue[Optional[Connection]] = queue.SimpleQueue()
+        self._work = threading.Condition()
+        """Guards ``table.ready`` between the loop (which adds) and the workers (which take)."""
+        self._workers_stop = False
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
         self._selector = selectors.DefaultSelector()
@@ -257,6 +260,7 @@ class BoundedServer:
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self._stopped.clear()
+        self._workers_stop = False
         self.cap = DESCRIPTORS.claim(self.limits.max_connections)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -284,8 +288,9 @@ class BoundedServer:
         """Stop the workers, give back the descriptors claimed (after :meth:`shutdown`)."""
         if self._wake_r is None:
             return  # never served
-        for _ in range(self.limits.workers):
-            self._work.put(None)
+        with self._work:
+            self._workers_stop = True
+            self._work.notify_all()
         DESCRIPTORS.release(self.cap)
         self.cap = 0
         for sock in (self._wake_r, self._wake_w):
@@ -436,7 +441,9 @@ class BoundedServer:
             return
         line_end = buf.find(b"\n")
         if line_end < 0:
-            if len(buf) > cap:
+            if not _request_line_start(bytes(buf)):
+                self._answer(conn, b"400 Bad Request")  # a TLS ClientHello, junk: at once, never held
+            elif len(buf) > cap:
                 self._answer(conn, b"431 Request Header Fields Too Large")
             return
         if not _request_line_ok(bytes(buf[:line_end])):
@@ -469,8 +476,9 @@ class BoundedServer:
 
     def _dispatch(self, conn: Connection) -> None:
         self._forget(conn)
-        self.table.dispatch(conn)
-        self._work.put(conn)
+        with self._work:
+            self.table.dispatch(conn)
+            self._work.notify()
 
     def _take_back(self) -> None:
         with contextlib.suppress(OSError, AttributeError):
@@ -556,10 +564,21 @@ class BoundedServer:
     # --- the workers ---
 
     def _work_loop(self) -> None:
-        while (conn := self._work.get()) is not None:
+        while (conn := self._next_request()) is not None:
             keep = self._serve(conn)
             self._back.append((conn, keep))
             self._wake()
+
+    def _next_request(self) -> Optional[Connection]:
+        """The next whole request, round-robin over clients (``table.next_ready``); None once
+        the server stops."""
+        with self._work:
+            while not self._workers_stop:
+                conn = self.table.next_ready()
+                if conn is not None:
+                    return conn
+                self._work.wait()
+        return None
 
     def _serve(self, conn: Connection) -> bool:
         """Answer the request whose head ``conn`` holds; True to keep the connection."""
@@ -579,6 +598,22 @@ def _request_line_ok(line: bytes) -> bool:
     """``METHOD target HTTP/x.y``: HTTP/0.9's two words and anything else are refused."""
     words = line.split()
     return len(words) == 3 and words[2].startswith(b"HTTP/")
+
+
+_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]"
+_REQUEST_LINE_START = re.compile(
+    rb"[ \t]*(?:" + _TOKEN + rb"+"  # the method
+    rb"(?:[ \t]+(?:[\x21-\x7e]+"  # the target
+    rb"(?:[ \t]+(?:H(?:T(?:T(?:P(?:/[\x21-\x7e]*[ \t\r]*)?)?)?)?)?)?)?)?)?"  # the version, cut anywhere
+)
+"""What a request line can start with before its line end: ``METHOD target HTTP/x.y`` cut
+anywhere, as leniently as :func:`_request_line_ok` reads the whole line."""
+
+
+def _request_line_start(data: bytes) -> bool:
+    """Whether ``data`` (no line end yet) can still become a request line; a TLS ClientHello
+    (its first byte 0x16) or other binary or junk cannot, and is refused before it is whole."""
+    return _REQUEST_LINE_START.fullmatch(data) is not None
 
 
 _CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r?\n")
