@@ -82,8 +82,9 @@ WINDOW = 4
 WARMUP_STEPS = 6
 """Optimizer steps before the failing phase: the job probe's window opens at the third and the
 model states are walked from the fifth."""
-ESCALATION = 3
-"""The failing step's size (batch, episode, sequence) against the warm-up's largest."""
+ESCALATIONS = (3, 8, 24)
+"""The failing step's size (batch, episode, sequence) against the warm-up's largest: the first that
+needs more than the warm-up did (a job whose states dominate needs a larger step to run out)."""
 LEAK_MULTIPLE = 8
 """The leak keeps at least this many times the forwards one backward of the job consumes (plus 16)
 before it runs out: a pile no larger cannot be told from the job's own steps by anyone."""
@@ -193,8 +194,10 @@ def sample(count: int, seed: int, distributed: bool, compiled_at_most: Optional[
 
     for axis, values in AXES.items():
         for value in values:
+            if any(getattr(j, axis) == value for j in picked.values()):
+                continue
             first = next((j for j in pool if getattr(j, axis) == value and room(j)), None)
-            if first is not None:
+            if first is not None and len(picked) < count:
                 picked[first.id] = first
     for job in pool:
         if len(picked) >= count:
@@ -270,7 +273,8 @@ class Truth:
         self.optimizers: list[Any] = []
         self.params: list[Any] = []
         self.trained: set[int] = set()
-        self.buckets: dict[int, weakref.ref[Any]] = {}
+        self.buckets: dict[tuple[int, int], weakref.ref[Any]] = {}
+        """(the DDP module, its bucket's index) -> the bucket's storage, as its last all-reduce saw it."""
         self.fsdp1: list[Any] = []
         self.fsdp2: list[Any] = []
 
@@ -286,11 +290,11 @@ class Truth:
         for m in self.models:
             yield from m.modules()
 
-    def bucket_hook(self, state: Any, bucket: Any) -> Any:
+    def bucket_hook(self, owner: int, state: Any, bucket: Any) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         buffer = bucket.buffer()
-        self.buckets[bucket.index()] = weakref.ref(buffer.untyped_storage())
+        self.buckets[(owner, bucket.index())] = weakref.ref(buffer.untyped_storage())
         return allreduce_hook(state, bucket)
 
     def now(self) -> dict[str, int]:
@@ -542,7 +546,8 @@ class Program:
             from torch.nn.parallel import DistributedDataParallel
 
             m = DistributedDataParallel(m, gradient_as_bucket_view=w == "ddp_bucket_view")
-            m.register_comm_hook(self.group, lambda state, bucket: device.truth.bucket_hook(state, bucket))
+            owner = id(m)
+            m.register_comm_hook(self.group, lambda state, bucket: device.truth.bucket_hook(owner, state, bucket))
         if w in ("compile", "compile_ddp"):
             m = torch.compile(m, backend="eager")
         return m
@@ -720,12 +725,16 @@ class Outcome:
     error: Optional[str] = None
     seconds: float = 0.0
     parallelism: dict[str, Any] = dataclasses.field(default_factory=dict)
+    consumption: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The event's forwards since the last backward and the most one backward consumed (wire 1.8)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _schedule(job: Job, program: Program, publish: Callable[[], None], pause: Callable[[], None], leak: int) -> None:
+def _schedule(
+    job: Job, program: Program, publish: Callable[[], None], pause: Callable[[], None], leak: int, grow: int
+) -> None:
     """The job: the warm-up steps, its phase, then the failing part (armed): the escalated step, or
     ``leak`` forwards of the evaluation that keeps its outputs."""
     device = program.device
@@ -744,12 +753,15 @@ def _schedule(job: Job, program: Program, publish: Callable[[], None], pause: Ca
     if job.leaks:
         program.model.eval()
         kept: list[Any] = []
+        least = LEAK_MULTIPLE * program.forwards_per_backward() + 16
         for _ in range(leak):
             program.evaluate(kept)
             device.mark()
             publish()
+            if device.capacity is None and len(device.marks) >= least + 1 and device.marks[-1] > device.warm * 1.2:
+                return  # a dry run: enough seen to place the capacity
         return
-    program.step(ESCALATION * max(warm_sizes(job)))
+    program.step(grow * max(warm_sizes(job)))
 
 
 def _capacity(job: Job, device: Device, program: Program) -> tuple[int, int]:
@@ -765,7 +777,7 @@ def _capacity(job: Job, device: Device, program: Program) -> tuple[int, int]:
         raise RuntimeError(f"the leak never outgrew the warm-up in {len(device.marks)} forwards")
     top = max(device.failing, default=0)
     if top <= warm * 1.05:
-        raise RuntimeError(f"the failing step needs {top}, the warm-up {warm}: no room for an OOM between")
+        raise NoRoom(f"the failing step needs {top}, the warm-up {warm}: no room for an OOM between")
     return (warm + top) // 2, 0
 
 
@@ -775,9 +787,15 @@ def run(job: Job, rank: int = 0, group: Any = None, root: Optional[str] = None) 
     started = time.perf_counter()
     spool = tempfile.mkdtemp(prefix="jobspace-", dir=root)
     try:
-        capacity, leak = _dry(job, group)
+        for grow in ESCALATIONS:
+            try:
+                capacity, leak = _dry(job, group, grow)
+                break
+            except NoRoom:
+                if grow == ESCALATIONS[-1]:
+                    raise
         out.capacity = capacity
-        _real(job, group, capacity, leak, spool, out)
+        _real(job, group, capacity, leak, grow, spool, out)
     except Exception as exc:  # a harness or torch failure is an outcome too (reported, never hidden)
         out.error = f"{type(exc).__name__}: {exc}"[:500]
     finally:
@@ -800,7 +818,11 @@ def _fresh() -> None:
     gc.freeze()
 
 
-def _dry(job: Job, group: Any) -> tuple[int, int]:
+class NoRoom(RuntimeError):
+    """The failing part of a dry run needed no more than its warm-up: escalate more."""
+
+
+def _dry(job: Job, group: Any, grow: int) -> tuple[int, int]:
     """The same job without the hook and without a capacity: what each part needs."""
     _fresh()
     storages = Storages()
@@ -808,16 +830,23 @@ def _dry(job: Job, group: Any) -> tuple[int, int]:
     with storages:
         program = Program(job, device, group)
         leak = (LEAK_MULTIPLE * program.forwards_per_backward() + 16) * 3
-        _schedule(job, program, lambda: None, lambda: None, leak)
-    capacity, leak = _capacity(job, device, program)
-    if group is not None:  # one GPU size for every rank
-        both = torch.tensor([capacity, leak])
+        _schedule(job, program, lambda: None, lambda: None, leak, grow)
+    try:
+        capacity, leak, failed = *_capacity(job, device, program), None
+    except RuntimeError as exc:
+        capacity, leak, failed = 0, 0, exc
+    if group is not None:  # one GPU size for every rank, and a rank's failure fails them all
+        both = torch.tensor([capacity, leak, failed is not None])
         torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX, group=group)
         capacity, leak = int(both[0]), int(both[1])
+        if failed is None and both[2]:
+            failed = NoRoom("another rank's dry run left no room")
+    if failed is not None:
+        raise failed
     return capacity, leak
 
 
-def _real(job: Job, group: Any, capacity: int, leak: int, spool: str, out: Outcome) -> None:
+def _real(job: Job, group: Any, capacity: int, leak: int, grow: int, spool: str, out: Outcome) -> None:
     from oomsight.config import Settings
     from oomsight.hook.runtime import Hook
 
@@ -851,7 +880,7 @@ def _real(job: Job, group: Any, capacity: int, leak: int, spool: str, out: Outco
         with storages:
             program = Program(job, device, group)
             with contextlib.suppress(Oom):
-                _schedule(job, program, publish, pause, leak)
+                _schedule(job, program, publish, pause, leak, grow)
     finally:
         hook.stop()
     if device.at_oom is None:
@@ -869,6 +898,7 @@ def _real(job: Job, group: Any, capacity: int, leak: int, spool: str, out: Outco
     d = event["diagnosis"]
     out.cause, out.remedies, out.summary = d["cause"], list(d["facts"].get("remedies", [])), d["summary"][:600]
     out.module_training = event.get("module_training")
+    out.consumption = {k: event.get(k) for k in ("forwards_since_backward", "most_forwards_per_backward", "phase")}
     out.parallelism = dict((event.get("job") or {}).get("parallelism") or {})
 
 
