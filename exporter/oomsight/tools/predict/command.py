@@ -378,7 +378,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     if args.capacity_bytes is not None and not args.parallel and (args.largest_batch or not args.generate):
         search = largest_batch(
             spec["build"], batch, _usable(args, 1), optimizer, spec.get("step"), margin=args.margin,
-            start=args.batch, **kwargs,
+            start=args.batch, judge="reserved", known={args.batch: p}, **kwargs,
         )  # fmt: skip
         out["largest_batch"] = {k: v for k, v in search.to_dict().items() if k != "prediction"}
     return out
@@ -400,9 +400,8 @@ def _predict_traced_rank(args: argparse.Namespace, spec: dict[str, Any]) -> dict
     if args.largest_batch and "usable_bytes" in rank:
         layout = _layout(args)
         out["largest_batch_per_rank"] = parallel_search(
-            lambda b: _traced_rank(args, spec, layout, b)["per_rank_peak_reserved_bytes"], rank["usable_bytes"],
-            args.batch,
-        )  # fmt: skip
+            lambda b: _line_and_reserved(_traced_rank(args, spec, layout, b)), rank["usable_bytes"], args.batch
+        )
     return out
 
 
@@ -424,9 +423,12 @@ def _largest_per_rank(args: argparse.Namespace, spec: dict[str, Any], batch: Any
     with unset_fake_temporarily(), torch.device("meta"):
         laid_units = parallel.units(spec["build"](), layout.shards)
 
-    def peak_of(b: int) -> int:
+    def peak_of(b: int) -> tuple[int, int]:
         p = predict_peak(spec["build"], batch, b, optimizer, spec.get("step"), **kwargs)
-        return int(parallel.per_rank(in_order(p.to_dict()), laid_units, layout)["per_rank_peak_allocated_bytes"])
+        laid = parallel.per_rank(in_order(p.to_dict()), laid_units, layout)
+        slack = max(0, p.peak_reserved_bytes - p.peak_allocated_bytes)  # judged on reserved
+        line = laid["moments_bytes"]["forward_backward"] + slack
+        return line, int(laid["per_rank_peak_allocated_bytes"]) + slack
 
     budget = int(_usable(args, layout.world_size) * (1.0 - args.margin))
     return parallel.largest_batch(peak_of, budget, start=args.batch)
@@ -522,10 +524,19 @@ def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[s
             )  # fmt: skip
             found["gpus_needed"], found["gpus_needed_traces"] = search["gpus_needed"], search["traces"]
         else:
-            found["gpus_needed"] = parallel.gpus_needed(
-                prediction, lambda w: parallel.units(model, w), layout, lambda w: _budget(args, w),
+            slack = found["per_rank_peak_reserved_bytes"] - found["per_rank_peak_allocated_bytes"]
+            found["gpus_needed"] = parallel.gpus_needed(  # judged on reserved: the allocated peak plus its cache
+                prediction, lambda w: parallel.units(model, w), layout, lambda w: _budget(args, w) - slack,
             )  # fmt: skip
     return found
+
+
+def _line_and_reserved(rank: dict[str, Any]) -> tuple[int, int]:
+    """A traced rank's forward/backward moment (the part that grows with the batch) and its peak, in reserved bytes."""
+    slack = int(rank["per_rank_peak_reserved_bytes"]) - int(rank["per_rank_peak_allocated_bytes"])
+    moments = rank.get("moments_bytes") or {}
+    line = max(moments.get("forward", 0), moments.get("backward", 0)) or int(rank["per_rank_peak_allocated_bytes"])
+    return line + slack, int(rank["per_rank_peak_reserved_bytes"])
 
 
 def _peaks(rank: dict[str, Any]) -> tuple[int, int]:
@@ -565,6 +576,7 @@ def _traced_rank(args: argparse.Namespace, spec: dict[str, Any], layout: Any, ba
         "per_rank_peak_reserved_bytes": int(traced["peak_reserved_bytes"]),
         "parts_bytes": traced["by_category_bytes"],
         "moment": traced.get("moment", "traced"),
+        "moments_bytes": traced.get("moments_bytes", {}),
         "workspace_bytes": int(traced["workspace_bytes"]),
         "trace_seconds": traced["seconds"],
         "traced": f"rank 0 of {layout.world_size} on a fake process group, {traced.get('layers_traced')} blocks "

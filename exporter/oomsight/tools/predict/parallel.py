@@ -38,8 +38,6 @@ PARALLEL = ("ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3")
 OFFLOAD = ("optimizer", "params")
 ZERO_REDUCE_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's ``reduce_bucket_size`` default (``runtime/zero/config.py``): elements of one IPG bucket."""
-SECANT_STEPS = 4
-"""Line-through-the-last-two-tries steps of the per-rank batch search before it bisects."""
 GATHERED_UNITS = 2
 """Units gathered at once: the one computing and one prefetched (FSDP1's limiter allows 2 all-gathers
 in flight; FSDP2 prefetches one; ZeRO-3's prefetch bucket is of the same order)."""
@@ -162,7 +160,9 @@ def per_rank(prediction: dict[str, Any], model_units: list[Unit], layout: Layout
     peak, parts, moment = at_fb[0], at_fb[1], "forward_backward"
     if at_step and at_step[0] > peak:
         peak, parts, moment = at_step[0], at_step[1], "optimizer_step"
+    moments_bytes = {"forward_backward": at_fb[0], "optimizer_step": at_step[0] if at_step else 0}
     return {**asdict(layout), "per_rank_peak_allocated_bytes": peak, "parts_bytes": parts, "moment": moment,
+            "moments_bytes": moments_bytes,
             "units": len(model_units), "largest_unit_bytes": max(u.param_bytes for u in model_units)}  # fmt: skip
 
 
@@ -300,43 +300,20 @@ def gpus_needed(
     return None
 
 
-def largest_batch(peak_of: Callable[[int], int], budget: int, start: int = 1, limit: int = 1 << 16) -> dict[str, Any]:
-    """The largest batch whose per-rank peak ``peak_of(batch)`` fits ``budget``: secant steps from
-    ``start`` and twice it toward the budget, then bisection between the largest batch that fit and
-    the smallest above it that did not (each call of ``peak_of`` is one traced prediction)."""
-    tried: dict[int, int] = {}
+def largest_batch(
+    peak_of: Callable[[int], Any], budget: int, start: int = 1, limit: int = 1 << 16
+) -> dict[str, Any]:
+    """The largest micro-batch whose per-rank peak ``peak_of(batch)`` fits ``budget``: an int (that peak)
+    or ``(allocated, reserved)``, the line drawn through the first and the verdict on the second
+    (``predictor.affine_search``: four traces where memory is affine in the batch)."""
+    from oomsight.tools.predict.predictor import affine_search
 
-    def fits(b: int) -> bool:
-        if b not in tried:
-            tried[b] = peak_of(b)
-        return tried[b] <= budget
+    def measure(b: int) -> tuple[int, int]:
+        found = peak_of(b)
+        return (found, found) if isinstance(found, int) else (int(found[0]), int(found[1]))
 
-    lo = max(1, start)
-    bad: Optional[int]
-    if not fits(lo):
-        good, bad = 0, lo
-    else:
-        last = [lo, min(limit, 2 * lo)]
-        for _ in range(SECANT_STEPS):  # a line through the last two tries, to where it meets the budget
-            a, b = last[-2], last[-1]
-            fits(b)
-            slope = (tried[b] - tried[a]) / (b - a) if b != a else 0.0
-            guess = limit if slope <= 0 else max(1, min(limit, int(b + (budget - tried[b]) / slope)))
-            if guess in tried:
-                break
-            last.append(guess)
-        fits(last[-1])
-        good = max(b for b, p in tried.items() if p <= budget)
-        above = [b for b, p in tried.items() if p > budget and b > good]
-        bad = min(above) if above else None
-        while bad is None and good < limit:  # nothing tried failed yet: double until one does
-            bad = min(limit, 2 * good)
-            if fits(bad):
-                good, bad = bad, None
-    while bad is not None and bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if fits(mid) else (good, mid)
-    return {"max_batch_size": good, "budget_bytes": budget, "tried": sorted((b, p <= budget) for b, p in tried.items())}
+    good, fitted = affine_search(measure, budget, start, limit)
+    return {"max_batch_size": good, "budget_bytes": budget, "tried": sorted(fitted.items())}
 
 
 def _with_world(layout: Layout, world: int) -> Layout:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from oomsight.analysis.allocator import CachingAllocator, SimulatedOom
@@ -158,7 +158,9 @@ def _last_step(trace: Any, level: list[int], sizes: dict[int, int]) -> dict[str,
         return {}
     ends = [0, *trace.step_ends]
     first = ends[-2] if len(ends) > 1 and ends[-2] < len(level) else 0
-    bwd = max(b for b in trace.backward_starts if b <= len(level)) if trace.backward_starts else first
+    bwd = max((b for b in trace.backward_starts if b <= len(level)), default=-1)
+    if bwd < 0:  # a replay that ran out before any backward
+        return {}
     opt = [w for w in trace.optimizer_windows if w[0] >= bwd]
     end_bwd = opt[0][0] if opt else len(level)
     at = max(bwd - 1, 0)
@@ -265,6 +267,59 @@ def _traced(capability: Optional[tuple[int, int]], *args: Any, **kwargs: Any) ->
         emulation.CAPABILITY.reset(emulated)
 
 
+def affine_search(
+    measure: Callable[[int], tuple[int, int]], budget: int, start: int = 1, limit: int = 1 << 20
+) -> tuple[int, dict[int, bool]]:
+    """The largest batch ``b`` whose judged bytes ``measure(b)[1]`` fit ``budget``, and every batch tried.
+
+    ``measure(b)`` is one trace: ``(line bytes, judged bytes)``. The line (the forward/backward
+    moment's peak, in the judged units) is affine in the batch where activations grow with it; the
+    optimizer step's moment, constant in the batch, decides only where it is above the line. Two
+    traces (``start``, then twice it where it fits, else half) give the line, a third traces the batch
+    where it meets the budget and a fourth the batch beside it: four traces. Where the check fails
+    (memory is not affine there) the line is redrawn once through the two nearest tries, and the
+    bracket left is bisected."""
+    tried: dict[int, tuple[int, int]] = {}
+
+    def fits(b: int) -> bool:
+        if b not in tried:
+            tried[b] = measure(b)
+        return tried[b][1] <= budget
+
+    def bounds() -> tuple[int, Optional[int]]:
+        good = max((b for b in tried if tried[b][1] <= budget), default=0)
+        bad = min((b for b in tried if tried[b][1] > budget and b > good), default=None)
+        return good, bad
+
+    lo = max(1, min(start, limit))
+    fits(lo)  # the first trace; the second on the side of it where the budget lies
+    fits(min(limit, 2 * lo) if tried[lo][1] <= budget else max(1, lo // 2))
+    good, bad = bounds()
+    for _ in range(2):  # the line through the two tries nearest the bracket, to where it meets the budget
+        if bad is not None and bad - good <= 1:
+            break
+        a, b = sorted(sorted(tried, key=lambda x: min(abs(x - good), abs(x - (bad or good))))[:2])
+        slope = (tried[b][0] - tried[a][0]) / (b - a) if b != a else 0.0
+        if slope <= 0:
+            break
+        guess = int(b + (budget - tried[b][0]) / slope)
+        guess = max(good + 1, min(bad - 1 if bad is not None else limit, guess))
+        if fits(guess):  # then the batch above it, the other side of the answer
+            if guess + 1 <= limit and (bad is None or guess + 1 < bad):
+                fits(guess + 1)
+        elif guess - 1 > good:
+            fits(guess - 1)
+        good, bad = bounds()
+    while bad is None and good < limit:  # nothing tried failed yet: double until one does
+        bad = min(limit, 2 * max(good, 1))
+        if fits(bad):
+            good, bad = bad, None
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good, {b: v[1] <= budget for b, v in tried.items()}
+
+
 def largest_batch(
     model: Callable[[], Any],
     batch: Callable[[int], Any],
@@ -275,59 +330,39 @@ def largest_batch(
     margin: float = DEFAULT_MARGIN,
     start: int = 1,
     limit: int = 1 << 20,
+    judge: str = "allocated",
+    known: Optional[dict[int, Prediction]] = None,
     **kwargs: Any,
 ) -> BatchSearch:
-    """The largest batch whose predicted peak allocated fits ``capacity * (1 - margin)``.
+    """The largest batch whose predicted peak fits ``capacity * (1 - margin)``: the peak allocated, or
+    with ``judge="reserved"`` the peak reserved (what runs out, with the CUDA context outside it).
 
-    Two predictions (``start`` and twice it) give the line peak = fixed + per-sample x batch;
-    its answer is then checked by a prediction at that batch and the bracket around it closed
-    by bisection (each try is one traced prediction, a few seconds on a CPU).
-    """
+    ``affine_search``: two predictions give the line peak = fixed + per-sample x batch, a third and a
+    fourth check the batch where it meets the budget and the one above (each a traced prediction;
+    ``known``: predictions already made, by batch, traced again only for their verdict)."""
     started = time.perf_counter()
     budget = int(capacity * (1.0 - margin))
     tried: dict[int, Prediction] = {}
+    for b, p in (known or {}).items():
+        judged = p.peak_reserved_bytes if judge == "reserved" else p.peak_allocated_bytes
+        tried[b] = replace(p, fits=judged <= budget)
 
-    def attempt(b: int) -> bool:
+    def measure(b: int) -> tuple[int, int]:
         if b not in tried:
             tried[b] = predict_peak(model, batch, b, optimizer, step, capacity=budget, **kwargs)
-        return bool(tried[b].fits)
+        p = tried[b]
+        reserved = judge == "reserved"
+        slack = p.peak_reserved_bytes - p.peak_allocated_bytes if reserved else 0
+        line = int((p.moments.get("forward_backward") or {}).get("peak_allocated_bytes", p.peak_allocated_bytes))
+        return line + slack, p.peak_reserved_bytes if reserved else p.peak_allocated_bytes
 
-    lo = max(1, start)
-    bad: Optional[int]
-    if not attempt(lo):
-        good, bad = 0, lo
-    else:
-        hi = min(limit, 2 * lo)
-        attempt(hi)
-        slope = (tried[hi].peak_allocated_bytes - tried[lo].peak_allocated_bytes) / max(1, hi - lo)
-        guess = hi if slope <= 0 else int(lo + (budget - tried[lo].peak_allocated_bytes) / slope)
-        guess = max(lo, min(limit, guess))
-        good, bad = _bracket(attempt, lo, guess, limit)
-    while bad is not None and bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if attempt(mid) else (good, mid)
+    good, fitted = affine_search(measure, budget, start, limit)
     best = tried.get(good)
     return BatchSearch(
         max_batch_size=good,
         capacity_bytes=capacity,
         margin=margin,
         prediction=best,
-        tried=[(b, bool(p.fits)) for b, p in sorted(tried.items())],
+        tried=sorted(fitted.items()),
         seconds=round(time.perf_counter() - started, 3),
     )
-
-
-def _bracket(attempt: Callable[[int], bool], known_good: int, guess: int, limit: int) -> tuple[int, Optional[int]]:
-    """A batch that fits and one that does not around ``guess``, stepping by 5 % (at least 1)."""
-    stride = max(1, guess // 20)
-    if attempt(guess):
-        good, b = guess, guess + stride
-        while b <= limit and attempt(b):
-            good, b = b, b + stride
-            stride *= 2
-        return good, (b if b <= limit else None)
-    bad, b = guess, guess - stride
-    while b > known_good and not attempt(b):
-        bad, b = b, b - stride
-        stride *= 2
-    return max(b, known_good), bad
