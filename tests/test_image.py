@@ -272,7 +272,8 @@ def test_the_image_holds_the_bases_python_and_the_sidecar_without_torch_or_pip(i
     assert image.inspect("{{json .Config.Entrypoint}} {{json .Config.Cmd}}") == '["oomsight"] ["sidecar"]'
     probe = (
         "import importlib.util, json, os, platform;"
-        "import cryptography, kubernetes, prometheus_client, oomsight, oomsight_server, oomsight_sidecar, oomsight_webhook;"
+        "import cryptography, kubernetes, prometheus_client;"
+        "import oomsight, oomsight_server, oomsight_sidecar, oomsight_webhook;"
         "print(json.dumps([platform.python_version(), os.getuid(), importlib.util.find_spec('torch') is None,"
         "os.path.exists('/opt/oomsight/bin/pip'), os.environ['OOMSIGHT_DIR']]))"
     )

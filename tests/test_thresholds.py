@@ -178,9 +178,9 @@ def _inline_numbers(module: str, source: str = "") -> dict[str, set[float]]:
         if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             continue
         for inner in ast.walk(node):
-            if isinstance(inner, ast.Constant) and isinstance(inner.value, (int, float)):
-                if not isinstance(inner.value, bool) and inner.value not in (0, 1):
-                    found.setdefault(f"{module}.{node.name}", set()).add(inner.value)
+            number = isinstance(inner, ast.Constant) and isinstance(inner.value, (int, float))
+            if number and not isinstance(inner.value, bool) and inner.value not in (0, 1):
+                found.setdefault(f"{module}.{node.name}", set()).add(inner.value)
     return found
 
 

@@ -190,9 +190,9 @@ def _demand(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach 
     slope_hi = _slope_hi(line)
     reach = _Reach(left / line.slope, min(max(left - t * line.resid, 0.0) / slope_hi, left / line.slope))
     if _stairs(cols.steps, life) is not None:
-        stairs = _stair_reach(cols, life, capacity, (0.0, 0.0))
-        if not isinstance(stairs, str):
-            reach = _Reach(reach.steps, min(reach.earliest_steps, stairs.earliest_steps))
+        climb = _stair_reach(cols, life, capacity, (0.0, 0.0))
+        if not isinstance(climb, str):
+            reach = _Reach(reach.steps, min(reach.earliest_steps, climb.earliest_steps))
     return GROWING_DEMAND, reach
 
 
