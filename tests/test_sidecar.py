@@ -42,6 +42,28 @@ def test_a_bad_setting_fails_at_start_with_a_clear_message(tmp_path):
     assert "OOMSIGHT_RETENTION_SECONDS='forever' is not a number of seconds" in result.stderr
 
 
+@pytest.mark.parametrize("where", ["flag", "variable", "inside"])
+def test_a_spool_that_is_a_file_is_refused_at_start_in_one_line_with_exit_2(tmp_path, where):
+    """Issue 36: ``oomsight sidecar --spool FILE`` served forever; a file can never become the spool."""
+    from oomsight.tools import exitcode
+
+    file = tmp_path / "spool.json"
+    file.write_text("{}")
+    path = str(file / "spool") if where == "inside" else str(file)
+    env = {**os.environ, "OOMSIGHT_SIDECAR_PORT": "0", "OOMSIGHT_ADMIN_PORT": "0"}
+    args = ["--spool", path] if where != "variable" else []
+    if where == "variable":
+        env["OOMSIGHT_DIR"] = path
+    result = subprocess.run(
+        [sys.executable, "-m", "oomsight", "sidecar", *args], capture_output=True, text=True, env=env, timeout=30
+    )
+    named = "OOMSIGHT_DIR=" if where == "variable" else "--spool "
+    kind = "inside a file" if where == "inside" else "a file"
+    assert result.returncode == exitcode.USAGE == 2
+    assert result.stderr == f"oomsight sidecar: {named}{path} is {kind}, not a folder\n"
+    assert result.stdout == ""
+
+
 def test_openmetrics_is_served_when_asked_for(tmp_path, monkeypatch):
     spool = str(tmp_path / "spool")
     hooked_process(spool, monkeypatch=monkeypatch)

@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import signal
+import stat
 import threading
 from typing import Any, Callable, Optional
 from wsgiref.simple_server import WSGIServer
@@ -174,6 +175,18 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
+def spool_problem(path: str, named: str) -> Optional[str]:
+    """Why ``path`` can never be a spool (a file, or a path through a file), else None. A spool that
+    does not exist yet is no problem: ``/readyz`` answers 503 until the hook makes it."""
+    try:
+        mode = os.stat(path).st_mode
+    except NotADirectoryError:
+        return f"{named}{path} is inside a file, not a folder"
+    except OSError:  # missing, or not readable yet: served, and /readyz says so
+        return None
+    return None if stat.S_ISDIR(mode) else f"{named}{path} is a file, not a folder"
+
+
 def main(flags: dict[str, Any]) -> int:
     try:
         settings = SidecarSettings.from_env(**flags)
@@ -182,6 +195,11 @@ def main(flags: dict[str, Any]) -> int:
     except ConfigError as exc:
         logger.error("oomsight sidecar: invalid configuration: %s", exc)
         return 2
+    named = "--spool " if flags.get("spool_dir") else "OOMSIGHT_DIR=" if os.environ.get("OOMSIGHT_DIR") else "spool "
+    problem = spool_problem(settings.spool_dir, named)
+    if problem:
+        logger.error("oomsight sidecar: %s", problem)
+        return 2  # oomsight.tools.exitcode.USAGE: a file where a folder is wanted (docs/cli.md)
     tune_gc()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
