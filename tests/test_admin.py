@@ -110,7 +110,7 @@ def test_the_profile_command_writes_an_aligned_request(spool, monkeypatch):
         text=True,
         timeout=60,
     )
-    assert again.returncode == 1 and "already pending" in again.stdout
+    assert again.returncode == 1 and "already pending" in again.stderr
 
 
 def _request_doc(spool):

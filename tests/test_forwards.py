@@ -203,13 +203,26 @@ def _paused(hook_on):
     return cuda, hook, model, opt
 
 
+def test_a_training_mode_pile_beyond_what_backwards_consumed_raises_no_flag(hook_on, spool):
+    """A longer episode or window than any before (its backward still to come) in a model left in
+    training mode: the live flag stays down; the same forwards in eval mode raise it."""
+    cuda, hook, model, _opt = _paused(hook_on)
+    kept = _evaluate(cuda, model, batches=6, kept_per_forward=GIB)
+    assert len(hook.forwards.series(0)) == 6 and hook.forwards.training is True
+    assert hook.forwards.pile(0, CAPACITY) is None
+    model.eval()
+    kept += _evaluate(cuda, model, batches=1, kept_per_forward=GIB, base=10 * GIB)
+    assert hook.forwards.training is False and hook.forwards.pile(0, CAPACITY) is not None
+
+
 def test_a_pause_then_more_steps_drops_the_rows_and_the_hooks(hook_on, spool):
     cuda, hook, model, opt = _paused(hook_on)
     _evaluate(cuda, model, batches=3, kept_per_forward=GIB)  # a training-mode forward with grad: rowed
     assert len(hook.forwards.series(0)) == 3
     assert hook.forwards.pile(0, CAPACITY) is None  # 3 graphs: within what a backward may consume (4 x 1)
+    model.eval()
     _evaluate(cuda, model, batches=3, kept_per_forward=GIB, base=7 * GIB)
-    assert hook.forwards.pile(0, CAPACITY) == 5 * GIB  # 6 rows, each 1 GiB above the last: beyond
+    assert hook.forwards.pile(0, CAPACITY) == 5 * GIB  # 6 rows, each 1 GiB above the last: beyond, in eval mode
     opt.step()  # a step and no new row: the verdict on the rows of the pause falls with them
     assert hook.forwards.pile(0, CAPACITY) is None
     _train(model, opt, 2)  # the steps resume: the rows are stale; the hook stays to watch the backwards

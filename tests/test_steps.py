@@ -22,10 +22,24 @@ def cpu_tracker():
     return t, torch
 
 
-def test_categories_sum_parameters_gradients_and_state_once_per_storage():
+def only(monkeypatch, *objects):
+    """The walk's scan for live models sees only ``objects``: a whole test run keeps other tests'
+    CPU modules alive, which the scan would find as well (on a GPU it counts only CUDA storages)."""
+    import types
+    import weakref
+
+    from oomsight.hook import steps
+
+    refs = [weakref.ref(o) for o in objects]  # held weakly, as the garbage collector holds nothing
+    alive = lambda: [o for o in (r() for r in refs) if o is not None]  # noqa: E731
+    monkeypatch.setattr(steps, "gc", types.SimpleNamespace(get_objects=alive))
+
+
+def test_categories_sum_parameters_gradients_and_state_once_per_storage(monkeypatch):
     t, torch = cpu_tracker()
     model = torch.nn.Linear(10, 10)
     tied = torch.nn.Linear(10, 10)
+    only(monkeypatch, model, tied)
     tied.weight = model.weight  # tied weights: one storage, counted once
     opt = torch.optim.AdamW(model.parameters())
     t.set_roots([model, tied])
@@ -37,9 +51,10 @@ def test_categories_sum_parameters_gradients_and_state_once_per_storage():
     assert state == 2 * 440 + 2 * 4  # exp_avg and exp_avg_sq of both, and two 4-byte step counters
 
 
-def test_the_models_seen_called_add_their_frozen_parameters():
+def test_the_models_seen_called_add_their_frozen_parameters(monkeypatch):
     t, torch = cpu_tracker()
     student, teacher = torch.nn.Linear(4, 4), torch.nn.Linear(4, 64).requires_grad_(False)
+    only(monkeypatch, student, teacher, *teacher.children())
     opt = torch.optim.SGD(student.parameters(), lr=0.1)
     t.post_step(opt, (), {})
     # never called, the teacher is found all the same by the walk's scan for live models

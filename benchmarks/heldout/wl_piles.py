@@ -151,6 +151,18 @@ class _Policy(torch.nn.Module):
         return self.net(state)
 
 
+@torch.no_grad()
+def _advantages(rewards: list[torch.Tensor]) -> torch.Tensor:
+    """Rewards-to-go (discount 0.99) of an episode, normalised."""
+    returns = torch.zeros_like(rewards[0])
+    rtg = []
+    for r in reversed(rewards):
+        returns = r + 0.99 * returns
+        rtg.append(returns)
+    adv = torch.stack(rtg[::-1])
+    return (adv - adv.mean()) / (adv.std() + 1e-6)
+
+
 @workload("growing_demand", "checkpointing")
 def reinforce_long_episode(remedy: bool) -> None:
     """REINFORCE with an MLP policy (3 x 2048 hidden) over 512 vectorised environments; each episode keeps
@@ -201,15 +213,7 @@ def reinforce_long_episode(remedy: bool) -> None:
             if not remedy and episode == 0 and t == 7:
                 _sync()
                 _cap_from(3 * params, (_allocated() - before) // 8, 320, "policy-step graphs")
-        with torch.no_grad():
-            returns = torch.zeros_like(rewards[0])
-            rtg = []
-            for r in reversed(rewards):
-                returns = r + 0.99 * returns
-                rtg.append(returns)
-            adv = torch.stack(rtg[::-1])
-            adv = (adv - adv.mean()) / (adv.std() + 1e-6)
-        loss = -(torch.stack(log_probs) * adv).mean()
+        loss = -(torch.stack(log_probs) * _advantages(rewards)).mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -239,6 +243,31 @@ class _TbpttLM(torch.nn.Module):
         return self._step(x, y, *state)
 
 
+class _Stream:
+    """Token pairs (input, next) read in order from one random stream, wrapping at its end."""
+
+    def __init__(self, vocab: int, batch: int) -> None:
+        self.tokens = torch.randint(0, vocab, (batch, 8192 if not DRY.on else 256), device=dev())
+        self.pos = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pos + 1 >= self.tokens.shape[1]:
+            self.pos = 0
+        self.pos += 1
+        return self.tokens[:, self.pos - 1], self.tokens[:, self.pos]
+
+
+def _window(model: _TbpttLM, stream: _Stream, k: int, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple]:
+    """k forwards of the per-time-step model; the window's mean loss and the state it ends in."""
+    total = None
+    for _t in range(k):
+        x, y = stream.next()
+        out = model(x, y, state)
+        loss, state = out[0], tuple(out[1:])
+        total = loss if total is None else total + loss
+    return total / k, state
+
+
 @workload("growing_demand", "checkpointing")
 def lstm_tbptt_after_no_grad_validation(remedy: bool) -> None:
     """Truncated BPTT of a two-layer LSTM LM (vocab 32k, hidden 1024, batch 256): k forwards of the
@@ -257,51 +286,35 @@ def lstm_tbptt_after_no_grad_validation(remedy: bool) -> None:
     vocab, emb, hidden, batch = pick(32000, 100), pick(512, 16), pick(1024, 32), pick(256, 4)
     model = _TbpttLM(vocab, emb, hidden, checkpointed=remedy).to(dev())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    params = _param_bytes(model)
-    schedule = [(16, pick(40, 2))]  # (k, windows) of the first epoch
-    longer = (48, pick(10, 1))
+    schedule = [(16, pick(40, 2))]  # (k, windows) of the first epoch; then 48 (the second)
     val_windows = pick(60, 2)
-    stream = torch.randint(0, vocab, (batch, 8192 if not DRY.on else 256), device=dev())
-    pos = 0
+    stream = _Stream(vocab, batch)
 
     def fresh() -> tuple[torch.Tensor, ...]:
         return tuple(torch.zeros(batch, hidden, device=dev()) for _ in range(4))
 
     def window(k: int, state: tuple[torch.Tensor, ...], plain: bool = False) -> tuple[torch.Tensor, tuple]:
-        nonlocal pos
-        total = None
-        for _t in range(k):
-            if pos + 1 >= stream.shape[1]:
-                pos = 0
-            x, y = stream[:, pos], stream[:, pos + 1]
-            pos += 1
-            model.checkpointed = remedy and not plain
-            out = model(x, y, state)
-            loss, state = out[0], tuple(out[1:])
-            total = loss if total is None else total + loss
-        return total / k, state
+        model.checkpointed = remedy and not plain
+        return _window(model, stream, k, state)
 
-    def train_window(k: int, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        loss, state = window(k, state)
+    def learn(loss: torch.Tensor, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return tuple(s.detach() for s in state)
+
+    def train_window(k: int, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return learn(*window(k, state))
 
     state = fresh()
     # the GPU: measured on the plain model's first 16 time steps (dropped in the remedy run, trained on in the plain)
     before = _allocated()
     loss, probe_state = window(16, state, plain=True)
     _sync()
-    _cap_from(3 * params, (_allocated() - before) // 16, 36, "time-step graphs")
-    if remedy:
-        del loss, probe_state
-    else:
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        state = tuple(s.detach() for s in probe_state)
-        del loss, probe_state
+    _cap_from(3 * _param_bytes(model), (_allocated() - before) // 16, 36, "time-step graphs")
+    if not remedy:
+        state = learn(loss, probe_state)
+    del loss, probe_state
     for k, n in schedule:
         for _w in range(n):
             state = train_window(k, state)
@@ -312,7 +325,7 @@ def lstm_tbptt_after_no_grad_validation(remedy: bool) -> None:
             loss, val_state = window(16, val_state)
             val_loss += float(loss)
     print(f"validation loss {val_loss / val_windows:.3f}", flush=True)
-    k, n = longer
+    k, n = 48, pick(10, 1)  # the longer windows of the second epoch
     for _w in range(n):
         state = train_window(k, state)
     print("epoch 2 done", flush=True)

@@ -232,7 +232,10 @@ def consumed_known(f: OomFacts) -> bool:
 def unconsumed(f: OomFacts) -> bool:
     """The forwards piling their graphs go beyond what this job's own backwards have consumed
     (``trend.unconsumed``): only then is a pile of them a leak rather than the step's activations."""
-    return trend.unconsumed(f.get("forwards_since_backward"), f.get("most_forwards_per_backward"), trains(f))
+    training = f.get("module_training")
+    return trend.unconsumed(
+        f.get("forwards_since_backward"), f.get("most_forwards_per_backward"), trains(f), training
+    )
 
 
 def forward_rows(f: OomFacts, job: Mapping[str, Any]) -> Sequence[Sequence[float]]:

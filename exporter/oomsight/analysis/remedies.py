@@ -146,7 +146,8 @@ def mixed_precision(job: Mapping[str, Any]) -> bool:
 IN_USE: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "autocast": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16")
     or mixed_precision(job),
-    "bf16_params": lambda job: job.get("param_dtype") in ("bfloat16", "float16"),
+    # an FSDP or DeepSpeed mixed-precision policy is the remedy's second form, already taken
+    "bf16_params": lambda job: job.get("param_dtype") in ("bfloat16", "float16") or mixed_precision(job),
     "half_precision": lambda job: bool(job.get("autocast")) or job.get("param_dtype") in ("bfloat16", "float16")
     or mixed_precision(job),
     "checkpointing": lambda job: bool(job.get("checkpointing")),

@@ -315,16 +315,21 @@ def forward_pile(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Option
         return None
 
 
-def unconsumed(pending: Optional[int], most: Optional[int], trains: bool) -> bool:
+def unconsumed(pending: Optional[int], most: Optional[int], trains: bool, training: Optional[bool] = None) -> bool:
     """Whether the forwards that recorded a graph since the last backward (``pending``) go beyond what
     this job's own backwards have consumed: ``most`` is the most forwards whose graphs one backward
     consumed (None: no backward ever ran through the model). A training job (``trains``) whose
     backwards were never seen cannot tell: not beyond. A process that never trained nor ran a backward
     keeps its graphs for nothing. Summed micro-batch losses, a REINFORCE episode, a truncated-BPTT window
     keep graphs until their backward: a pile of them is the step's activations, not a leak, up to
-    ``pile_consumed_multiple`` times the most seen together."""
+    ``pile_consumed_multiple`` times the most seen together. Beyond that, in a job that trains, a model
+    in training mode (``training``, its flag at the forward) is taken at its word: a longer episode or
+    window than any before, whose backward is still to come, not an evaluation (which runs in eval mode);
+    calling it a leak would advise ``no_grad`` on a forward that trains."""
     if most is None:
         return not trains
+    if trains and training is True:
+        return False
     return pending is not None and pending > beyond_consumed(most)
 
 

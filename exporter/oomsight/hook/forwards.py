@@ -89,6 +89,8 @@ class ForwardMemory:
         """Forwards of the model that recorded a graph since a backward last consumed one."""
         self.most_consumed: Optional[int] = None
         """The most forwards whose graphs one backward consumed; None: no backward ever ran through one."""
+        self.training: Optional[bool] = None
+        """The model's training flag at its last forward (``model.eval()`` makes it False)."""
         self.root_name: Optional[str] = None
         self.device_type = "cuda"
         """The device type of the model to find (tests find a CPU one)."""
@@ -257,7 +259,7 @@ class ForwardMemory:
         backwards consumed (``trend.unconsumed``), else None; the rows judged again only after a new row."""
         if self.stepped():  # the rows of before a step are stale, whatever was judged of them
             return None
-        if not trend.unconsumed(self.pending, self.most_consumed, trains=self.steps() > 0):
+        if not trend.unconsumed(self.pending, self.most_consumed, self.steps() > 0, self.training):
             return None
         return self.book.judged(index, capacity_bytes, lambda rows: trend.forward_pile(rows, capacity_bytes))
 
@@ -317,6 +319,8 @@ class AfterForward:
     def __call__(self, module: Any, _args: Any, _output: Any) -> None:
         compiler = getattr(self.memory._torch, "compiler", None)
         if module is self.root() and not (compiler is not None and compiler.is_compiling()):
+            training = getattr(module, "training", None)
+            self.memory.training = training if isinstance(training, bool) else None
             self.memory.after(_output)
 
     @property

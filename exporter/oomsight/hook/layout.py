@@ -207,7 +207,35 @@ def trained_by(optimizers: Iterable[Any], params: Iterable[Any]) -> Callable[[An
     held = {id(p) for opt in optimizers for g in getattr(opt, "param_groups", []) for p in g.get("params", [])}
     if not held or any(_steps_copies(opt) for opt in optimizers):
         return lambda p: bool(getattr(p, "requires_grad", False))
-    return lambda p: bool(getattr(p, "requires_grad", False)) and id(p) in held
+
+    def trains(p: Any) -> bool:
+        if not getattr(p, "requires_grad", False):
+            return False
+        # FSDP1's flat parameter with use_orig_params: the optimizer holds the original parameters
+        return id(p) in held or any(id(q) in held for q in _flat_originals(p))
+
+    return trains
+
+
+def held_parameters(module: Any) -> list[Any]:
+    """The parameters ``module`` holds, as an optimizer would see them: inside a sharded wrapper's forward
+    the module shows gathered tensors (FSDP1's views as plain tensors with ``use_orig_params``, FSDP2's
+    unsharded parameters) where the optimizer holds FSDP1's flat parameters (or their originals) and
+    FSDP2's sharded ones; both are added. Walks the module tree: at an OOM only."""
+    found = list(module.parameters())
+    for m in module.modules():
+        flat = getattr(getattr(m, "_handle", None), "flat_param", None)
+        if flat is not None and getattr(flat, "_is_flat_param", False):
+            found.append(flat)
+        found += [fp.sharded_param for fp in _fsdp_params(m) if getattr(fp, "sharded_param", None) is not None]
+    return found
+
+
+def _flat_originals(p: Any) -> list[Any]:
+    """The original parameters an FSDP1 flat parameter stands for (kept with ``use_orig_params``)."""
+    if not getattr(p, "_is_flat_param", False):
+        return []
+    return [*(getattr(p, "_params", None) or []), *(getattr(p, "_shared_params", None) or [])]
 
 
 COPYING_PACKAGES = ("deepspeed", "apex")
@@ -411,6 +439,11 @@ def _fsdp2_params(counter: _Counter, module: Any, trains: Callable[[Any], bool])
             counter.add(gathered, UNSHARDED)
         if sharded is not None and sharded.grad is not None:
             counter.add(sharded.grad, GRADS)
+        # without gradient sync (no_sync accumulation) the unsharded gradients stay until the sync
+        unsharded = getattr(fp, "_unsharded_param", None)
+        for grad in (getattr(unsharded, "grad", None), getattr(fp, "unsharded_accumulated_grad", None)):
+            if grad is not None:
+                counter.add(grad, GRADS)
 
 
 def _fsdp1_params(counter: _Counter, module: Any, trains: Callable[[Any], bool]) -> None:

@@ -28,7 +28,7 @@ from oomsight.analysis.units import format_bytes
 from oomsight.config import OomSettings
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
-from oomsight.hook.layout import trained_by
+from oomsight.hook.layout import held_parameters, trained_by
 from oomsight.hook.sampler import Sampler, categories_with_activations
 from oomsight.hook.steps import StepTracker
 from oomsight.wire.schema import (
@@ -473,8 +473,8 @@ def _outer_module(optimizers: Sequence[Any] = (), models: Sequence[Any] = ()) ->
     if found is None:
         return None
     training = getattr(found, "training", None)
-    trains = trained_by(optimizers, (p for m in [*models, found] for p in m.parameters()))
-    flags = [trains(p) for p in found.parameters()]
+    trains = trained_by(optimizers, ())
+    flags = [trains(p) for p in held_parameters(found)]
     return OuterModule(training if isinstance(training, bool) else None, bool(flags) and not any(flags))
 
 
