@@ -330,7 +330,7 @@ def test_claims_are_listed_a_bounded_page_at_a_time_among_50_000_of_other_pods()
     finally:
         tracemalloc.stop()
     assert [b.claim for b in reader.budgets()] == ["train-gpu"]
-    assert len(fake.pages) == 501 and {(limit, size) for limit, _, size in fake.pages} == {(100, 4 * 2**20)}
+    assert len(fake.pages) == 501 and {(limit, size) for limit, _, size in fake.pages} == {(100, 2 * 2**20)}
     assert peak < 8 * 2**20, peak  # a page of 100 claims, not 50,000
     assert reader.counts() == {"read": 1, "failed": 0, "malformed": 0, "truncated": 0}
 

@@ -1,7 +1,8 @@
 """Every call oomsight makes to the Kubernetes API server, behind one small interface.
 
-The sidecar posts Events and, where asked to, lists its namespace's ResourceClaims
-(``oomsight_sidecar.claims``); the webhook keeps its TLS Secret and the ``caBundle`` of its
+The sidecar posts Events and, where asked to, lists its namespace's ResourceClaims a page at a
+time (``oomsight_sidecar.claims``: ``limit`` and ``continue``, a byte bound per page, only the
+fields it reads kept); the webhook keeps its TLS Secret and the ``caBundle`` of its
 own MutatingWebhookConfiguration and asks for the server version. Nothing else. The
 chart's RBAC grants exactly these calls (``docs/kubernetes.md``, "RBAC"), and the
 tests check that against the rendered chart.
@@ -32,6 +33,41 @@ class KubeError(Exception):
     def transient(self) -> bool:
         """Worth retrying later: no answer, throttled, or a server-side error."""
         return self.status == 0 or self.status == 429 or self.status >= 500
+
+
+class PageTooLarge(KubeError):
+    """A page of a listing was longer than the bytes allowed: ask again for fewer items."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(0, f"a page longer than {max_bytes} bytes")
+        self.max_bytes = max_bytes
+
+
+CLAIM_KEYS = frozenset(
+    {
+        # the listing: its items and where the next page starts
+        "items",
+        "metadata",
+        "continue",
+        # a claim: its name, who it is reserved for, what was allocated (oomsight_sidecar.claims)
+        "name",
+        "status",
+        "reservedFor",
+        "resource",
+        "uid",
+        "allocation",
+        "devices",
+        "results",
+        "request",
+        "driver",
+        "pool",
+        "device",
+        "consumedCapacity",
+        "memory",
+    }
+)
+"""The keys of a ResourceClaim listing the sidecar reads; every other key (annotations, labels,
+managed fields, the spec) is dropped while the page is parsed, at any depth."""
 
 
 class KubeApi(Protocol):
@@ -102,21 +138,56 @@ class KubeClient:
     def list_resource_claims(self, namespace: str) -> Json:
         return self._call(self._resource.list_namespaced_resource_claim, namespace)
 
-    def _call(self, method: Callable[..., Any], *args: Any) -> Json:
+    def list_resource_claims_page(self, namespace: str, limit: int, continue_token: str, max_bytes: int) -> Json:
+        """One page of the namespace's ResourceClaims: at most ``limit`` claims from ``continue_token``
+        (empty: the first page), read only up to ``max_bytes`` (:class:`PageTooLarge` past them), with
+        only :data:`CLAIM_KEYS` kept. The next page's token is ``metadata.continue``."""
+        paging: dict[str, Any] = {"limit": limit}
+        if continue_token:
+            paging["_continue"] = continue_token
+        resp = self._request(self._resource.list_namespaced_resource_claim, namespace, **paging)
+        data = b""
+        try:
+            data = resp.read(max_bytes + 1)
+        except Exception as exc:  # the connection broke mid-answer
+            raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if len(data) > max_bytes or not data:  # the rest of a long answer is never read: the connection goes
+                resp.close()
+            resp.release_conn()  # a page read whole: the connection serves the next page
+        if len(data) > max_bytes:
+            raise PageTooLarge(max_bytes)
+        return _json_map(data, lambda pairs: {key: value for key, value in pairs if key in CLAIM_KEYS})
+
+    def _request(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The answer of ``method``, its body not yet read; an error status or no answer as :class:`KubeError`."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            resp = method(*args, _preload_content=False, _request_timeout=self._timeout)
-            data = resp.data
+            return method(*args, **kwargs, _preload_content=False, _request_timeout=self._timeout)
         except ApiException as exc:
             raise KubeError(int(exc.status or 0), _status_message(exc.body) or str(exc.reason)) from None
         except Exception as exc:  # urllib3 / socket errors: the server was not reached
             raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
+
+    def _call(self, method: Callable[..., Any], *args: Any) -> Json:
+        resp = self._request(method, *args)
         try:
-            doc = json.loads(data or b"{}")
-        except ValueError as exc:
-            raise KubeError(0, f"answer is not JSON ({exc})") from None
-        return doc if isinstance(doc, dict) else {}
+            data = resp.data
+        except Exception as exc:  # the connection broke mid-answer
+            raise KubeError(0, f"{type(exc).__name__}: {exc}") from None
+        return _json_map(data)
+
+
+def _json_map(data: Optional[bytes], pairs_hook: Optional[Callable[[list[tuple[str, Any]]], Any]] = None) -> Json:
+    """The JSON object of an answer (``{}`` when it is another JSON value); :class:`KubeError` if not JSON."""
+    try:
+        doc = json.loads(data or b"{}", object_pairs_hook=pairs_hook)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise KubeError(0, f"answer is not JSON ({exc})") from None
+    except RecursionError:
+        raise KubeError(0, "answer is not JSON (nested too deeply)") from None
+    return doc if isinstance(doc, dict) else {}
 
 
 def _status_message(body: Any) -> str:

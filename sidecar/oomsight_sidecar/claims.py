@@ -13,9 +13,11 @@ its namespace (the only grant it needs: ``list`` on ``resourceclaims`` there, th
 ``rbac.resourceClaims``) and keeps those reserved for its own pod's uid.
 
 Bounded and robust (issue 36): the claims are listed in pages of :data:`PAGE_CLAIMS` (``limit`` and
-``continue``) where the client offers pages (``list_resource_claims_page``), at most :data:`MAX_PAGES`
-pages of at most :data:`PAGE_MAX_BYTES` each; of each claim only the fields used are kept (the budgets
-of the pod's own claims), so 50,000 claims of other pods in the namespace cost one page at a time. The
+``continue``) where the client offers pages (``oomsight_server.kube.KubeClient`` does), at most
+:data:`MAX_PAGES` pages of at most :data:`PAGE_MAX_BYTES` each (a longer page is asked for again with
+fewer claims); the client keeps only the keys read here while it parses a page, and of the claims only
+the budgets of the pod's own are kept, so 50,000 claims of other pods in the namespace cost one page
+at a time. The
 API has no field selector for ``status.reservedFor``, so the pod's claims are picked out here. Items
 that are not claims (``items`` not a list, a claim or its status not a map) are skipped and counted
 ``malformed``; a listing cut at the bound is counted ``truncated``; nothing in an answer ends the
@@ -39,7 +41,7 @@ from prometheus_client.registry import Collector
 
 from oomsight.wire import budget as budget_doc
 from oomsight.wire.budget import Budget
-from oomsight_server.kube import KubeApi
+from oomsight_server.kube import KubeApi, PageTooLarge
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +55,13 @@ RESULTS = ("read", "failed", "malformed", "truncated")
 :data:`MAX_PAGES` (counted, never raised)."""
 PAGE_CLAIMS = 100
 """Claims asked for per page (``limit``): a claim is 2 to 100 KB of JSON (annotations included)."""
-PAGE_MAX_BYTES = 4 * 1024 * 1024
-"""The most bytes of one page the client reads; a longer answer is an error (``failed``)."""
+PAGE_MAX_BYTES = 2 * 1024 * 1024
+"""The most bytes of one page the client reads. A longer page is asked for again from the same place
+with a quarter of the claims (down to one: etcd stores no object over 1.5 MiB by default); one claim
+longer than this fails the listing (``failed``)."""
 MAX_PAGES = 1000
-"""Pages read per listing: 100,000 claims; past it the listing is ``truncated`` and what was read is used."""
+"""Pages asked for per listing (100,000 claims at :data:`PAGE_CLAIMS` a page; pages asked for again
+count); past it the listing is ``truncated`` and what was read is used."""
 
 
 def parse_memory(value: Any) -> Optional[int]:
@@ -71,8 +76,8 @@ def parse_memory(value: Any) -> Optional[int]:
 
 
 class ClaimPages(Protocol):
-    """A client that lists ResourceClaims a page at a time (``oomsight_server.kube.KubeClient`` once it
-    offers it; the plain ``list_resource_claims`` is used otherwise)."""
+    """A client that lists ResourceClaims a page at a time, raising ``PageTooLarge`` past ``max_bytes``
+    (``oomsight_server.kube.KubeClient``; the plain ``list_resource_claims`` is used otherwise)."""
 
     def list_resource_claims_page(self, namespace: str, limit: int, continue_token: str, max_bytes: int) -> Any: ...
 
@@ -190,26 +195,40 @@ class ClaimReader:
     def _list(self, client: Any) -> Optional[list[Budget]]:
         """The pod's budgets, page by page where the client can; None where an answer is not a listing."""
         pages = getattr(client, "list_resource_claims_page", None)
+        if pages is None:
+            read = self._read(client.list_resource_claims(self.namespace))
+            return None if read is None else read[0]
         budgets: list[Budget] = []
-        token = ""
-        for _ in range(MAX_PAGES if pages is not None else 1):
-            page = (
-                pages(self.namespace, PAGE_CLAIMS, token, PAGE_MAX_BYTES)
-                if pages
-                else client.list_resource_claims(self.namespace)
-            )
-            if not isinstance(page, Mapping) or "items" not in page:
-                self._count("malformed")
+        token, limit = "", PAGE_CLAIMS
+        for _ in range(MAX_PAGES):
+            try:
+                page = pages(self.namespace, limit, token, PAGE_MAX_BYTES)
+            except PageTooLarge:
+                if limit == 1:
+                    raise  # one claim longer than the bound: the listing failed (counted)
+                limit = max(1, limit // 4)  # claims with long annotations: fewer a page, from the same place
+                continue
+            read = self._read(page)
+            if read is None:
                 return None
-            found, malformed = pod_budgets(page["items"], self.pod_uid)
+            found, token = read
             budgets += found
-            if malformed:
-                self._count("malformed", malformed)
-            token = _map(page.get("metadata")).get("continue") or ""
-            if not isinstance(token, str) or not token or pages is None:
+            if not token:
                 return budgets
         self._count("truncated")
         return budgets
+
+    def _read(self, page: Any) -> Optional[tuple[list[Budget], str]]:
+        """The pod's budgets in one page and the next page's token (empty at the end); None (counted
+        malformed) where the page is not a listing."""
+        if not isinstance(page, Mapping) or "items" not in page:
+            self._count("malformed")
+            return None
+        found, malformed = pod_budgets(page["items"], self.pod_uid)
+        if malformed:
+            self._count("malformed", malformed)
+        token = _map(page.get("metadata")).get("continue")
+        return found, token if isinstance(token, str) else ""
 
     def _count(self, result: str, n: int = 1) -> None:
         with self._lock:
