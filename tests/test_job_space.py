@@ -1,0 +1,59 @@
+"""Issue 33, item 4: a deterministic sample of the space of jobs (``tests/jobspace.py``), each run
+through the real hook to its OOM, every invariant checked on every job: bytes counted equal the
+storage truth per category; the cause is one the job's construction allows; no result-changing
+remedy first on a training forward; the live leak flag down on every job that does not leak (and up
+on the one that does); no remedy the job already uses. Single-process jobs run here one by one;
+distributed ones (DDP, FSDP1, FSDP2, ZeRO over 2 gloo ranks) in a few spawned groups, several jobs a
+group. The whole space: ``benchmarks/bench_job_space.py``."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import jobspace  # noqa: E402
+
+SEED = 33
+SINGLE = jobspace.sample(290, SEED, distributed=False, compiled_at_most=2)
+DISTRIBUTED = jobspace.sample(12, SEED, distributed=True, compiled_at_most=2)
+PER_GROUP = 6
+
+
+def test_the_sample_is_at_least_300_jobs_and_covers_every_value_this_machine_can_run() -> None:
+    jobs = SINGLE + DISTRIBUTED
+    assert len(jobs) >= 300 and len({j.id for j in jobs}) == len(jobs)
+    for axis in jobspace.AXES:
+        runnable = {getattr(j, axis) for j in jobspace.space()}
+        assert {getattr(j, axis) for j in jobs} == runnable, axis
+
+
+@pytest.mark.parametrize("job", SINGLE, ids=[j.id for j in SINGLE])
+def test_a_single_process_job_keeps_every_invariant(job: jobspace.Job) -> None:
+    outcome = jobspace.run(job)
+    assert jobspace.violations(job, outcome) == {}, outcome.summary
+
+
+@pytest.fixture(scope="module")
+def distributed_outcomes() -> dict[tuple[str, int], Any]:
+    import jobspace_worker
+
+    found: dict[tuple[str, int], Any] = {}
+    for start in range(0, len(DISTRIBUTED), PER_GROUP):
+        ids = [j.id for j in DISTRIBUTED[start : start + PER_GROUP]]
+        with tempfile.TemporaryDirectory() as out:
+            for rank, outcomes in enumerate(jobspace_worker.spawn(ids, out)):
+                for o in outcomes:
+                    found[(o["job"], rank)] = jobspace.Outcome(**o)
+    return found
+
+
+@pytest.mark.parametrize("job", DISTRIBUTED, ids=[j.id for j in DISTRIBUTED])
+def test_a_distributed_job_keeps_every_invariant_on_every_rank(job: jobspace.Job, distributed_outcomes: Any) -> None:
+    for rank in range(jobspace.WORLD):
+        outcome = distributed_outcomes.get((job.id, rank))
+        assert outcome is not None, f"rank {rank} never finished {job.id}"
+        assert jobspace.violations(job, outcome) == {}, (rank, outcome.summary)
