@@ -212,6 +212,16 @@ UNCHANGED_BUDGET_CPU_MS = 5.0
 """Issue 36: an unchanged 64-rank spool costs about a stat per file, at most 5 ms of CPU per scrape."""
 
 
+class _Built:
+    """A registry of families already built: ``generate_latest`` of it times the text alone."""
+
+    def __init__(self, built: list[Any]) -> None:
+        self.built = built
+
+    def collect(self) -> list[Any]:
+        return self.built
+
+
 def _cpu_ms(fn: Any, scrapes: int) -> float:
     t0 = time.process_time()
     for _ in range(scrapes):
@@ -221,7 +231,8 @@ def _cpu_ms(fn: Any, scrapes: int) -> float:
 
 def measure_unchanged(n: int = UNCHANGED_RANKS) -> dict[str, Any]:
     """CPU per scrape of ``n`` unchanged ranks, cache on and off in turns: the read alone, the read with the
-    inventory and the families, and the whole scrape with its text (``generate_latest``)."""
+    inventory and the families, the text of families already built (``generate_latest`` alone) and the
+    whole scrape with its text; and where a scrape's time goes (:func:`profile_scrape`)."""
     from prometheus_client import generate_latest
 
     from oomsight.metrics.collector import SpoolCollector, families
@@ -239,14 +250,17 @@ def measure_unchanged(n: int = UNCHANGED_RANKS) -> dict[str, Any]:
                 )
                 collector.exposition(generate_latest)  # fills the cache
                 read, inventory = collector.reader.read, collector.inventory
+                built = _Built(list(collector.collect()))
                 measured = {
                     "read": _cpu_ms(read, UNCHANGED_SCRAPES),
+                    "text_of_built_families": _cpu_ms(partial(generate_latest, built), UNCHANGED_SCRAPES),
                     "read_inventory_families": _cpu_ms(lambda f=inventory: families(f()), UNCHANGED_SCRAPES),
                     "whole_scrape": _cpu_ms(partial(collector.exposition, generate_latest), UNCHANGED_SCRAPES),
                 }
                 for part, ms in measured.items():
                     parts[cache].setdefault(part, []).append(round(ms, 3))
         text = collector.exposition(generate_latest)
+        profiled = profile_scrape(partial(collector.exposition, generate_latest), UNCHANGED_SCRAPES)
     median = {c: {p: sorted(v)[len(v) // 2] for p, v in ps.items()} for c, ps in parts.items()}
     return {
         "ranks": n,
@@ -255,7 +269,25 @@ def measure_unchanged(n: int = UNCHANGED_RANKS) -> dict[str, Any]:
         "cpu_ms_per_scrape_median": median,
         "cpu_ms_per_scrape_rounds": parts,
         "budget_cpu_ms": UNCHANGED_BUDGET_CPU_MS,
+        "profile_top_own_time_share": profiled,
     }
+
+
+def profile_scrape(scrape: Any, scrapes: int, top: int = 8) -> dict[str, Any]:
+    """The ``top`` functions of an unchanged scrape by their own time (cProfile, cache on), as shares of
+    the whole: cProfile's overhead inflates every call alike, so the shares, not the times, are the figure."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(scrapes):
+        scrape()
+    profiler.disable()
+    rows = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    own = {f"{os.path.join(*f.split(os.sep)[-2:])}:{line}({name})": v[2] for (f, line, name), v in rows.items()}
+    total = sum(own.values()) or 1.0
+    return {k: round(v / total, 3) for k, v in sorted(own.items(), key=lambda kv: -kv[1])[:top]}
 
 
 def main_unchanged(out: str) -> int:
