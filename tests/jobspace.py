@@ -318,7 +318,7 @@ class Truth:
             _add(grads, getattr(flat, "_saved_grad_shard", None))
         for fp in self.fsdp2:
             _add(grads, getattr(getattr(fp, "_unsharded_param", None), "grad", None))
-            _add(grads, getattr(fp, "_unsharded_accumulated_grad", None))
+            _add(grads, getattr(fp, "unsharded_accumulated_grad", None))  # reduce dtype, without sync
         state: dict[int, int] = {}
         for o in self.optimizers:
             for inner in (o, getattr(o, "optim", None)):
