@@ -106,3 +106,61 @@ def test_an_older_writers_verdict_gives_no_earliest_sample_and_a_new_one_without
     new = {**old, "steps_to_oom": None, "seconds_to_oom": None, "earliest_seconds_to_oom": None,
            "forecast_kind": "", "no_forecast_reason": "too_noisy"}
     assert earliest.value({"step_trend": new}) == float("inf")
+
+
+def test_a_noisy_floor_is_not_taken_for_stairs_and_never_says_the_oom_is_now():
+    # a floor whose per-step rise is far below its noise: its largest changes are noise, not the
+    # jumps of a stair (they once were, and the forecast said a few seconds with hours left)
+    for seed in range(40):
+        rng = random.Random(seed)
+        floors = [8 * GIB + i * 4 * MIB + rng.gauss(0, 100 * MIB) for i in range(200)]
+        t = trend.analyse(rows(floors, [f + 4 * GIB for f in floors]), 24 * GIB)
+        assert t.leak and t.forecast_kind == fc.STEADY_LEAK, seed
+        line = (24 * GIB - 4 * GIB - (8 * GIB + 199 * 4 * MIB)) / (4 * MIB) * 0.5  # the line alone, in seconds
+        assert t.seconds_to_oom > 0.5 * line, (seed, t.seconds_to_oom, line)
+
+
+def test_a_noisier_floor_runs_out_sooner_than_a_calm_one_on_the_same_line():
+    # the central time is the median of the first step to cross: the noisier the floor, the sooner
+    # one of its steps reaches capacity before the line itself does
+    rng = random.Random(3)
+    noise = [rng.gauss(0, 1) for _ in range(120)]
+    times = {}
+    for sd in (0, 64 * MIB, 256 * MIB):
+        floors = [4 * GIB + i * 8 * MIB + sd * n for i, n in enumerate(noise)]
+        steps = [float(i) for i in range(120)]
+        cols = fc.Columns(steps, [s * 0.5 for s in steps], floors, [f + GIB for f in floors], [True] * 120)
+        times[sd] = fc.predict(cols, 12 * GIB, leak_from=0.0, detect=lambda c: True).steps
+    assert times[0] > times[64 * MIB] > times[256 * MIB] > 0, times
+
+
+def test_a_leak_whose_steps_need_more_now_and_then_runs_out_before_its_line_says():
+    # generated leaks with data-dependent outliers: the central time counts the outliers the
+    # lifetime peak showed (was: the line plus an ordinary step, hours late near the OOM)
+    errors = []
+    for seed in range(3):
+        r = memory_series.run("outliers", seed, memory_series.horizons(3600, 6 * 3600, 4))
+        for when, held in r.views:
+            t = trend.analyse(held, int(r.shape.capacity))
+            if t.seconds_to_oom is not None:
+                errors.append(abs(t.seconds_to_oom / (r.oom_time - when) - 1))
+    errors.sort()
+    assert len(errors) >= 10 and errors[len(errors) // 2] <= 0.2, errors
+
+
+def test_a_growing_demand_whose_steps_slow_as_they_grow_is_timed_at_its_latest_pace():
+    # the sequence grows and each step takes longer (corpus/growing_sequence: 0.11 s a step at
+    # first, 0.36 s at the end): the steps left take the latest pace, not the run's average
+    steps = [float(s) for s in range(3, 23)]
+    times, t = [], 0.0
+    for s in steps:
+        t += 0.1 + 0.015 * s
+        times.append(t)
+    floors = [GIB + s * 16 * MIB for s in steps]
+    peaks = [GIB + s * 256 * MIB for s in steps]
+    cols = fc.Columns(steps, times, floors, peaks, [True] * len(steps))
+    found = fc.predict(cols, 16 * GIB, leak_from=None, detect=lambda c: False)
+    assert found.kind == fc.GROWING_DEMAND and found.steps is not None
+    latest = (times[-1] - times[-5]) / (steps[-1] - steps[-5])
+    assert abs(found.seconds - found.steps * latest) < 1e-6 * found.seconds
+    assert found.seconds > found.steps * (times[-1] - times[0]) / (steps[-1] - steps[0])

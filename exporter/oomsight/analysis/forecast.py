@@ -4,8 +4,13 @@ of rise each is made for — or no forecast, with the reason.
 Three kinds rise differently and are forecast by what they are:
 
 - a **steady leak**: the between-steps floor rises by about the same every step. A least-squares
-  line through the floor is carried forward; the OOM comes when the line plus what the steps add
-  above it (their peak over the line, a high share of the rows) reaches capacity.
+  line through the floor is carried forward. The OOM comes at the first step whose peak reaches
+  capacity, and near it that is a matter of chance: each step's peak is the line, plus the most
+  a step rose above its floor, plus the floor's own noise (normal, its standard deviation about
+  the line over the recent rows), or now and then an outlier (a long sample: a new lifetime peak
+  further above the line than the noise explains, counted per step where one that high would
+  have set a record). The central time is the median time of the first crossing: the step at
+  which the chance that one step crossed reaches one half.
 - a **stair leak**: the floor rises in jumps (a tensor kept every N steps) and stays flat between
   them. The OOM comes with the jump that lifts the peak past capacity: so many more jumps of the
   usual height, at the usual interval after the last one.
@@ -19,13 +24,16 @@ a running peak that rose by the same least growth and is still rising. The **ear
 time comes from the series' own noise: the upper end of the slope's one-sided interval
 (``forecast_interval_t`` standard errors), the line's level that far up, the largest excess of a
 peak over the line, and the fastest step time seen; for stairs, the tallest jump at the shortest
-interval. No forecast where the rows are too few (``too_short``), the slope is not told from
-noise (``too_noisy``), nothing rises (``no_rise``), or no step time is known (``no_step_time``).
+interval. Stairs are told from noise: each jump stands ``stair_jump_noise`` standard deviations of
+the other changes above them (a noisy floor's largest changes are no stairs). No forecast where
+the rows are too few (``too_short``), the slope is not told from noise (``too_noisy``), nothing
+rises (``no_rise``), or no step time is known (``no_step_time``).
 Pure functions over plain columns (the caller reads them off its rows), no torch.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -117,7 +125,7 @@ def predict(cols: Columns, capacity: float, leak_from: Optional[float], detect: 
         kind, reach = _demand(cols, spans(cols), capacity)
     if isinstance(reach, str):
         return none(reach)
-    pace = _pace(cols)
+    pace = _pace(cols, kind)
     if pace is None:
         return Forecast(kind, NO_STEP_TIME, steps=reach.steps)
     per_step, fastest = pace
@@ -162,7 +170,74 @@ def _leak(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | 
     over, _most = _excess(cols, [line.at(x) for x in cols.steps])
     noise = th.value("forecast_interval_t") * _spread([f - line.at(x) for x, f in zip(recent.steps, recent.floors)])
     highest = noise + max(over, _record_excess(cols, [line.at(x) for x in cols.steps]))
-    return STEADY_LEAK, _line_reach(line, cols.steps[-1], capacity, (over, highest))
+    reach = _line_reach(line, cols.steps[-1], capacity, (over, highest))
+    own = max([p - f for p, f, e in zip(cols.peaks, cols.floors, cols.exact) if e] or [over])
+    sd = _spread([f - line.at(x) for x, f in zip(recent.steps, recent.floors)])
+    rare = _outliers(cols, line, own + th.value("forecast_outlier_sd") * sd)
+    central = _crossing(line, cols.steps[-1], capacity, own, sd, rare)
+    return STEADY_LEAK, _Reach(central, min(reach.earliest_steps, central))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outliers:
+    """Steps that needed more than the floor's noise explains: how far each rose above the line, and
+    over how many steps they were seen."""
+
+    above: list[float]
+    """Sorted."""
+    rates: list[float]
+    """Per step, of outliers at least as high as each of ``above``."""
+
+
+def _outliers(cols: Columns, line: _Line, beyond: float) -> _Outliers:
+    """The new lifetime peaks more than ``beyond`` above the line at their row (the row's step: a
+    thinned row's lifetime peak may have come earlier, when the line stood lower)."""
+    life = cols.lifetime()
+    rose = [life[i] - line.at(x) for i, x in enumerate(cols.steps) if i and life[i] > life[i - 1]]
+    above = sorted(a for a in rose if a > beyond)
+    return _Outliers(above, [_rate(cols, life, line, g) for g in above])
+
+
+def _rate(cols: Columns, life: Sequence[float], line: _Line, rise: float) -> float:
+    """Outliers per step that rose at least ``rise`` above the line. One shows only where it set a
+    new lifetime peak: counted over the steps where one that high would have (the line plus
+    ``rise`` above the lifetime peak before), seen where it did."""
+    seen, steps = 0, 0.0
+    for i in range(1, len(cols.steps)):
+        start = max(cols.steps[i - 1], line.mean_x + (life[i - 1] - rise - line.mean_y) / line.slope)
+        steps += max(cols.steps[i] - start, 0.0)
+        seen += life[i] > life[i - 1] and life[i] - line.at(cols.steps[i]) >= rise and cols.steps[i] > start
+    return seen / steps if steps > 0 else 0.0
+
+
+def _crossing(line: _Line, last: float, capacity: float, own: float, sd: float, rare: _Outliers) -> float:
+    """Steps from ``last`` until the chance that some step's peak reached ``capacity`` is one half (the
+    median time of the first crossing). Each step's peak is the line's floor plus ``own`` (the most
+    a step rose above its floor) plus the floor's noise (normal, ``sd``); or, as often per step as
+    the rows saw one, an outlier's rise above the line. Near the OOM these, not the line, say when:
+    the first of many steps to cross comes before the line reaches the limit."""
+    gap = capacity - own - line.at(last)
+    band = th.value("forecast_crossing_sd") * sd + max([a - own for a in rare.above], default=0.0)
+    if gap <= 0 or band <= 0:
+        return max(gap, 0.0) / line.slope
+    width = band / line.slope / th.count("forecast_crossing_slices")
+    j, total = max((gap - band) / line.slope, 0.0), 0.0
+    while True:
+        left = gap - line.slope * (j + width / 2)
+        k = bisect.bisect_left(rare.above, left + own)
+        more = rare.rates[k] if k < len(rare.rates) else 0.0
+        cross = width * (_none_crossed(left / sd if sd > 0 else math.copysign(math.inf, left)) + more)
+        if total + cross >= math.log(2):
+            return j + width * (math.log(2) - total) / cross
+        total, j = total + cross, j + width
+
+
+def _none_crossed(z: float) -> float:
+    """The hazard of one step: -log of the chance that normal noise stays under ``z`` standard deviations."""
+    if z >= 0:
+        return -math.log1p(-0.5 * math.erfc(z / math.sqrt(2)))
+    below = 0.5 * math.erfc(-z / math.sqrt(2))
+    return -math.log(below) if below > 0 else math.inf
 
 
 def _demand(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | str]:
@@ -285,6 +360,9 @@ def _stairs(steps: Sequence[float], ys: Sequence[float]) -> Optional[list[tuple[
         return None
     if sum(d for _s, d in jumps) < th.value("stair_rise_share") * total:
         return None
+    between = [d for _s, d in rises if d < th.value("stair_jump_share") * top]
+    if min(d for _s, d in jumps) < th.value("stair_jump_noise") * _spread(between):
+        return None  # the floor's own noise: its largest changes, not stairs
     return jumps
 
 
@@ -311,8 +389,10 @@ def _record_excess(cols: Columns, ys: Sequence[float]) -> float:
     return max(rose, default=0.0)
 
 
-def _pace(cols: Columns) -> Optional[tuple[float, float]]:
-    """Seconds per optimizer step over the rows, and the fastest of their quarters."""
+def _pace(cols: Columns, kind: str) -> Optional[tuple[float, float]]:
+    """Seconds per optimizer step, and the fastest of the rows' quarters. Over all the rows for a
+    leak; over their latest quarter for a growing demand, whose steps take longer as their input
+    grows (a longer sequence, a larger batch)."""
     def rate(a: int, b: int) -> Optional[float]:
         span = cols.steps[b] - cols.steps[a]
         return (cols.times[b] - cols.times[a]) / span if span > 0 else None
@@ -323,7 +403,9 @@ def _pace(cols: Columns) -> Optional[tuple[float, float]]:
         return None
     quarter = max(last // 4, 1)
     parts = [r for r in (rate(i, min(i + quarter, last)) for i in range(0, last, quarter)) if r is not None]
-    return whole, min([whole, *(r for r in parts if r > 0)])
+    latest = rate(last - quarter, last) if kind == GROWING_DEMAND else None
+    pace = latest if latest is not None and latest > 0 else whole
+    return pace, min([whole, pace, *(r for r in parts if r > 0)])
 
 
 def _running_max(values: Sequence[float]) -> Sequence[float]:

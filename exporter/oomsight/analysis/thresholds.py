@@ -128,6 +128,28 @@ TABLE: dict[str, Threshold] = {
         0.5, "share of the largest rise", "a rise at least half the largest one is a jump of a stair; "
         "smaller rises between jumps are noise of what the loop keeps", "forecast",
     ),
+    "forecast_crossing_sd": Threshold(
+        8.0, "standard deviations", "the median time of the first crossing sums each step's chance to cross "
+        "from where the line stands this far below the limit: a step crosses there once in 10^15", "forecast",
+    ),
+    "forecast_crossing_slices": Threshold(
+        400, "slices", "the median time of the first crossing sums the steps' chances in this many slices of "
+        "the band where a step may cross (forecast_crossing_sd of the floor's noise and the outliers' rise): "
+        "50 a standard deviation, within a few percent of summing step by step, at every scrape",
+        "forecast", integer=True,
+    ),
+    "forecast_outlier_sd": Threshold(
+        4.0, "standard deviations", "a new lifetime peak this far above the line plus the most a step rose "
+        "above its floor is an outlier (a long sample, padding to it): the floor's noise reaches 4 standard "
+        "deviations about once in 30,000 steps. The median time of the first crossing counts them per step "
+        "seen", "forecast",
+    ),
+    "stair_jump_noise": Threshold(
+        4.0, "standard deviations", "every jump of a stair stands this many standard deviations of the "
+        "other row-to-row changes above them: the noise of a floor (what the loop keeps varies by batch) "
+        "has its own largest rises, which are no stairs (its largest of 24 changes is about 2.5 of them)",
+        "forecast",
+    ),
     "stair_min_jumps": Threshold(
         2, "jumps", "two jumps give one interval: the least that says when the next comes", "forecast",
         integer=True,
@@ -266,6 +288,8 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "forecast._stairs": ((3,), "the jumps are at most a third of the rows (stair_rise_share's row says so)"),
     "forecast._pace": ((4,), "the rows' quarters, the fastest of which gives the earliest step time"),
     "forecast._spread": ((2,), "a standard deviation needs two values, a square"),
+    "forecast._crossing": ((2,), "the median (a chance of one half, log 2) and a slice's midpoint"),
+    "forecast._none_crossed": ((0.5, 2), "the normal tail: erfc(z / sqrt 2) / 2"),
     "forecast._median": ((0.5,), "the median"),
     "diagnosis._outside_rule": ((2,), "two processes listed by NVML: another besides this one"),
     "diagnosis._model_states_order": ((2,), "bf16 parameters are half of fp32's; ZeRO stages 1 and 2"),
