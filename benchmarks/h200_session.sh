@@ -38,6 +38,7 @@ for s in $STAGES; do case $s in
     python3 benchmarks/corpus/evaluate.py "$1/piles" --json "$1/piles/judged.json"' _ "$R";;  # -> tests/fixtures/heldout-wire18
   heldout-judge) stage heldout-judge 60 python3 benchmarks/corpus/evaluate.py "$R/heldout" --json "$R/heldout/judged.json";;
   predict-verify) stage predict-verify 300 python3 benchmarks/bench_predict.py --out "$R/bench" --measured benchmarks/results/predict.json --reuse benchmarks/results/predict.json --fresh bert-bf16-adamw,vit_b_16-fp32-adamw,vit_b_16-bf16-accum2 --deadline 200;;
+  predict-real) stage predict-real 300 python3 benchmarks/bench_predict_real.py --out "$R/bench/predict-real.json" --deadline 210 --timeout 150;;
   cluster) stage cluster 280 python3 benchmarks/corpus/run.py --script cluster --out "$R/cluster" --jobs 4 --timeout 240 $CORPUS_ARGS;;
   multigpu) stage multigpu 230 bash -c 'n=${NPROC:-$(nvidia-smi -L | wc -l)}; if [ "$n" -lt 2 ]; then echo "SKIP multigpu: $n GPU"; exit 0; fi
     python3 benchmarks/corpus/run.py --script multigpu --nproc "$n" --out "$1/multigpu" --timeout 110 $CORPUS_ARGS' _ "$R";;
