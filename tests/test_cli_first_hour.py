@@ -233,7 +233,7 @@ def test_a_size_in_gigabits_is_refused_not_read_as_gigabytes(tmp_path):
     result = run_oomsight("predict", "--model", "gpt2", "--capacity", "40Gb", tmp=str(tmp_path))
     assert result.returncode == 2
     assert one_line(result.stderr) == (
-        "oomsight predict: --capacity: '40Gb' is not a size (e.g. 80GiB = 80 x 2^30 bytes, 40GB = 40 x 10^9, 1e9)"
+        "oomsight predict: --capacity: '40Gb' is not a size (e.g. 80GiB = 80 x 2^30 bytes, 40GB = 40 x 10^9, 1e9B)"
     )
     assert predict_command.parse_bytes("40GB") == 40 * 10**9 and predict_command.parse_bytes("40GiB") == 40 << 30
 

@@ -364,8 +364,8 @@ def test_the_recorded_table_holds_its_published_figures():
 
 
 def test_sizes_parse_with_units_and_typos_are_refused():
-    assert parse_bytes("80GiB") == 80 << 30 and parse_bytes("40 GB") == 40 * 10**9 and parse_bytes("1e9") == 10**9
-    for bad in ("12XB", "", "GiB", "-1GiB"):
+    assert parse_bytes("80GiB") == 80 << 30 and parse_bytes("40 GB") == 40 * 10**9 and parse_bytes("1e9B") == 10**9
+    for bad in ("12XB", "", "GiB", "-1GiB", "40", "1e9", "0GiB"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
 

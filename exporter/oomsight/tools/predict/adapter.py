@@ -24,6 +24,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from oomsight.tools.predict import inputs
+
 QUANT_BLOCK = 64
 """Weights per absmax of bitsandbytes' 4-bit quantization (``blocksize`` default)."""
 NESTED_BLOCK = 256
@@ -36,8 +38,8 @@ OPTIM_BLOCK = 256
 """Elements per absmax of the 8-bit optimizer state (``blockwise`` updates)."""
 OPTIM_MIN_8BIT = 4096
 """bitsandbytes' ``min_8bit_size``: smaller tensors keep fp32 state."""
-DEFAULT_TARGETS = ("q_proj", "v_proj")
-"""LoRA's target modules when none are given (PEFT's default for Llama-style models)."""
+DEFAULT_TARGETS = inputs.DEFAULT_TARGETS
+parse_lora = inputs.parse_lora
 LORA_ALPHA_PER_RANK = 2
 """``lora_alpha = 2 x rank`` (a common choice; the scaling multiplies, it holds no memory)."""
 QUANTIZE = ("4bit", "4bit-double", "8bit")
@@ -125,17 +127,17 @@ def in_out(layer: nn.Module) -> tuple[int, int]:
     return int(rows), int(cols)
 
 
-def _adaptable(layer: nn.Module) -> bool:
-    return isinstance(layer, nn.Linear) or type(layer).__name__ == "Conv1D"
+def adaptable(layer: nn.Module, peft: bool = False) -> bool:
+    """Whether LoRA adapts ``layer``: ``nn.Linear`` and transformers' ``Conv1D`` (``LoraLinear``), and with
+    PEFT also its embeddings and convolutions."""
+    if isinstance(layer, nn.Linear) or type(layer).__name__ == "Conv1D":
+        return True
+    return peft and isinstance(layer, (nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d))
 
 
-def parse_lora(text: str) -> tuple[int, tuple[str, ...]]:
-    """``16`` or ``16:q_proj,k_proj,v_proj,o_proj`` → (rank, target module names); ``ValueError`` otherwise."""
-    rank_text, _, targets = text.partition(":")
-    if not rank_text.isdigit() or int(rank_text) < 1:
-        raise ValueError(f"--lora {text}: give RANK[:MODULE,...], e.g. 16:q_proj,v_proj")
-    names = tuple(t.strip() for t in targets.split(",") if t.strip()) or DEFAULT_TARGETS
-    return int(rank_text), names
+def targeted(name: str, targets: tuple[str, ...]) -> bool:
+    """PEFT's rule for a list of target names: the module's name, or its last dotted parts."""
+    return any(name == t or name.endswith("." + t) for t in targets)
 
 
 def with_lora(
@@ -153,7 +155,7 @@ def with_lora(
             )
             return peft_lib.get_peft_model(model, config).train()
         model.requires_grad_(False)
-        found = _replace(model, lambda name, m: _adaptable(m) and name.split(".")[-1] in targets,
+        found = _replace(model, lambda name, m: adaptable(m) and targeted(name, targets),
                          lambda m: LoraLinear(m, rank))  # fmt: skip
         if not found:
             raise ValueError(f"--lora: no nn.Linear or Conv1D named {', '.join(targets)} in the model")

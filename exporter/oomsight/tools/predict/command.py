@@ -18,13 +18,13 @@ import functools
 import importlib.util
 import json
 import os
-import re
 import sys
 import traceback
 from typing import Any, Optional
 
 from oomsight.analysis.units import format_bytes
 from oomsight.tools import exitcode
+from oomsight.tools.predict import inputs
 
 EXAMPLE = (
     "examples:\n  oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB\n"
@@ -34,10 +34,7 @@ EXAMPLE = (
     "  oomsight predict --model llama --world-size 8 --parallel fsdp2 --gpu H100 --gpus-needed"
 )
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-UNITS.update({"kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12})
-"""Size suffixes as written (IEC binary, SI decimal), case kept: ``Gb`` would be gigabits and
-``gib`` no unit at all, so both are refused rather than guessed."""
+UNITS = inputs.UNITS
 CATEGORY_ORDER = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "workspace")
 """The categories of a prediction in the order of a training step's life: what the model holds,
 then what backward and the optimizer add, then what a step makes and frees; every one shown,
@@ -77,7 +74,7 @@ def add(sub: Any) -> None:
                    "capacity (less CUDA context and NCCL) and compute capability")  # fmt: skip
     p.add_argument("--generate", default=None, help="PROMPT:NEW: inference with a key/value cache, "
                    "prefill and one forward per new token (a transformers configuration)")  # fmt: skip
-    p.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="--generate's cache")
+    p.add_argument("--cache", choices=("dynamic", "static"), default=None, help="--generate's cache (default dynamic)")
     _add_parallel_arguments(p)
     p.add_argument("--steps", type=int, default=3, help="training steps traced (default 3)")
     p.add_argument("--capacity", default=None, help="memory the process may use, e.g. 80GiB: search the largest batch")
@@ -105,18 +102,14 @@ def _add_parallel_arguments(p: Any) -> None:
     p.add_argument("--gpus-needed", action="store_true", help="the fewest GPUs of --gpu/--capacity that fit")
 
 
-def parse_bytes(text: str) -> int:
-    """``80GiB``, ``40 GB``, ``1e9`` → bytes (``UNITS``, case as written); ``ValueError`` otherwise."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2) not in UNITS:
-        raise ValueError(f"{text!r} is not a size (e.g. 80GiB = 80 x 2^30 bytes, 40GB = 40 x 10^9, 1e9)")
-    return int(float(m.group(1)) * UNITS[m.group(2)])
+parse_bytes = inputs.parse_bytes
+"""``80GiB``, ``40 GB``, ``1e9B`` → bytes; a bare number is refused (``inputs.parse_bytes``)."""
 
 
 def run(args: argparse.Namespace) -> int:
-    from oomsight.tools.predict import models
-
     if args.list:
+        from oomsight.tools.predict import models
+
         for name, spec in sorted(models.MODELS.items()):
             print(f"{name:20} {spec.summary}")
         return exitcode.OK
@@ -126,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         return exitcode.USAGE
     try:
         user_spec = _spec(args)
-    except SpecError as exc:
+    except (SpecError, inputs.InputError) as exc:
         print(f"oomsight predict: {exc}", file=sys.stderr)
         return exitcode.USAGE
     try:
@@ -166,56 +159,8 @@ def _user_frame(exc: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-def _check(args: argparse.Namespace) -> Optional[str]:
-    if args.batch < 1 or args.accumulation < 1 or not 1 <= args.steps <= 20:
-        return "--batch and --accumulation must be at least 1, --steps 1 to 20"
-    if not 0.0 <= args.margin < 0.5:
-        return "--margin must be between 0 and 0.5"
-    args.capacity_bytes = None
-    if args.capacity is not None:
-        try:
-            args.capacity_bytes = parse_bytes(args.capacity)
-        except ValueError as exc:
-            return f"--capacity: {exc}"
-    return _check_job(args)
-
-
-def _check_job(args: argparse.Namespace) -> Optional[str]:
-    """The flags of issue 28 (configs, adapters, several GPUs, --gpu): what is wrong, or None."""
-    from oomsight.tools.predict import adapter, gpu, parallel
-
-    if args.seq_len is not None and args.seq_len < 1:
-        return "--seq-len must be at least 1"
-    if args.generate:
-        from oomsight.tools.predict import generation
-
-        try:
-            args.prompt_tokens, args.new_tokens = generation.parse(args.generate)
-        except ValueError as exc:
-            return str(exc)
-        if args.lora or args.quantize == "8bit" or args.parallel:
-            return "--generate takes neither --lora, --quantize 8bit nor --parallel (one GPU, inference)"
-    if args.lora:
-        try:
-            args.lora_rank, args.lora_targets = adapter.parse_lora(args.lora)
-        except ValueError as exc:
-            return str(exc)
-    if args.gpu:
-        try:
-            args.gpu_spec = gpu.get(args.gpu)
-        except KeyError as exc:
-            return str(exc.args[0])
-        if args.capacity is None:
-            args.capacity_bytes = args.gpu_spec.total_bytes
-    if args.largest_batch and not (args.gpu or args.capacity):
-        return "--largest-batch needs --gpu or --capacity"
-    if args.gpus_needed and not ((args.gpu or args.capacity) and args.parallel):
-        return "--gpus-needed needs --parallel and --gpu or --capacity"
-    if args.world_size > 1 and not args.parallel:
-        return "--world-size above 1 needs --parallel ddp|fsdp|fsdp2|zero1|zero2|zero3"
-    if args.parallel:
-        return parallel.check(_layout(args))
-    return None
+_check = inputs.check
+"""Every flag checked before anything is traced (``inputs.check``: one line, exit 2)."""
 
 
 def _layout(args: argparse.Namespace) -> Any:
@@ -230,6 +175,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     """The model spec the flags describe: the named model, config or user file, then ``--dtype``,
     ``--lora`` and ``--quantize`` applied to what its ``build()`` returns, in that order."""
     found = _base_spec(args)
+    if args.lora:  # a target the model does not have is the user's to fix, not the trace's (exit 2)
+        inputs.check_lora_targets(found["build"], args.lora_targets, importlib.util.find_spec("peft") is not None)
     found = {**found, "build": _adapted(args, found["build"])}
     if args.generate:
         from oomsight.tools.predict import generation, hfmodel
@@ -293,6 +240,7 @@ def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
             raise SpecError(
                 f"--model {args.model}: a configuration needs transformers (pip install transformers)"
             ) from None
+        inputs.check_positions(config, args.model.partition(":")[0], args)
         seq = hfmodel.seq_len_of(config, args.seq_len)
         return {
             "build": hfmodel.builder(config),
@@ -321,9 +269,7 @@ def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
         found = function()
     except Exception as exc:
         raise SpecError(f"--module: {path}: {name}() raised {_in_user_file(exc, path)}") from None
-    if not isinstance(found, dict) or not {"build", "batch"} <= set(found):
-        raise SpecError(f"--module: {path}: {name}() must return a dict with 'build' and 'batch'")
-    return dict(found)
+    return inputs.module_spec(found, f"{path}: {name}()")
 
 
 def _load(path: str) -> Any:
@@ -457,7 +403,10 @@ def _generate_facts(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str,
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         "cache": args.cache,
-        "kv_cache_bytes_at_the_end": generation.cache_bytes(spec["config"], args.batch, length, itemsize),
+        "kv_cache_bytes_at_the_end": generation.cache_bytes(
+            spec["config"], args.batch, length, itemsize, args.cache
+        ),
+        "sliding_window": getattr(spec["config"], "sliding_window", None),
     }
 
 
@@ -616,9 +565,11 @@ def _prose_job(result: dict[str, Any]) -> list[str]:
     lines = []
     gen = result.get("generate")
     if gen:
+        window = gen.get("sliding_window")
         lines.append(
             f"generating {gen['new_tokens']} tokens after a {gen['prompt_tokens']}-token prompt, {gen['cache']} cache: "
             f"the cache holds {format_bytes(gen['kv_cache_bytes_at_the_end'])} at the end (in temporaries above)"
+            + (f"; its sliding-window layers keep {window:,} tokens" if window else "")
         )
     g = result.get("gpu")
     if g:

@@ -18,15 +18,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from oomsight.tools.predict import inputs
+
 CACHES = ("dynamic", "static")
 
 
-def parse(text: str) -> tuple[int, int]:
-    """``2048:256`` → (prompt tokens, new tokens); ``ValueError`` otherwise."""
-    prompt, _, new = text.partition(":")
-    if not (prompt.isdigit() and new.isdigit()) or int(prompt) < 1 or int(new) < 1:
-        raise ValueError(f"--generate {text}: give PROMPT:NEW token counts, e.g. 2048:256")
-    return int(prompt), int(new)
+parse = inputs.parse_generate
+"""``2048:256`` → (prompt tokens, new tokens) (``inputs.parse_generate``)."""
 
 
 def eval_mode(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
@@ -65,8 +63,28 @@ def make_cache(model: Any, kind: str, batch: int, length: int) -> Any:
     return transformers.DynamicCache(config=config)
 
 
-def cache_bytes(config: Any, batch: int, length: int, itemsize: int) -> int:
-    """Keys and values of every layer for ``length`` tokens: what the cache holds at the end."""
+def cache_bytes(config: Any, batch: int, length: int, itemsize: int, cache: str = "dynamic") -> int:
+    """Keys and values of every layer for ``length`` tokens: what the cache holds at the end. A
+    sliding-window layer holds its window: transformers' ``DynamicSlidingWindowLayer`` keeps the last
+    ``window - 1`` tokens, ``StaticSlidingWindowLayer`` allocates ``min(window, length)`` (a chunked
+    layer likewise, its chunk the window)."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * batch * heads * length * head_dim * itemsize
+    per_token = 2 * batch * heads * head_dim * itemsize
+    return sum(per_token * tokens for tokens in cached_tokens(config, length, cache))
+
+
+def cached_tokens(config: Any, length: int, cache: str = "dynamic") -> list[int]:
+    """Tokens each layer's cache holds after ``length`` tokens, by its type (``layer_types``, else every
+    layer sliding where ``sliding_window`` is set, as transformers' ``get_layer_types_and_kwargs`` infers)."""
+    layers = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * layers
+    found = []
+    for kind in list(types)[:layers]:
+        span = getattr(config, "attention_chunk_size", None) if kind == "chunked_attention" else window
+        if kind in ("sliding_attention", "chunked_attention") and span:
+            found.append(min(length, span) if cache == "static" else min(length, span - 1))
+        else:
+            found.append(length)
+    return found

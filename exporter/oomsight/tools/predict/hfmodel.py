@@ -7,19 +7,25 @@
 - a model type with overrides, ``llama:hidden_size=2048,num_hidden_layers=16``
   (``AutoConfig.for_model``; each value read as JSON where it parses, a string otherwise).
 
-The model is built by ``AutoModelForCausalLM`` (a decoder), else ``AutoModelForSeq2SeqLM`` (T5's
-kind), else ``AutoModelForMaskedLM`` (BERT's); built on the meta device by the tracer, so a 7 B
-configuration makes no weights. Its batch is ``(batch, seq_len)`` token ids with the same labels.
+The model is built by its head (``head_of``): ``AutoModelForSeq2SeqLM`` for an encoder-decoder (T5),
+``AutoModelForMaskedLM`` for an encoder (BERT), ``AutoModelForCausalLM`` for a decoder; built on the
+meta device by the tracer, so a 7 B configuration makes no weights. Its batch is ``(batch, seq_len)``
+token ids with the same labels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from oomsight.tools.predict.inputs import InputError, check_config
 
 HEADS = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM")
 """The auto classes tried in order: the first whose mapping knows the configuration builds it."""
@@ -27,7 +33,7 @@ DEFAULT_SEQ_LEN = 1024
 """Tokens per sample when ``--seq-len`` is not given (capped by the configuration's positions)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """The ``--model`` text names no configuration that can be read: the line to print."""
 
 
@@ -37,32 +43,62 @@ def is_config(text: str) -> bool:
 
 
 def load_config(text: str) -> Any:
-    """The ``transformers`` configuration ``text`` names (``ConfigError`` otherwise)."""
+    """The ``transformers`` configuration ``text`` names, its values checked before ``transformers``
+    builds it (``inputs.check_config``); ``ConfigError`` (or ``InputError``) with the line otherwise."""
     import transformers
 
     if os.path.isdir(text) or text.endswith(".json"):
-        if not os.path.exists(text):
-            raise ConfigError(f"--model {text}: no such file")
-        folder = text if os.path.isdir(text) else os.path.dirname(os.path.abspath(text))
-        if os.path.isdir(text) and not os.path.isfile(os.path.join(text, "config.json")):
-            raise ConfigError(f"--model {text}: the folder has no config.json")
+        values = _read_file(text)
+        kind, where, typed = values.pop("model_type", None), text, False
+        if not kind:
+            raise ConfigError(f"--model {text}: the file has no model_type")
+    else:
+        kind, _, rest = text.partition(":")
+        values, where, typed = parse_overrides(rest), kind, True
+    with _quiet():
         try:
-            if os.path.isdir(text):
-                return transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
-            with open(text, encoding="utf-8") as fh:
-                found = json.load(fh)
-            kind = found.pop("model_type", None)
-            if not kind:
-                raise ConfigError(f"--model {text}: the file has no model_type")
-            return transformers.AutoConfig.for_model(kind, **found)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(f"--model {text}: {type(exc).__name__}: {_first_line(exc)}") from None
-    kind, _, rest = text.partition(":")
-    overrides = parse_overrides(rest)
+            defaults = transformers.AutoConfig.for_model(kind)
+        except ValueError as exc:
+            raise ConfigError(f"--model {text}: unknown model type {kind!r} ({_first_line(exc)[:160]})") from None
+        named = check_config(where, defaults, values, typed)
     try:
-        return transformers.AutoConfig.for_model(kind, **overrides)
-    except ValueError as exc:
-        raise ConfigError(f"--model {text}: unknown model type {kind!r} ({_first_line(exc)[:160]})") from None
+        with _quiet():
+            if os.path.isdir(text):
+                return transformers.AutoConfig.from_pretrained(text, local_files_only=True)
+            return transformers.AutoConfig.for_model(kind, **named)
+    except Exception as exc:  # transformers' own validation, past ours: its last line
+        raise ConfigError(f"--model {where}: transformers refuses the configuration: {_last_line(exc)}") from None
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """transformers' warnings about a configuration (a token id past a small test vocabulary) kept
+    off stderr while it is built: what matters to memory is checked by ``check_config``, and a
+    refusal stays one line."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _read_file(text: str) -> dict[str, Any]:
+    """The entries of a config.json (``text``, or ``text/config.json`` for a folder)."""
+    if not os.path.exists(text):
+        raise ConfigError(f"--model {text}: no such file")
+    path = os.path.join(text, "config.json") if os.path.isdir(text) else text
+    if not os.path.isfile(path):
+        raise ConfigError(f"--model {text}: the folder has no config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            found = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--model {text}: {type(exc).__name__}: {_first_line(exc)}") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"--model {text}: the file holds no JSON object")
+    return found
 
 
 def parse_overrides(text: str) -> dict[str, Any]:
@@ -84,6 +120,12 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _last_line(exc: BaseException) -> str:
+    """The last line of a multi-line error (a strict dataclass's: the cause comes last)."""
+    text = str(exc).strip()
+    return text.splitlines()[-1].strip()[:300] if text else type(exc).__name__
+
+
 def builder(config: Any) -> Callable[[], nn.Module]:
     """``build()`` of the model the configuration describes, in training mode, without a cache."""
     import transformers
@@ -94,18 +136,32 @@ def builder(config: Any) -> Callable[[], nn.Module]:
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
 
     def build() -> nn.Module:
-        for head in HEADS:
-            auto = getattr(transformers, head)
-            if type(config) in auto._model_mapping:
-                model = auto.from_config(config)
-                break
-        else:
-            model = transformers.AutoModel.from_config(config)
+        head = head_of(config)
+        auto = getattr(transformers, head) if head else transformers.AutoModel
+        model = auto.from_config(config)
         if hasattr(model.config, "use_cache"):
             model.config.use_cache = False
         return model.train()
 
     return build
+
+
+def head_of(config: Any) -> str | None:
+    """The auto class that builds ``config`` for training, as docs/prediction.md names it: an
+    encoder-decoder (T5, BART) by ``AutoModelForSeq2SeqLM``; an encoder (BERT, RoBERTa: ``is_decoder``
+    false and a masked-LM head known) by ``AutoModelForMaskedLM``, not the causal head transformers
+    also maps BERT to (``BertLMHeadModel``); else ``AutoModelForCausalLM``; else the first of
+    ``HEADS`` that knows it (None: the bare ``AutoModel``)."""
+    import transformers
+
+    def knows(head: str) -> bool:
+        return type(config) in getattr(transformers, head)._model_mapping
+
+    if getattr(config, "is_encoder_decoder", False) and knows("AutoModelForSeq2SeqLM"):
+        return "AutoModelForSeq2SeqLM"
+    if not getattr(config, "is_decoder", False) and knows("AutoModelForMaskedLM"):
+        return "AutoModelForMaskedLM"
+    return next((head for head in HEADS if knows(head)), None)
 
 
 def seq_len_of(config: Any, asked: int | None) -> int:
