@@ -238,7 +238,7 @@ def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
             raise SpecError(str(exc)) from None
         except ImportError:
             raise SpecError(
-                f"--model {args.model}: a configuration needs transformers (pip install transformers)"
+                f"--model {args.model}: a configuration needs transformers (pip install 'oomsight[predict]')"
             ) from None
         inputs.check_positions(config, args.model.partition(":")[0], args)
         seq = hfmodel.seq_len_of(config, args.seq_len)
