@@ -294,7 +294,9 @@ def test_a_public_function_shows_the_parameters_and_defaults_of_what_it_calls_an
         return {(p.name if p.kind != p.VAR_KEYWORD else "**", p.kind, p.default) for p in sig.parameters.values()}
 
     shown = described(wrapper)
-    meant = described(inner) - {("memory", inspect.Parameter.POSITIONAL_OR_KEYWORD, None)}
+    # what the sharded tracer and the CLI pass inside the package, not a user's choice
+    internal = {"memory", "materializer", "host_states", "known"}
+    meant = {d for d in described(inner) if d[0] not in internal}
     assert shown == meant
     doc = inspect.getdoc(getattr(oomsight, public)) or ""
     assert "Example::" in doc and f"oomsight.{public}(" in doc

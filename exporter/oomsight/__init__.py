@@ -160,6 +160,7 @@ def largest_batch(
     margin: float = 0.10,
     start: int = 1,
     limit: int = 1 << 20,
+    judge: str = "allocated",
     **predict: Any,
 ) -> BatchSearch:
     """The largest batch whose predicted peak allocated fits ``capacity * (1 - margin)`` bytes,
@@ -167,14 +168,17 @@ def largest_batch(
 
     ``model``, ``batch``, ``optimizer`` and ``step`` are those of :func:`predict_peak`, and so
     are the keywords in ``predict`` (``autocast``, ``accumulation``, ``steps``, ...); ``start``
-    is the first batch tried, ``limit`` the largest. Example::
+    is the first batch tried, ``limit`` the largest; ``judge="reserved"`` judges the peak reserved
+    (what runs out; the CUDA context is outside it) instead of the peak allocated. Example::
 
         found = oomsight.largest_batch(lambda: MyModel(), lambda n: torch.randn(n, 1024), 80 << 30)
         print(found.max_batch_size)
     """
     from oomsight.tools.predict import largest_batch as search
 
-    return search(model, batch, capacity, optimizer, step, margin=margin, start=start, limit=limit, **predict)
+    return search(
+        model, batch, capacity, optimizer, step, margin=margin, start=start, limit=limit, judge=judge, **predict
+    )
 
 
 def measure_remedies(

@@ -376,7 +376,8 @@ def module_spec(found: Any, where: str) -> dict[str, Any]:
             raise InputError(f"--module: {where} returned {key!r} ({hint}the keys are {', '.join(MODULE_KEYS)})")
         if value is not None and not callable(value):
             raise InputError(f"--module: {where}: {key!r} must be a function, not {type(value).__name__}")
-        if key == "build" and hasattr(value, "parameters") and hasattr(value, "forward"):
+        made = not isinstance(value, type) and hasattr(value, "parameters") and hasattr(value, "forward")
+        if key == "build" and made:  # the class itself builds the model: a model already made does not
             raise InputError(
                 f"--module: {where}: 'build' must be a function that makes the model (lambda: "
                 f"{type(value).__name__}(...)), not a {type(value).__name__} already made"

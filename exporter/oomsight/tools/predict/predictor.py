@@ -236,6 +236,13 @@ def predict_peak(
         materializer=materializer,
         host_states=host_states,
     )
+    return _replayed(trace, batch_size, steps, capacity, expandable, workspace, started)
+
+
+def _replayed(
+    trace: Any, batch_size: int, steps: int, capacity: Optional[int], expandable: bool, workspace: int, started: float
+) -> Prediction:
+    """The prediction of a trace: replayed through the allocator model (and again under ``capacity``)."""
     result = replay(trace, expandable=expandable)
     fits = None if capacity is None else result["peak_allocated"] <= capacity
     oom = None if capacity is None else bool(replay(trace, cap=capacity, expandable=expandable)["oom"])

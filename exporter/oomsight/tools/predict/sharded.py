@@ -168,10 +168,15 @@ def predict_config_rank(
             small.layer_types = small.layer_types[:n]
         traced.append(predict_rank(make_build(small), batch, batch_size, layout, optimizer, **kwargs).to_dict())
     a, b = traced
-    la, lb = a["moments"].get("last_step") or {}, b["moments"].get("last_step") or {}
-    if not la or not lb:
+    if not a["moments"].get("last_step") or not b["moments"].get("last_step"):
         found = predict_rank(make_build(config), batch, batch_size, layout, optimizer, **kwargs).to_dict()
         return {**found, "layers_traced": [layers], "layers": layers}
+    return {**_carried(a, b, few, layers), "layers_traced": few, "layers": layers}
+
+
+def _carried(a: dict[str, Any], b: dict[str, Any], few: list[int], layers: int) -> dict[str, Any]:
+    """Rank 0's figures at ``layers`` blocks, along the line through the traces of ``few`` blocks (``a``, ``b``)."""
+    la, lb = a["moments"]["last_step"], b["moments"]["last_step"]
     grow = layers - few[1]
     step = few[1] - few[0]
 
@@ -201,8 +206,6 @@ def predict_config_rank(
         "moment": moment,
         "moments_bytes": moments,
         "seconds": round(a["seconds"] + b["seconds"], 3),
-        "layers_traced": few,
-        "layers": layers,
     }
 
 
