@@ -14,6 +14,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry
 
 from oomsight.config import ConfigError
+from oomsight.config.variables import BY_KEYWORD
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.wire.spool import TEMP_MAX_AGE_SECONDS, SpoolReader
 from oomsight_server.kube import KubeApi, KubeClient
@@ -195,7 +196,8 @@ def main(flags: dict[str, Any]) -> int:
     except ConfigError as exc:
         logger.error("oomsight sidecar: invalid configuration: %s", exc)
         return 2
-    named = "--spool " if flags.get("spool_dir") else "OOMSIGHT_DIR=" if os.environ.get("OOMSIGHT_DIR") else "spool "
+    env = BY_KEYWORD["spool_dir"].env  # the variable's name from the one table
+    named = "--spool " if flags.get("spool_dir") else f"{env}=" if os.environ.get(env) else "spool "
     problem = spool_problem(settings.spool_dir, named)
     if problem:
         logger.error("oomsight sidecar: %s", problem)
