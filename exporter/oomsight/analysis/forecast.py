@@ -167,12 +167,13 @@ def _leak(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | 
         return STEADY_LEAK, line
     if not _told(line):
         return STEADY_LEAK, TOO_NOISY
-    over, _most = _excess(cols, [line.at(x) for x in cols.steps])
-    noise = th.value("forecast_interval_t") * _spread([f - line.at(x) for x, f in zip(recent.steps, recent.floors)])
-    highest = noise + max(over, _record_excess(cols, [line.at(x) for x in cols.steps]))
+    on_line = [line.at(x) for x in cols.steps]
+    over, _most = _excess(cols, on_line)
+    sd = _spread([f - line.at(x) for x, f in zip(recent.steps, recent.floors)])  # the floor's noise
+    noise = th.value("forecast_interval_t") * sd
+    highest = noise + max(over, _record_excess(cols, on_line))
     reach = _line_reach(line, cols.steps[-1], capacity, (over, highest))
     own = max([p - f for p, f, e in zip(cols.peaks, cols.floors, cols.exact) if e] or [over])
-    sd = _spread([f - line.at(x) for x, f in zip(recent.steps, recent.floors)])
     rare = _outliers(cols, line, own + th.value("forecast_outlier_sd") * sd)
     central = _crossing(line, cols.steps[-1], capacity, own, sd, rare)
     return STEADY_LEAK, _Reach(central, min(reach.earliest_steps, central))
