@@ -403,3 +403,45 @@ def test_the_command_predicts_a_users_module_and_prints_json(tmp_path):
 def test_the_commands_mistakes_are_one_line_and_exit_2(args, message):
     out = _cli(*args)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+class _LMOutput(dict):
+    """What a transformers causal LM returns: ``.loss`` and ``.logits``."""
+
+    __getattr__ = dict.get
+
+
+class _TinyLM(torch.nn.Module):
+    def __init__(self, vocab: int = 8192) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, 64)
+        self.head = torch.nn.Linear(64, vocab, bias=False)
+
+    def forward(self, input_ids, labels):
+        hidden = self.embed(input_ids)
+        with torch.no_grad():  # the logits are an output only: the step's peak is the forward's end
+            logits = self.head(hidden)
+        return _LMOutput(loss=hidden.square().mean(), logits=logits)
+
+
+def test_a_loop_that_keeps_its_outputs_holds_the_logits_through_the_next_forward():
+    """``outputs = model(**batch)`` in a hand-written loop keeps the logits until the next forward
+    returns: through the optimizer step, and where the forward's end is the peak, the steps after
+    the first peak higher by the logits; nothing changes where the outputs are dropped."""
+
+    def tokens(n):
+        ids = torch.randint(0, 8192, (n, 128))
+        return {"input_ids": ids, "labels": ids}
+
+    kw = {"steps": 3, "workspace_bytes": 0}
+    dropped = predict_peak(_TinyLM, tokens, 4, **kw)
+    kept = predict_peak(_TinyLM, tokens, 4, keep_outputs=True, **kw)
+    logits = 4 * 128 * 8192 * 4
+    first = kept.step_peak_allocated_bytes[0] - dropped.step_peak_allocated_bytes[0]
+    assert 0 < first <= logits + 64 * 1024  # kept through the first optimizer step too
+    assert all(k > d for k, d in zip(kept.step_peak_allocated_bytes, dropped.step_peak_allocated_bytes))
+    # at the kept peak (the second forward's end) two steps' logits live, where one did
+    held = kept.by_category_bytes["activations"] - dropped.by_category_bytes["activations"]
+    assert logits <= held <= logits + 256 * 1024, held
+    plain = predict_peak(_TinyLM, tokens, 4, keep_outputs=False, **kw)
+    assert plain.step_peak_allocated_bytes == dropped.step_peak_allocated_bytes

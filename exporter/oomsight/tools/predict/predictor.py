@@ -199,6 +199,7 @@ def predict_peak(
     *,
     autocast: Any = None,
     accumulation: int = 1,
+    keep_outputs: bool = False,
     steps: int = 3,
     capacity: Optional[int] = None,
     expandable_segments: Optional[bool] = None,
@@ -214,7 +215,8 @@ def predict_peak(
     ``optimizer(model.parameters())`` builds the optimizer (default ``torch.optim.AdamW``);
     ``step(model, batch, optimizer)`` runs one step (default: forward — under
     ``torch.autocast("cuda", autocast)`` when given — backward on ``.loss`` or the output's
-    mean, ``accumulation`` micro-batches, ``optimizer.step()``, ``zero_grad(set_to_none=True)``).
+    mean, ``accumulation`` micro-batches, ``optimizer.step()``, ``zero_grad(set_to_none=True)``;
+    ``keep_outputs``: the outputs kept until the next forward returns, as a hand-written loop keeps them).
     """
     import torch
 
@@ -222,7 +224,7 @@ def predict_peak(
 
     started = time.perf_counter()
     make_opt = optimizer or torch.optim.AdamW
-    step_fn = step or tracing.default_step(accumulation=accumulation, autocast=autocast)
+    step_fn = step or tracing.default_step(accumulation=accumulation, autocast=autocast, keep_outputs=keep_outputs)
     expandable = expandable_default() if expandable_segments is None else expandable_segments
     workspace = workspace_default(capability) if workspace_bytes is None else workspace_bytes
     trace = _traced(

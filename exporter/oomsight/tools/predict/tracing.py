@@ -312,9 +312,15 @@ def _host_counters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return found
 
 
-def default_step(accumulation: int = 1, autocast: Optional[torch.dtype] = None) -> StepFn:
+def default_step(
+    accumulation: int = 1, autocast: Optional[torch.dtype] = None, keep_outputs: bool = False
+) -> StepFn:
     """Forward, backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``; ``accumulation``
-    micro-batches per step; ``autocast``: the dtype of ``torch.autocast("cuda")`` around the forward."""
+    micro-batches per step; ``autocast``: the dtype of ``torch.autocast("cuda")`` around the forward;
+    ``keep_outputs``: the loop keeps what the forward returned (``outputs = model(**batch)``) until the
+    next forward returns, as hand-written loops do (transformers' ``run_clm_no_trainer.py``): its logits
+    (and cache) live through the optimizer step and the next forward. A Trainer drops them in the step."""
+    held: list[Any] = []
 
     def step(model: torch.nn.Module, batch: Any, optimizer: Any) -> None:
         for _ in range(accumulation):
@@ -323,10 +329,13 @@ def default_step(accumulation: int = 1, autocast: Optional[torch.dtype] = None) 
                     out = forward(model, batch)
             else:
                 out = forward(model, batch)
+            held.clear()  # the loop's variable is rebound only once the new forward has returned
             loss = loss_of(out)
             if accumulation > 1:
                 loss = loss / accumulation
             loss.backward()
+            if keep_outputs:
+                held.append(out)
             del out, loss
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
