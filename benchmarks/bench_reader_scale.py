@@ -17,8 +17,10 @@ Budget (issue 25): 8 ranks p99 <= 30 ms, 16 ranks <= 50 ms, 64 ranks <= 250 ms; 
 at 16 ranks.
 
 ``--unchanged`` (issue 36) measures instead the CPU of a scrape of 64 ranks whose files did not change,
-with the reader's cache of parsed documents (keyed by file identity) on and off, in interleaved rounds
-of one process, and each part of the scrape apart (the read, the inventory and the families, the text):
+in interleaved rounds of one process, in three modes (:data:`MODES`): nothing kept (``off``), the reader's
+parsed documents kept (``parsed``: the tree before issue 36's samples), those and the collector's samples of
+each snapshot document (``on``); each part of the scrape apart (the read, the inventory and the families,
+the text), and the samples of each family:
 
     PYTHONPATH=exporter:sidecar python3 benchmarks/bench_reader_scale.py --unchanged --out benchmarks/results
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import os
 import platform
@@ -210,6 +213,9 @@ def measure_tree(tree: str) -> dict[str, Any]:
 UNCHANGED_RANKS, UNCHANGED_ROUNDS, UNCHANGED_SCRAPES = 64, 7, 30
 UNCHANGED_BUDGET_CPU_MS = 5.0
 """Issue 36: an unchanged 64-rank spool costs about a stat per file, at most 5 ms of CPU per scrape."""
+MODES = {"off": (False, False), "parsed": (True, False), "on": (True, True)}
+"""What is kept between scrapes: (the reader's parsed documents, by file identity; the collector's samples
+of each snapshot document, by file identity and state). ``parsed`` is the tree before issue 36's samples."""
 
 
 class _Built:
@@ -230,46 +236,70 @@ def _cpu_ms(fn: Any, scrapes: int) -> float:
 
 
 def measure_unchanged(n: int = UNCHANGED_RANKS) -> dict[str, Any]:
-    """CPU per scrape of ``n`` unchanged ranks, cache on and off in turns: the read alone, the read with the
-    inventory and the families, the text of families already built (``generate_latest`` alone) and the
-    whole scrape with its text; and where a scrape's time goes (:func:`profile_scrape`)."""
+    """CPU per scrape of ``n`` unchanged ranks in each of :data:`MODES` in turns: the read alone, the read
+    with the inventory and the families, the text of families already built (``generate_latest`` alone)
+    and the whole scrape with its text; the samples of each family, and where a scrape's time goes
+    (:func:`profile_scrape`)."""
     from prometheus_client import generate_latest
 
-    from oomsight.metrics.collector import SpoolCollector, families
+    from oomsight.metrics.collector import SpoolCollector
     from oomsight.wire.spool import SpoolReader
 
     doc = reference_snapshot()
-    parts: dict[str, dict[str, list[float]]] = {"on": {}, "off": {}}
+    parts: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     with tempfile.TemporaryDirectory() as root:
         os.makedirs(os.path.join(root, "snapshots"))
         publish_all(root, doc, n, 0)
         for _ in range(UNCHANGED_ROUNDS):
-            for cache in ("on", "off"):
-                collector = SpoolCollector(
-                    root, stale_after_seconds=3600, reader=SpoolReader(root, cache=cache == "on")
-                )
-                collector.exposition(generate_latest)  # fills the cache
-                read, inventory = collector.reader.read, collector.inventory
+            for mode, (parsed, samples) in MODES.items():
+                reader = SpoolReader(root, cache=parsed)
+                collector = SpoolCollector(root, stale_after_seconds=3600, reader=reader, cache=samples)
+                collector.exposition(generate_latest)  # fills the caches
                 built = _Built(list(collector.collect()))
                 measured = {
-                    "read": _cpu_ms(read, UNCHANGED_SCRAPES),
+                    "read": _cpu_ms(reader.read, UNCHANGED_SCRAPES),
                     "text_of_built_families": _cpu_ms(partial(generate_latest, built), UNCHANGED_SCRAPES),
-                    "read_inventory_families": _cpu_ms(lambda f=inventory: families(f()), UNCHANGED_SCRAPES),
+                    "read_inventory_families": _cpu_ms(
+                        lambda c=collector: c.families.build(c.inventory()), UNCHANGED_SCRAPES
+                    ),
                     "whole_scrape": _cpu_ms(partial(collector.exposition, generate_latest), UNCHANGED_SCRAPES),
                 }
                 for part, ms in measured.items():
-                    parts[cache].setdefault(part, []).append(round(ms, 3))
+                    parts[mode].setdefault(part, []).append(round(ms, 3))
         text = collector.exposition(generate_latest)
         profiled = profile_scrape(partial(collector.exposition, generate_latest), UNCHANGED_SCRAPES)
     median = {c: {p: sorted(v)[len(v) // 2] for p, v in ps.items()} for c, ps in parts.items()}
+    count = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     return {
         "ranks": n,
-        "samples": sum(1 for line in text.splitlines() if line and not line.startswith(b"#")),
+        "samples": count,
+        "samples_by_family": samples_by_family(built.built, n),
+        "text_us_per_sample_median": round(median["on"]["text_of_built_families"] / count * 1000, 2),
         "bytes": len(text),
         "cpu_ms_per_scrape_median": median,
         "cpu_ms_per_scrape_rounds": parts,
         "budget_cpu_ms": UNCHANGED_BUDGET_CPU_MS,
         "profile_top_own_time_share": profiled,
+    }
+
+
+def samples_by_family(built: list[Any], ranks: int) -> dict[str, Any]:
+    """The samples of each family built (a family with none left out), and of each scope: per rank (those
+    with a ``rank`` label other than "") or per pod."""
+    from oomsight.metrics.family import FAMILIES
+
+    scope = {row.name: row.scope for row in FAMILIES}
+    per_family = {f.name: len(f.samples) for f in built if f.samples}
+    per_scope: dict[str, int] = {}
+    for name, n in per_family.items():
+        per_scope[scope.get(name, "?")] = per_scope.get(scope.get(name, "?"), 0) + n
+    per_rank = sum(1 for f in built for s in f.samples if s.labels.get("rank"))
+    total = sum(per_family.values())
+    return {
+        "per_family": per_family,
+        "per_scope": per_scope,
+        "per_rank": {"samples": per_rank, "of_each_rank": round(per_rank / ranks, 2)},
+        "per_pod": total - per_rank,
     }
 
 
@@ -292,14 +322,17 @@ def profile_scrape(scrape: Any, scrapes: int, top: int = 8) -> dict[str, Any]:
 
 def main_unchanged(out: str) -> int:
     gc.set_threshold(50_000, 20, 10)  # the sidecar's (oomsight_sidecar.main.GC_THRESHOLD)
+    before = [round(x, 2) for x in os.getloadavg()]
     result = measure_unchanged()
     doc = {
         "benchmark": "bench_reader_scale --unchanged",
         "machine": {
             "cpus": os.cpu_count(),
+            "load_average_before": before,
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "prometheus_client": importlib.metadata.version("prometheus_client"),
         },
         "result": result,
     }
@@ -312,7 +345,7 @@ def main_unchanged(out: str) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--unchanged", action="store_true", help="the CPU of unchanged ranks, cache on and off")
+    parser.add_argument("--unchanged", action="store_true", help="the CPU of unchanged ranks, in each cache mode")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--before", default="918675c", help="the commit to measure against (default: 918675c)")
     parser.add_argument("--git", default=ROOT, help="the repository holding --before (default: this one)")

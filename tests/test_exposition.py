@@ -1,8 +1,12 @@
 """The exposition (issue 25): a plain collector whose families prometheus_client's encoders write.
 Every recorded state of the tree before it is served byte for byte as then; a scrape parses only the
-files that changed, and keeps no text: a family added to the table shows its value at the next scrape."""
+files that changed, and keeps no text: a family added to the table shows its value at the next scrape.
+The samples read from one snapshot document are built once per file and state (issue 36), and served
+as the families built now would serve them."""
 
+import errno
 import gzip
+import os
 import re
 
 import exposition_states
@@ -120,15 +124,12 @@ def without_zero_ooms(text):
     return _OOM_COUNTS.sub(lambda m: b"" if m.group(1) in zero else m.group(0), text)
 
 
-def test_a_family_added_to_the_table_shows_its_fresh_value_at_every_scrape(spool):
-    from oomsight.metrics.family import FAMILIES, PROCESS, gauge
+@pytest.mark.parametrize("scope", ["process", "snapshot"])
+def test_a_family_added_to_the_table_shows_its_fresh_value_at_every_scrape(spool, scope):
+    from oomsight.metrics.family import FAMILIES, PROCESS, SNAPSHOT, gauge
 
-    queue = gauge(
-        "oomsight_test_queue",
-        "Items queued (a family added by this test).",
-        PROCESS,
-        lambda v: v.snapshot.get("queue"),
-    )
+    read = {PROCESS: lambda v: v.snapshot.get("queue"), SNAPSHOT: lambda s: s.get("queue")}[scope]
+    queue = gauge("oomsight_test_queue", "Items queued (a family added by this test).", scope, read)
     registry = CollectorRegistry()
     collector = SpoolCollector(spool, clock=lambda: NOW, table=(*FAMILIES, queue))
     registry.register(collector)
@@ -213,7 +214,43 @@ def test_a_process_going_stale_is_down_and_its_age_is_fresh_on_every_scrape(spoo
         found = {s.name: s.value for f in parse_text(text) for s in f.samples if s.labels.get("rank") == "0"}
         assert found["oomsight_snapshot_age_seconds"] == step
         assert found["oomsight_process_up"] == up
+        sources = [s.value for f in parse_text(text) for s in f.samples if s.name == "oomsight_source_up"]
+        assert sources[0] == 1.0 and sources[1:] and set(sources[1:]) <= {0.0, up}  # the spool's, then the process's
     assert_served_as_the_registry_would(collector)
+    assert collector.families.kept.built == 2  # the one file, up and then down
+
+
+def test_a_snapshots_samples_are_built_once_per_file_and_state_and_served_as_if_built_now(spool, monkeypatch):
+    put(spool, snapshot_path(1), snapshot(pid=1))
+    put(spool, snapshot_path(2), snapshot(pid=2, rank=1))
+    collector = SpoolCollector(spool, clock=lambda: NOW)
+    kept = collector.families.kept
+    for _ in range(3):
+        assert_served_as_the_registry_would(collector)
+    assert kept.built == 2
+    moved = snapshot(pid=2, rank=1)
+    moved["devices"][0]["allocator"]["allocated_bytes"] += 1
+    put(spool, snapshot_path(2), moved)
+    assert_served_as_the_registry_would(collector)
+    assert kept.built == 3  # the rewritten file's alone
+    served = moved["devices"][0]["allocator"]["allocated_bytes"]
+    moved["devices"][0]["allocator"]["allocated_bytes"] += 1
+    put(spool, snapshot_path(2), moved)  # rewritten, but it cannot be opened now: its last document is served
+    real = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a: _no_fds() if str(path).endswith("2-aa.json") else real(path, *a))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    labels = {"rank": "1", "local_rank": "1", "device": "0", "gpu_uuid": moved["devices"][0]["uuid"]}
+    assert registry.get_sample_value("oomsight_torch_allocated_bytes", labels) == served
+    assert_served_as_the_registry_would(collector)
+    assert kept.built == 3
+    monkeypatch.undo()
+    assert registry.get_sample_value("oomsight_torch_allocated_bytes", labels) == served + 1
+    assert kept.built == 4
+
+
+def _no_fds():
+    raise OSError(errno.EMFILE, "Too many open files")
 
 
 def test_the_sidecar_collectors_come_after_the_spool_and_openmetrics_ends_once(spool):

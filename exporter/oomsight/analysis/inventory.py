@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Optional
 
+from oomsight.wire.reader import FileKey
 from oomsight.wire.schema import (
     OUTCOME_FATAL,
     OUTCOME_PENDING,
@@ -33,15 +35,24 @@ DeviceKey = tuple[str, str, str, str]
 
 @dataclasses.dataclass
 class ProcessView:
+    """A process as a read at ``now`` sees it: its snapshot, and what the time says of it."""
+
     snapshot: Snapshot
     up: bool
     age_seconds: float
     exit_reason: Optional[str]
+    key: Optional[FileKey] = None
+    """The snapshot's file, its path and identity (``SpoolState.snapshot_keys``); None where not known."""
 
     @functools.cached_property
     def rank_labels(self) -> tuple[str, str]:
-        p = self.snapshot["process"]
-        return str(p["rank"]), str(p["local_rank"])
+        return rank_labels(self.snapshot)
+
+
+def rank_labels(s: Snapshot) -> tuple[str, str]:
+    """(rank, local_rank) of a snapshot, as label values."""
+    p = s["process"]
+    return str(p["rank"]), str(p["local_rank"])
 
 
 @dataclasses.dataclass
@@ -80,7 +91,10 @@ def take_inventory(
     retention_seconds: float = DEFAULT_RETENTION_SECONDS,
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
 ) -> Inventory:
-    all_views = {s["process"]["id"]: _view(s, now, stale_after_seconds) for s in state.snapshots}
+    keys: Sequence[Optional[FileKey]] = state.snapshot_keys
+    if len(keys) != len(state.snapshots):  # a state made without them
+        keys = [None] * len(state.snapshots)
+    all_views = {s["process"]["id"]: _view(s, now, stale_after_seconds, key) for s, key in zip(state.snapshots, keys)}
     processes = _latest_per_rank([v for v in all_views.values() if v.up or v.age_seconds <= retention_seconds])
     ooms: dict[DeviceKey, OomTally] = {}
     for v in processes:
@@ -103,20 +117,20 @@ def _ranks(s: Snapshot) -> tuple[int, int]:
     return s["process"]["rank"], s["process"]["local_rank"]
 
 
-def _view(s: Snapshot, now: float, stale_after: float) -> ProcessView:
+def _view(s: Snapshot, now: float, stale_after: float, key: Optional[FileKey]) -> ProcessView:
     s = _unique_devices(s)
     if not math.isfinite(s["time"]):
-        return ProcessView(s, False, math.inf, "vanished")  # no age: gone at once
+        return ProcessView(s, False, math.inf, "vanished", key)  # no age: gone at once
     if s["time"] > now + stale_after:
         # not a time this clock wrote: never "up" (a dead process would stay up for ever and
         # shadow its rank's restarted process), shown as gone while retention lasts
-        return ProcessView(s, False, 0.0, "vanished")
+        return ProcessView(s, False, 0.0, "vanished", key)
     age = max(now - s["time"], 0.0)
     if s["state"] == "exited":
-        return ProcessView(s, False, age, s.get("exit_reason") or "exited")
+        return ProcessView(s, False, age, s.get("exit_reason") or "exited", key)
     if age > stale_after:
-        return ProcessView(s, False, age, "vanished")
-    return ProcessView(s, True, age, None)
+        return ProcessView(s, False, age, "vanished", key)
+    return ProcessView(s, True, age, None, key)
 
 
 def _unique_devices(s: Snapshot) -> Snapshot:

@@ -10,26 +10,36 @@ here (docs/architecture.md, "A new metric").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 from typing import Any, Callable, Optional
 
 from oomsight._version import __version__
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
-from oomsight.analysis.inventory import Inventory, OomTally, ProcessView
+from oomsight.analysis.inventory import Inventory, OomTally
 from oomsight.wire.reader import SKIP_REASONS
-from oomsight.wire.schema import DeviceSnapshot, Profile, StepTrend
+from oomsight.wire.schema import DeviceSnapshot, Profile, Snapshot, StepTrend
 
 PROC = ["rank", "local_rank"]
 DEV = ["rank", "local_rank", "device", "gpu_uuid"]
 _SRC = "torch.cuda.memory_stats()"
 
-READER, SOURCE, PROCESS, DEVICE, OOM, PROFILE = "reader", "source", "process", "device", "oom", "profile"
+READER, SOURCE, PROCESS, SNAPSHOT = "reader", "source", "process", "snapshot"
+DEVICE, OOM, PROFILE = "device", "oom", "profile"
 """Scopes: what a row's value reads. READER: the whole read (an ``Inventory``), no labels. SOURCE: the
-data sources as {name: up}, the reader's own (no rank) and then each process's. PROCESS: a
-``ProcessView``; DEVICE: a ``DeviceSnapshot`` of a process; OOM: an ``OomTally`` of a (rank, GPU);
-PROFILE: a process's latest ``Profile``."""
-LABELS = {READER: [], SOURCE: PROC, PROCESS: PROC, DEVICE: DEV, OOM: DEV, PROFILE: PROC}
+data sources as {name: up}, the reader's own (no rank) and then each process's (those of its snapshot,
+up while the process is). PROCESS: a ``ProcessView``, the process as this scrape sees it (up, age, exit
+reason: from the time now). SNAPSHOT: a process's ``Snapshot`` document alone; DEVICE: a
+``DeviceSnapshot`` of that document. OOM: an ``OomTally`` of a (rank, GPU); PROFILE: a process's latest
+``Profile``. The subjects of :data:`DOCUMENT_SCOPES` in one process are read from its snapshot document
+and whether it is up, nothing else: the collector builds their samples once per snapshot file and
+state; every other subject is built at every scrape."""
+DOCUMENT_SCOPES = (SOURCE, SNAPSHOT, DEVICE)
+"""Scopes whose subjects in a process are read from its snapshot document alone (and, for SOURCE,
+whether the process is up): the collector keeps their samples by the document's file
+(``oomsight.metrics.collector.Kept``)."""
+LABELS = {READER: [], SOURCE: PROC, PROCESS: PROC, SNAPSHOT: PROC, DEVICE: DEV, OOM: DEV, PROFILE: PROC}
 """The labels of each scope's subjects."""
 
 STABLE, ALPHA = "STABLE", "ALPHA"
@@ -69,11 +79,11 @@ class Family:
         alerts read, why."""
         return f"{self.stability}: {self.alpha_read}" if self.alpha_read else self.stability
 
-    @property
+    @functools.cached_property
     def labels(self) -> list[str]:
         return [*LABELS[self.scope], *([self.label] if self.label else [])]
 
-    @property
+    @functools.cached_property
     def unit(self) -> str:
         """The OpenMetrics unit, read off the name's suffix (info families have none)."""
         found = (u for u in ("bytes", "seconds", "ratio") if self.name.endswith("_" + u))
@@ -122,28 +132,28 @@ def at(section: str, key: str) -> Callable[[DeviceSnapshot], Any]:
     return value
 
 
-def _snap(key: str, default: Any = None) -> Callable[[ProcessView], Any]:
-    return lambda v: v.snapshot.get(key, default)
+def _snap(key: str, default: Any = None) -> Callable[[Snapshot], Any]:
+    return lambda s: s.get(key, default)
 
 
-def _step(key: str, default: Any = None) -> Callable[[ProcessView], Any]:
-    return lambda v: v.snapshot["steps"].get(key, default)
+def _step(key: str, default: Any = None) -> Callable[[Snapshot], Any]:
+    return lambda s: s["steps"].get(key, default)
 
 
 def _last(key: str) -> Callable[[OomTally], Any]:
     return lambda t: None if t.last is None else t.last[key]  # type: ignore[literal-required]
 
 
-def _sorted(key: str) -> Callable[[ProcessView], Any]:
-    return lambda v: sorted(v.snapshot.get(key, {}).items())  # type: ignore[attr-defined]
+def _sorted(key: str) -> Callable[[Snapshot], Any]:
+    return lambda s: sorted(s.get(key, {}).items())  # type: ignore[attr-defined]
 
 
 def _ops(key: str, column: str, scale: float = 1.0) -> Callable[[Profile], Any]:
     return lambda p: [(op["op"], op[column] / scale if scale != 1.0 else op[column]) for op in p[key]]  # type: ignore[literal-required]
 
 
-def _finding(key: str, column: str) -> Callable[[ProcessView], Any]:
-    return lambda v: v.snapshot[key][column] if v.snapshot.get(key) else None  # type: ignore[literal-required]
+def _finding(key: str, column: str) -> Callable[[Snapshot], Any]:
+    return lambda s: s[key][column] if s.get(key) else None  # type: ignore[literal-required]
 
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
@@ -280,8 +290,8 @@ def headroom_bytes(d: DeviceSnapshot, peak: Optional[int] = None) -> Optional[in
     return max(left, 0)
 
 
-def _process_info(v: ProcessView) -> dict[str, str]:
-    p = v.snapshot["process"]
+def _process_info(s: Snapshot) -> dict[str, str]:
+    p = s["process"]
     return {
         "world_size": str(p.get("world_size", 1)),
         "torch_version": str(p.get("torch_version", "")),
@@ -358,7 +368,7 @@ FAMILIES: tuple[Family, ...] = (
     info(
         "oomsight_process",
         "The process behind a rank: versions and allocator settings.",
-        PROCESS,
+        SNAPSHOT,
         _process_info,
         stability=STABLE,
     ),
@@ -370,26 +380,26 @@ FAMILIES: tuple[Family, ...] = (
         stability=STABLE,
     ),
     counter(
-        "oomsight_steps", "Optimizer steps seen by the global step hook.", PROCESS, _step("count", 0), stability=STABLE
+        "oomsight_steps", "Optimizer steps seen by the global step hook.", SNAPSHOT, _step("count", 0), stability=STABLE
     ),
     counter(
         "oomsight_step_duration_seconds",
         "Sum of the times between consecutive optimizer steps.",
-        PROCESS,
+        SNAPSHOT,
         _step("duration_seconds_total", 0.0),
         stability=STABLE,
     ),
     gauge(
         "oomsight_step_last_duration_seconds",
         "Time between the last two optimizer steps.",
-        PROCESS,
+        SNAPSHOT,
         _step("last_duration_seconds"),
         stability=STABLE,
     ),
     counter(
         "oomsight_hook_errors",
         "Errors the in-process hook caught and swallowed, by component.",
-        PROCESS,
+        SNAPSHOT,
         _sorted("errors"),
         "component",
         stability=STABLE,
@@ -397,7 +407,7 @@ FAMILIES: tuple[Family, ...] = (
     counter(
         "oomsight_oom_events_unwritten",
         "OOMs counted but not written because OOMSIGHT_MAX_OOM_EVENTS was reached.",
-        PROCESS,
+        SNAPSHOT,
         _snap("oom_events_unwritten", 0),
         stability=STABLE,
     ),
@@ -705,29 +715,29 @@ FAMILIES: tuple[Family, ...] = (
     gauge(
         "oomsight_leak_graph_tensors",
         "CUDA tensors found alive past an optimizer step still holding their autograd graph (last scan).",
-        PROCESS,
+        SNAPSHOT,
         _finding("leak", "graph_tensors"),
         stability=STABLE,
     ),
     gauge(
         "oomsight_leak_graph_bytes",
         "Bytes of those tensors (last scan).",
-        PROCESS,
+        SNAPSHOT,
         _finding("leak", "graph_bytes"),
         stability=STABLE,
     ),
     gauge(
         "oomsight_advice_max_batch_size",
         "Largest batch size that keeps the margin, from oomsight.probe_batch_size().",
-        PROCESS,
+        SNAPSHOT,
         _finding("batch_advice", "max_batch_size"),
         stability=STABLE,
     ),
     gauge(
         "oomsight_profiling",
         "1 while a profiling window is pending or running in the process.",
-        PROCESS,
-        lambda v: float(bool(v.snapshot.get("profiling"))),
+        SNAPSHOT,
+        lambda s: float(bool(s.get("profiling"))),
         stability=ALPHA,
     ),
     gauge(

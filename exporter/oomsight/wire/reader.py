@@ -149,12 +149,21 @@ class SpoolState:
     root: str = ""
     unreadable_folders: list[str] = dataclasses.field(default_factory=list)
     """Folders that could not be listed this time; their last good documents are given instead."""
+    snapshot_keys: list[FileKey | None] = dataclasses.field(default_factory=list)
+    """The file each of ``snapshots`` was parsed from, in the same order (empty where not known): what is
+    built from one snapshot document alone is kept by it (``oomsight.metrics.collector.Kept``)."""
+
+
+Identity = tuple[int, int, int, int]
+"""(device, inode, size, ``mtime_ns``) of a file (:func:`identity`)."""
+FileKey = tuple[str, Identity]
+"""A file's path and identity: the reader's key of what it parsed (parsed again when the identity changes)."""
 
 
 class _Seen(NamedTuple):
     """A file as last read: its identity and what it gave."""
 
-    identity: tuple[int, int, int, int]
+    identity: Identity
     """(device, inode, size, ``mtime_ns``): the file is parsed again only when one of these changed."""
     doc: Document | None
     reason: str | None
@@ -169,7 +178,7 @@ WRITER_NAME = re.compile(r"[0-9]+-[0-9a-z]+(\.oom-[0-9]+|\.profile-[0-9A-Za-z-]+
 listed before other ``*.json`` names when a folder holds more than its budget."""
 
 
-def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+def identity(st: os.stat_result) -> Identity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
@@ -219,7 +228,11 @@ class SpoolReader:
         with self._lock:
             if not os.path.isdir(self.root):
                 return SpoolState([], [], dict(self._skipped), False, f"{self.root} is not a directory")
-            out: dict[str, list[Any]] = {KIND_SNAPSHOT: [], KIND_OOM_EVENT: [], KIND_PROFILE: []}
+            out: dict[str, list[tuple[Any, FileKey | None]]] = {
+                KIND_SNAPSHOT: [],
+                KIND_OOM_EVENT: [],
+                KIND_PROFILE: [],
+            }
             present: set[str] = set()
             unreadable: list[str] = []
             refused: set[str] = set()
@@ -238,21 +251,26 @@ class SpoolReader:
             self._refused = refused
             self._sweep_all()
             self.log.flush()
+            docs = {kind: [doc for doc, _ in found] for kind, found in out.items()}
             return SpoolState(
-                out[KIND_SNAPSHOT],
-                out[KIND_OOM_EVENT],
+                docs[KIND_SNAPSHOT],
+                docs[KIND_OOM_EVENT],
                 dict(self._skipped),
                 True,
                 f"cannot list {', '.join(unreadable)}" if unreadable else None,
-                out[KIND_PROFILE],
+                docs[KIND_PROFILE],
                 self.root,
                 unreadable,
+                [key for _, key in out[KIND_SNAPSHOT]],
             )
 
-    def _read_folder(self, paths: list[str], sub: str, kind: str, refused: set[str]) -> list[Any]:
+    def _read_folder(
+        self, paths: list[str], sub: str, kind: str, refused: set[str]
+    ) -> list[tuple[Any, FileKey | None]]:
         """The documents of ``paths``, the hook's own names and then the newest first, while they fit the
         folder's budget of documents (:meth:`Budget.documents`) and of memory (:meth:`Budget.memory`); the
-        rest refused, each counted once while it stays refused. In path order."""
+        rest refused, each counted once while it stays refused. In path order, each with the key of the file
+        it was parsed from (:meth:`_key_of`)."""
         stats: dict[str, os.stat_result | OSError] = {}
         for path in paths:
             try:
@@ -277,7 +295,13 @@ class SpoolReader:
             memory, taken = memory - cost, taken + 1
             if doc is not None:
                 found[path] = doc
-        return [found[p] for p in sorted(found)]
+        return [(found[p], self._key_of(p, found[p])) for p in sorted(found)]
+
+    def _key_of(self, path: str, doc: Any) -> FileKey | None:
+        """The path and identity of the file ``doc`` was parsed from: the identity it is kept under, which a
+        file that cannot be read now (its last good document given) has not replaced; None if not kept."""
+        seen = self._seen.get(path)
+        return (path, seen.identity) if seen is not None and seen.doc is doc else None
 
     def _refuse(self, path: str, refused: set[str], detail: str) -> None:
         refused.add(path)
