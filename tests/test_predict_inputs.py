@@ -26,6 +26,7 @@ SMALL = (
     "llama:hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
     "vocab_size=128,max_position_embeddings=256"
 )
+VIT = "vit:hidden_size=64,num_hidden_layers=2,num_attention_heads=4,image_size=32,patch_size=8"
 GPT2_SMALL = "gpt2:n_embd=64,n_head=4,n_layer=2,n_positions=64,vocab_size=128"
 MISTRAL = (
     "mistral:hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"
@@ -81,6 +82,10 @@ REFUSED = [
                                   "bf16"], "--mixed-precision applies to --parallel fsdp2"),
     ("seq-len-with-generate", ["--model", SMALL, "--generate", "8:8", "--seq-len", "64"],
      "--seq-len does not apply with --generate"),
+    ("seq-len-with-an-image-model", ["--model", VIT, "--seq-len", "64"],
+     "--seq-len does not apply to --model vit: it takes images, not tokens"),
+    ("generate-with-an-image-model", ["--model", VIT, "--generate", "8:8"],
+     "--generate applies to a model that generates tokens; --model vit takes images"),
 ]  # fmt: skip
 
 
@@ -166,14 +171,21 @@ def test_a_config_json_is_checked_but_may_carry_keys_of_its_own(tmp_path: Path) 
         ("bart:d_model=64", "AutoModelForSeq2SeqLM"),
         ("llama:hidden_size=64,num_attention_heads=4", "AutoModelForCausalLM"),
         ("gpt2:n_embd=64,n_head=4", "AutoModelForCausalLM"),
+        ("vit:hidden_size=64,num_attention_heads=2", "AutoModelForImageClassification"),
+        ("deit:hidden_size=64,num_attention_heads=2", "AutoModelForImageClassification"),
+        ("convnext:num_labels=10", "AutoModelForImageClassification"),
+        ("clip:projection_dim=64", None),
     ],
 )
-def test_each_architecture_is_built_by_the_head_the_docs_name(text: str, head: str) -> None:
+def test_each_architecture_is_built_by_the_head_the_docs_name(text: str, head: str | None) -> None:
     config = hfmodel.load_config(text)
     assert hfmodel.head_of(config) == head
     if text.startswith("bert"):
         with torch.device("meta"):
             assert type(hfmodel.builder(config)()).__name__ == "BertForMaskedLM"  # not BertLMHeadModel
+    if text.startswith("deit"):  # a head of several classes: transformers' first, not its error on None
+        with torch.device("meta"):
+            assert type(hfmodel.builder(config)()).__name__ == "DeiTForImageClassification"
 
 
 def predict(capsys: Any, *argv: str) -> dict[str, Any]:

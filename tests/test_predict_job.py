@@ -287,3 +287,95 @@ def test_lora_on_gpt2_s_conv1d_matches_peft_without_it(capsys: Any, monkeypatch:
     adapters = 2 * 4 * (128 + 3 * 128)  # per layer: A 128 -> 4, B 4 -> 384
     assert with_peft["by_category_bytes"]["optimizer_state"] == without["by_category_bytes"]["optimizer_state"]
     assert without["by_category_bytes"]["optimizer_state"] == 2 * 4 * adapters
+
+
+VIT = "vit:hidden_size=64,num_hidden_layers=2,num_attention_heads=4,intermediate_size=128,image_size=32,patch_size=8"
+T5 = "t5:d_model=128,num_layers=2,num_heads=4,d_kv=32,d_ff=256,vocab_size=512"
+CLIP = {
+    "model_type": "clip", "projection_dim": 32,
+    "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "vocab_size": 512, "max_position_embeddings": 40},
+    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "image_size": 32, "patch_size": 8},
+}  # fmt: skip
+
+
+def weights_bytes(config: Any, itemsize: int) -> int:
+    """Parameters, gradients and AdamW's two states of the model ``config`` builds: all alive in its step."""
+    with torch.device("meta"):
+        model = hfmodel.builder(config)()
+    return 4 * itemsize * int(sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()))
+
+
+def test_a_vision_configuration_is_an_image_classifier_fed_images_of_its_size(capsys: Any) -> None:
+    config = hfmodel.load_config(VIT)
+    assert hfmodel.inputs_of(config) == hfmodel.IMAGES
+    with torch.device("meta"):
+        assert type(hfmodel.builder(config)()).__name__ == "ViTForImageClassification"
+    batch = hfmodel.image_inputs(config)(3, "cpu")
+    assert batch["pixel_values"].shape == (3, 3, 32, 32) and batch["labels"].dtype == torch.int64
+    assert int(batch["labels"].max()) < config.num_labels
+    code, found = predict(capsys, "--model", VIT, "--batch", "4")
+    assert code == exitcode.OK, found
+    assert found["prediction"]["peak_allocated_bytes"] > weights_bytes(config, 4)
+    assert "seq_len" not in found["prediction"]  # an image model has none
+
+
+def test_a_dual_encoder_takes_images_and_tokens_and_returns_its_contrastive_loss(capsys: Any, tmp_path: Any) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CLIP))
+    config = hfmodel.load_config(str(path))
+    assert hfmodel.inputs_of(config) == hfmodel.IMAGES_AND_TEXT and hfmodel.head_of(config) is None
+    batch = hfmodel.batch_of(config, 16)(2, "cpu")
+    assert batch["pixel_values"].shape == (2, 3, 32, 32) and batch["input_ids"].shape == (2, 16)
+    assert batch["return_loss"] is True and "labels" not in batch
+    code, found = predict(capsys, "--model", str(path), "--batch", "4")
+    assert code == exitcode.OK, found
+    assert found["prediction"]["seq_len"] == 40  # the text encoder's positions
+    assert found["prediction"]["peak_allocated_bytes"] > weights_bytes(config, 4)
+    code, err = predict(capsys, "--model", str(path), "--seq-len", "41")
+    assert code == exitcode.USAGE and "--seq-len 41 is past the 40 positions" in err
+
+
+def test_t5_in_bf16_attends_by_the_memory_efficient_kernel_as_a_gpu_would(capsys: Any, monkeypatch: Any) -> None:
+    from oomsight.tools.predict import emulation
+
+    chosen: list[tuple[str, bool]] = []
+    plain = emulation.sdpa_backend
+
+    def recorded(q: Any, mask: Any, *args: Any, **kwargs: Any) -> str:
+        chosen.append((plain(q, mask, *args, **kwargs), mask is not None and mask.requires_grad))
+        return chosen[-1][0]
+
+    monkeypatch.setattr(emulation, "sdpa_backend", recorded)
+    code, found = predict(capsys, "--model", T5, "--seq-len", "36", "--batch", "2", "--dtype", "bf16")
+    assert code == exitcode.OK, found
+    # the learned position bias requires grad, which cuDNN refuses, and T5 drops 0.1 of attention,
+    # not a multiple of 1/16: memory-efficient takes both (FlashAttention-2 takes no bias)
+    assert {kernel for kernel, _ in chosen} == {"efficient"} and any(grad for _, grad in chosen)
+    assert found["prediction"]["peak_allocated_bytes"] > weights_bytes(hfmodel.load_config(T5), 2)
+
+
+def test_cudnn_attention_is_refused_where_pytorch_s_rules_refuse_it() -> None:
+    from oomsight.tools.predict import emulation
+
+    q = torch.empty(2, 4, 16, 64, dtype=torch.bfloat16)
+    learned = torch.zeros(1, 4, 16, 16, requires_grad=True)
+    assert emulation.sdpa_backend(q, torch.zeros(1, 4, 16, 16), 0.0, capability=(9, 0)) == "cudnn"
+    assert emulation.sdpa_backend(q, learned, 0.0, capability=(9, 0)) == "efficient"
+    assert emulation.sdpa_backend(q, torch.zeros(4, 16, 16), 0.0, capability=(9, 0)) == "efficient"  # 3-D
+    assert emulation.sdpa_backend(q, None, 0.125, capability=(9, 0)) == "cudnn"  # 2/16
+    assert emulation.sdpa_backend(q, None, 0.1, capability=(9, 0)) == "flash"
+    assert emulation.sdpa_backend(q, learned, 0.0, gqa=True, capability=(9, 0)) == "math"
+    assert emulation.sdpa_backend(q, learned, 0.0, capability=(8, 0)) == "efficient"
+
+
+def test_the_memory_efficient_kernel_gets_its_bias_padded_to_8_as_pytorch_pads_it() -> None:
+    from oomsight.tools.predict import emulation
+
+    q, k = torch.empty(2, 4, 36, 32), torch.empty(2, 4, 36, 32)
+    bias = emulation._efficient_bias(torch.zeros(1, 4, 36, 36), q, k)
+    assert bias is not None and bias.shape == (2, 4, 36, 36)
+    assert bias.untyped_storage().nbytes() == 4 * 4 * 36 * 40  # 36 keys padded to 40: a copy
+    aligned = torch.zeros(1, 4, 36, 40)
+    assert emulation._efficient_bias(aligned, q, torch.empty(2, 4, 40, 32)).data_ptr() == aligned.data_ptr()

@@ -232,22 +232,7 @@ def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
     from oomsight.tools.predict import hfmodel, models
 
     if args.model and args.model not in models.MODELS and hfmodel.is_config(args.model):
-        try:
-            config = hfmodel.load_config(args.model)
-        except hfmodel.ConfigError as exc:
-            raise SpecError(str(exc)) from None
-        except ImportError:
-            raise SpecError(
-                f"--model {args.model}: a configuration needs transformers (pip install 'oomsight[predict]')"
-            ) from None
-        inputs.check_positions(config, args.model.partition(":")[0], args)
-        seq = hfmodel.seq_len_of(config, args.seq_len)
-        return {
-            "build": hfmodel.builder(config),
-            "batch": hfmodel.tokens(config, seq),
-            "seq_len": seq,
-            "config": config,
-        }
+        return _config_spec(args)
     if args.seq_len is not None:
         raise SpecError("--seq-len applies to a transformers configuration (--model TYPE:... or a config.json)")
     if args.model:
@@ -270,6 +255,31 @@ def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:
         raise SpecError(f"--module: {path}: {name}() raised {_in_user_file(exc, path)}") from None
     return inputs.module_spec(found, f"{path}: {name}()")
+
+
+def _config_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec of a transformers configuration: its model by its head, its batch by what it takes
+    (``hfmodel.inputs_of``); the flags about tokens checked against that and against its positions."""
+    from oomsight.tools.predict import hfmodel
+
+    try:
+        config = hfmodel.load_config(args.model)
+    except hfmodel.ConfigError as exc:
+        raise SpecError(str(exc)) from None
+    except ImportError:
+        raise SpecError(
+            f"--model {args.model}: a configuration needs transformers (pip install 'oomsight[predict]')"
+        ) from None
+    where, takes = args.model.partition(":")[0], hfmodel.inputs_of(config)
+    found = {"build": hfmodel.builder(config), "config": config}
+    if takes != hfmodel.TEXT:
+        inputs.check_image_model(where, args, with_text=takes == hfmodel.IMAGES_AND_TEXT)
+    if takes == hfmodel.IMAGES:
+        return {**found, "batch": hfmodel.image_inputs(config)}
+    text = hfmodel.text_side(config)
+    inputs.check_positions(text, where, args)
+    seq = hfmodel.seq_len_of(text, args.seq_len)
+    return {**found, "batch": hfmodel.batch_of(config, seq), "seq_len": seq}
 
 
 def _load(path: str) -> Any:

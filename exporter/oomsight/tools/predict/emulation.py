@@ -11,9 +11,11 @@ except where PyTorch picks a different path on CUDA. Those paths are emulated he
   then casts at the dispatcher, above autograd, by CUDA's op lists, caching the casts of
   leaf weights for the autocast region as PyTorch does;
 * **scaled_dot_product_attention** — the fused CUDA kernel PyTorch would choose (cuDNN for
-  fp16/bf16, memory-efficient for fp32, math where neither applies, e.g. fp32 grouped-query
-  attention), called through its own ATen op, so what is saved for backward is that
-  kernel's (its log-sum-exp, not the attention matrix);
+  fp16/bf16 where its filters take the mask and dropout, else FlashAttention-2 or
+  memory-efficient; memory-efficient for fp32, math where neither applies, e.g. fp32
+  grouped-query attention), called through its own ATen op with its inputs prepared as
+  ``scaled_dot_product_attention`` prepares them (a bias padded for memory-efficient), so
+  what is saved for backward is that kernel's (its log-sum-exp, not the attention matrix);
 * **libraries that detect fake tensors** — ``transformers`` takes them for an export trace
   and builds explicit masks; inside the trace it is told that the step runs eagerly;
 * **activation checkpointing** — recomputation re-enters the forward's CUDA autocast state
@@ -55,24 +57,40 @@ def sdpa_backend(
 ) -> str:  # fmt: skip
     """The kernel PyTorch picks. On compute capability 9.0 and later as measured on the H200 with
     torch 2.11 (``benchmarks/results/predict.json``, "calibration"): cuDNN attention for fp16/bf16
-    (with a mask and with fewer key/value heads too), memory-efficient for fp32 (not with
-    grouped-query attention), else the math composite. On 8.x (A100, L4, L40S; not measured by us)
-    PyTorch's order is FlashAttention-2 first, which takes fp16/bf16 without a mask, grouped-query
-    attention included (the ``scaled_dot_product_attention`` docstring: GQA "works only for
-    Flash_attention and math"); memory-efficient takes a mask and fp32. Below 8.0 no flash."""
+    (with a mask and with fewer key/value heads too) where it takes the mask and the dropout
+    (``cudnn_takes``), memory-efficient for fp32 (not with grouped-query attention), else the math
+    composite. Where cuDNN refuses, PyTorch's next is FlashAttention-2, which takes no mask, then
+    memory-efficient, which does (``select_sdp_backend`` in ``sdp_utils.cpp``). On 8.x (A100, L4,
+    L40S; not measured by us) PyTorch's order is FlashAttention-2 first, which takes fp16/bf16
+    without a mask, grouped-query attention included (the ``scaled_dot_product_attention``
+    docstring: GQA "works only for Flash_attention and math"); memory-efficient takes a mask and
+    fp32. Below 8.0 no flash."""
     cc = capability or CAPABILITY.get()
     if q.dim() != 4 or q.shape[-1] % 8 != 0:
         return "math"
     half = q.dtype in FLASH_DTYPES and q.shape[-1] <= FLASH_MAX_HEAD_DIM
     if cc >= (9, 0):
-        if half:
+        if half and cudnn_takes(attn_mask, dropout_p):
             return "cudnn"
-        return "efficient" if q.dtype == torch.float32 and not gqa else "math"
+        if half and attn_mask is None:
+            return "flash"
+        return "efficient" if (half or q.dtype == torch.float32) and not gqa else "math"
     if half and cc >= (8, 0) and attn_mask is None:
         return "flash"
     if gqa or (q.dtype == torch.bfloat16 and cc < (8, 0)):
         return "math"
     return "efficient"
+
+
+def cudnn_takes(attn_mask: Optional[torch.Tensor], dropout_p: float) -> bool:
+    """Whether cuDNN attention takes this mask and dropout, by ``sdp_utils``' filters (torch's
+    ``sdp_utils_cpp.h`` ``check_attn_mask_shape``, ``cuda/sdp_utils.cpp`` ``check_cudnn_dropout``):
+    no mask that requires grad (cuDNN gives the bias no gradient: T5's learned position bias), a
+    mask of 2 or 4 dimensions (each broadcast to its size or 1, which ``validate_sdpa_input``
+    already demands), and a dropout probability that is a multiple of 1/16 (0.1 is not)."""
+    if dropout_p * 16.0 != math.floor(dropout_p * 16.0):
+        return False
+    return attn_mask is None or (not attn_mask.requires_grad and attn_mask.dim() in (2, 4))
 
 
 def cuda_sdpa(
@@ -99,7 +117,7 @@ def cuda_sdpa(
         return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
     if backend == "efficient":
         out = aten._scaled_dot_product_efficient_attention(
-            query, key, value, _float_bias(attn_mask, query.dtype), grad, dropout_p, is_causal, scale=scale
+            query, key, value, _efficient_bias(attn_mask, query, key), grad, dropout_p, is_causal, scale=scale
         )
         return out[0]
     return aten._scaled_dot_product_attention_math(
@@ -112,6 +130,20 @@ def _float_bias(mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[to
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.where(mask.logical_not(), -math.inf, torch.zeros((), dtype=dtype))
+
+
+def _efficient_bias(mask: Optional[torch.Tensor], query: torch.Tensor, key: torch.Tensor) -> Optional[torch.Tensor]:
+    """The bias as ``scaled_dot_product_attention`` hands it to the memory-efficient kernel
+    (``attention.cpp`` ``preprocess_mask``): where a stride but the last is not a multiple of 8
+    elements, or the last is not 1, padded on its last dimension by ``8 - last % 8`` (a copy
+    autograd keeps) and sliced back; then expanded to (batch, heads, queries, keys), a view."""
+    bias = _float_bias(mask, query.dtype)
+    if bias is None:
+        return None
+    if bias.stride(-1) != 1 or any(stride % 8 for stride in bias.stride()[:-1]):
+        last = bias.shape[-1]
+        bias = torch.nn.functional.pad(bias, (0, 8 - last % 8))[..., :last]
+    return bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
 
 
 def _foreach_by_default(optimizer: torch.optim.Optimizer) -> None:

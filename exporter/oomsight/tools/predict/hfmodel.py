@@ -7,10 +7,14 @@
 - a model type with overrides, ``llama:hidden_size=2048,num_hidden_layers=16``
   (``AutoConfig.for_model``; each value read as JSON where it parses, a string otherwise).
 
-The model is built by its head (``head_of``): ``AutoModelForSeq2SeqLM`` for an encoder-decoder (T5),
-``AutoModelForMaskedLM`` for an encoder (BERT), ``AutoModelForCausalLM`` for a decoder; built on the
-meta device by the tracer, so a 7 B configuration makes no weights. Its batch is ``(batch, seq_len)``
-token ids with the same labels.
+The model is built by its head (``head_of``): ``AutoModelForImageClassification`` for a model that
+takes images (ViT, DeiT, Swin, ConvNeXt, ResNet), ``AutoModelForSeq2SeqLM`` for an encoder-decoder
+(T5), ``AutoModelForMaskedLM`` for an encoder (BERT), ``AutoModelForCausalLM`` for a decoder, the bare
+model for a dual encoder of images and text (CLIP); built on the meta device by the tracer, so a 7 B
+configuration makes no weights. Its batch (``batch_of``) follows what the model takes (``inputs_of``):
+``(batch, seq_len)`` token ids with the same labels; images of the configuration's ``image_size`` and
+``num_channels`` with integer labels; both for a dual encoder, with ``return_loss=True`` (its
+contrastive loss).
 """
 
 from __future__ import annotations
@@ -26,9 +30,17 @@ import torch
 from torch import nn
 
 from oomsight.tools.predict.inputs import InputError, check_config
+from oomsight.tools.predict.models import images
 
 HEADS = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM")
 """The auto classes tried in order: the first whose mapping knows the configuration builds it."""
+IMAGE_HEAD = "AutoModelForImageClassification"
+"""The head of a model that takes images: its loss is the cross-entropy of integer labels."""
+TEXT, IMAGES, IMAGES_AND_TEXT = "text", "images", "images and text"
+"""What a model takes (``inputs_of``)."""
+DEFAULT_IMAGE_SIZE = 224
+"""Pixels a side where the configuration gives no ``image_size`` (ResNet's): ImageNet's crop, as the named
+vision models of ``models`` take."""
 DEFAULT_SEQ_LEN = 1024
 """Tokens per sample when ``--seq-len`` is not given (capped by the configuration's positions)."""
 
@@ -134,6 +146,10 @@ def builder(config: Any) -> Callable[[], nn.Module]:
         # labels are shifted right into the decoder's inputs from this token (T5's own configs give
         # 0, its pad token; a bare ``t5:...`` configuration has none and the shift would fail)
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
+    if getattr(config, "architectures", None) is None:
+        # where a head maps to several classes (DeiT's classifier, with and without its teacher),
+        # transformers picks by ``architectures``, which a bare configuration has as None (not iterable)
+        config.architectures = []
 
     def build() -> nn.Module:
         head = head_of(config)
@@ -147,21 +163,50 @@ def builder(config: Any) -> Callable[[], nn.Module]:
 
 
 def head_of(config: Any) -> str | None:
-    """The auto class that builds ``config`` for training, as docs/prediction.md names it: an
-    encoder-decoder (T5, BART) by ``AutoModelForSeq2SeqLM``; an encoder (BERT, RoBERTa: ``is_decoder``
-    false and a masked-LM head known) by ``AutoModelForMaskedLM``, not the causal head transformers
-    also maps BERT to (``BertLMHeadModel``); else ``AutoModelForCausalLM``; else the first of
-    ``HEADS`` that knows it (None: the bare ``AutoModel``)."""
+    """The auto class that builds ``config`` for training, as docs/prediction.md names it: a model that
+    takes images by ``AutoModelForImageClassification``; an encoder-decoder (T5, BART) by
+    ``AutoModelForSeq2SeqLM``; an encoder (BERT, RoBERTa: ``is_decoder`` false and a masked-LM head
+    known) by ``AutoModelForMaskedLM``, not the causal head transformers also maps BERT to
+    (``BertLMHeadModel``); else ``AutoModelForCausalLM``; else the first of ``HEADS`` that knows it
+    (None: the bare ``AutoModel``, which is how a dual encoder such as CLIP returns its loss)."""
     import transformers
 
     def knows(head: str) -> bool:
         return type(config) in getattr(transformers, head)._model_mapping
 
+    if inputs_of(config) == IMAGES and knows(IMAGE_HEAD):
+        return IMAGE_HEAD
     if getattr(config, "is_encoder_decoder", False) and knows("AutoModelForSeq2SeqLM"):
         return "AutoModelForSeq2SeqLM"
     if not getattr(config, "is_decoder", False) and knows("AutoModelForMaskedLM"):
         return "AutoModelForMaskedLM"
     return next((head for head in HEADS if knows(head)), None)
+
+
+def inputs_of(config: Any) -> str:
+    """What the model of ``config`` takes, read from its bare class (``AutoModel``'s): ``IMAGES`` where
+    its ``main_input_name`` is ``pixel_values`` (ViT, DeiT, Swin, ConvNeXt, ResNet); ``IMAGES_AND_TEXT``
+    where its forward takes ``pixel_values``, ``input_ids`` and ``return_loss`` (a dual encoder: CLIP,
+    SigLIP); ``TEXT`` otherwise, a configuration ``AutoModel`` does not know included."""
+    import inspect
+
+    import transformers
+
+    try:
+        mapped: Any = transformers.AutoModel._model_mapping[type(config)]
+    except KeyError:
+        return TEXT
+    bare = mapped[0] if isinstance(mapped, (list, tuple)) else mapped  # several: the first is the default
+    if getattr(bare, "main_input_name", None) == "pixel_values":
+        return IMAGES
+    if {"pixel_values", "input_ids", "return_loss"} <= set(inspect.signature(bare.forward).parameters):
+        return IMAGES_AND_TEXT
+    return TEXT
+
+
+def text_side(config: Any) -> Any:
+    """The configuration of the text a model takes: a dual encoder's ``text_config``, else ``config``."""
+    return (getattr(config, "text_config", None) or config) if inputs_of(config) == IMAGES_AND_TEXT else config
 
 
 def seq_len_of(config: Any, asked: int | None) -> int:
@@ -182,3 +227,30 @@ def tokens(config: Any, seq_len: int) -> Callable[[int, str], Any]:
         return {"input_ids": ids, "labels": ids}
 
     return batch
+
+
+def batch_of(config: Any, seq_len: int) -> Callable[[int, str], Any]:
+    """``batch(n, device)``: the inputs of one step for what the model takes (``inputs_of``): ``n`` images
+    of the configuration's size and channels (``image_inputs``; ``seq_len`` does not apply), ``n``
+    samples of ``seq_len`` tokens (``tokens``), or both for a dual encoder, with ``return_loss=True``."""
+    takes = inputs_of(config)
+    if takes == IMAGES:
+        return image_inputs(config)
+    if takes == TEXT:
+        return tokens(config, seq_len)
+    pictures = image_inputs(getattr(config, "vision_config", config), labelled=False)
+    words = tokens(text_side(config), seq_len)
+
+    def batch(n: int, device: str) -> dict[str, Any]:
+        return {**pictures(n, device), "input_ids": words(n, device)["input_ids"], "return_loss": True}
+
+    return batch
+
+
+def image_inputs(config: Any, labelled: bool = True) -> Callable[[int, str], Any]:
+    """``batch(n, device)``: ``n`` images of the configuration's ``image_size`` (``DEFAULT_IMAGE_SIZE``
+    where it has none) and ``num_channels``, with an integer label below ``num_labels`` each where
+    ``labelled`` and the model has a classification head to take them."""
+    classes = int(getattr(config, "num_labels", 2)) if labelled and head_of(config) == IMAGE_HEAD else None
+    size = getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE
+    return images(classes, size, int(getattr(config, "num_channels", None) or 3))

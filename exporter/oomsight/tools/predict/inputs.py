@@ -5,7 +5,8 @@ no traceback: the flags (``check``: sizes need a unit, bounds on ``--seq-len`` a
 that do not apply to the job refused in words), a transformers configuration (``check_config``: a key
 the model type does not have, named with the close one; a value of the wrong kind; a size or count
 below 1; a hidden size its heads do not divide), the sequence length against the model's positions
-(``check_positions``), LoRA's targets against the model's modules (``check_lora_targets``) and
+(``check_positions``), the flags about tokens for a model that takes images (``check_image_model``),
+LoRA's targets against the model's modules (``check_lora_targets``) and
 ``--module``'s spec (``module_spec``). The checks are plain code reading the flags and the
 configuration's values; they run before ``transformers`` builds the configuration, so its own
 validation (a multi-line traceback) is never what the user sees.
@@ -327,6 +328,19 @@ def check_positions(config: Any, where: str, args: argparse.Namespace) -> None:
         raise InputError(
             f"--seq-len {args.seq_len:,} is past the {limit:,} positions of --model {where} "
             "(max_position_embeddings; raise it in the configuration to predict a longer sample)"
+        )
+
+
+def check_image_model(where: str, args: argparse.Namespace, with_text: bool) -> None:
+    """The flags about tokens, for a model that takes images (``with_text``: and text, a dual encoder
+    such as CLIP, whose text ``--seq-len`` sets): ``--generate`` applies to neither, as neither
+    generates tokens; ``--seq-len`` not to images alone, whose size is the configuration's."""
+    if args.generate:
+        raise InputError(f"--generate applies to a model that generates tokens; --model {where} takes images")
+    if args.seq_len is not None and not with_text:
+        raise InputError(
+            f"--seq-len does not apply to --model {where}: it takes images, not tokens "
+            "(their size is the configuration's image_size and num_channels)"
         )
 
 

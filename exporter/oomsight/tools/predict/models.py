@@ -10,6 +10,7 @@ Transformers models come from their config classes (``transformers``); vision mo
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,12 +52,16 @@ def _tokens(vocab: int, seq: int) -> Callable[[int, str], Any]:
     return batch
 
 
-def _images(classes: int, size: int = 224) -> Callable[[int, str], Any]:
+def images(classes: int | None, size: int | Sequence[int] = 224, channels: int = 3) -> Callable[[int, str], Any]:
+    """``batch(n, device)``: ``n`` images of ``channels`` x ``size`` x ``size`` pixels (``size`` an int, or
+    (height, width)) and, where ``classes`` is given, an integer label below it for each."""
+    height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[-1]))
+
     def batch(n: int, device: str) -> dict[str, torch.Tensor]:
-        return {
-            "pixel_values": torch.randn(n, 3, size, size, device=device),
-            "labels": torch.randint(0, classes, (n,), device=device),
-        }
+        found = {"pixel_values": torch.randn(n, channels, height, width, device=device)}
+        if classes is not None:
+            found["labels"] = torch.randint(0, classes, (n,), device=device)
+        return found
 
     return batch
 
@@ -134,14 +139,14 @@ MODELS: dict[str, ModelSpec] = {
     "resnet50": ModelSpec(
         "resnet50",
         _vision("resnet50"),
-        _images(1000),
+        images(1000),
         "ResNet-50, 224x224 (torchvision's; transformers' without it)",
         ("torchvision", "transformers"),
     ),
     "vit_b_16": ModelSpec(
         "vit_b_16",
         _vision("vit_b_16"),
-        _images(1000),
+        images(1000),
         "ViT-B/16, 224x224 (torchvision's; transformers' without it)",
         ("torchvision", "transformers"),
     ),
