@@ -21,8 +21,10 @@ the one it changes.
   judged at 24 times from 1 minute to 6 hours before their OOM with the rows the hook held then.
 
 Per group: forecasts made, median and p90 of |forecast / truth - 1|, the share of forecasts later
-than 1.5x the truth (the alert comes late), the share of times with no forecast (the alert does not
-come), and the share of earliest times later than the truth. Generated groups are also cut by kind
+than 1.5x the truth (the alert comes late), the share of times with no central forecast, the share
+of earliest times later than the truth (over every earliest time published, with a central one or
+without), and the share of times with an earliest time but no central one (``too_noisy``: when the
+OOM comes is chance beyond the bar; the alert still reads the earliest time). Generated groups are also cut by kind
 and horizon together (``by_kind_and_horizon``).
 
 ``oracle`` (generated views under an hour, ``--oracle-draws`` runs each, 0 for none): the median
@@ -204,10 +206,11 @@ def score(cases: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     }
     if key in ("current", "before"):
         low = "earliest" if key == "current" else "before_earliest"
-        early = [c for c in made if c[low] is not None]
+        early = [c for c in cases if c[low] is not None]  # published with or without a central time
         out["earliest_later_than_truth_share"] = (
             round(sum(c[low] > c["truth"] for c in early) / len(early), 3) if early else None
         )
+        out["earliest_only_share"] = round(sum(c[key] is None for c in early) / len(cases), 3) if cases else None
         reasons: dict[str, int] = {}
         for c in cases:
             if c[key] is None:

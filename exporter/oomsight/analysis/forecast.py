@@ -28,6 +28,17 @@ interval. Stairs are told from noise: each jump stands ``stair_jump_noise`` stan
 the other changes above them (a noisy floor's largest changes are no stairs). No forecast where
 the rows are too few (``too_short``), the slope is not told from noise (``too_noisy``), nothing
 rises (``no_rise``), or no step time is known (``no_step_time``).
+
+A central time is said only where it can be right: where the chance, by the series' own
+randomness, that the OOM comes within ``forecast_central_error`` of it reaches
+``forecast_central_share`` (the bar it is judged by, issue 37: p90 of the error at most 50 %).
+For a leak that chance sums the first crossing's hazard (above) over the line's own error at the
+crossing (its fit, and the floors' scatter about it beyond their step-to-step noise: stairs
+too long to see, phases) and the outliers' rate (known to a factor of exp(1/sqrt(seen))); for
+stairs, one jump more or fewer and the intervals' jitter; for a growing demand, the running
+peak's scatter about its line. Near the OOM the step that first crosses is a first passage of
+noise, of a stair's phase or of the next long sample, which no line can time: there the central
+time is withheld (``too_noisy``) while the earliest time, which the alert reads, stands.
 Pure functions over plain columns (the caller reads them off its rows), no torch.
 """
 
@@ -36,6 +47,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Callable, Optional
 
@@ -103,6 +115,9 @@ class _Reach:
 
     steps: float
     earliest_steps: float
+    within: float = 1.0
+    """The chance, by the series' own noise, that the OOM comes within ``forecast_central_error`` of
+    ``steps``: below ``forecast_central_share``, no central time is said (``too_noisy``)."""
 
 
 Detector = Callable[[Columns], bool]
@@ -131,6 +146,8 @@ def predict(cols: Columns, capacity: float, leak_from: Optional[float], detect: 
     per_step, fastest = pace
     seconds = reach.steps * per_step
     earliest = min(reach.earliest_steps * fastest, seconds)
+    if reach.within < th.value("forecast_central_share"):
+        return Forecast(kind, TOO_NOISY, earliest_seconds=earliest)  # when is chance: the earliest time stands
     return Forecast(kind, "", reach.steps, seconds, earliest)
 
 
@@ -175,8 +192,13 @@ def _leak(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach | 
     reach = _line_reach(line, cols.steps[-1], capacity, (over, highest))
     own = max([p - f for p, f, e in zip(cols.peaks, cols.floors, cols.exact) if e] or [over])
     rare = _outliers(cols, line, own + th.value("forecast_outlier_sd") * sd)
-    central = _crossing(line, cols.steps[-1], capacity, own, sd, rare)
-    return STEADY_LEAK, _Reach(central, min(reach.earliest_steps, central))
+    crossing = _crossing(line, cols.steps[-1], capacity, (own, sd), rare)
+    central = crossing.median()
+    # the floors' scatter about the line beyond their step-to-step noise (stairs, phases) and the
+    # line's own error: where the series will stand at the crossing is known only that well
+    scatter = _spread([f - y for f, y in zip(cols.floors, on_line)])
+    spread = math.sqrt(line.error(cols.steps[-1] + central) ** 2 + max(scatter**2 - sd**2, 0.0))
+    return STEADY_LEAK, _Reach(central, min(reach.earliest_steps, central), crossing.within(central, spread))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,10 +213,9 @@ class _Outliers:
 
 
 def _outliers(cols: Columns, line: _Line, beyond: float) -> _Outliers:
-    """The new lifetime peaks more than ``beyond`` above the line at their row (the row's step: a
-    thinned row's lifetime peak may have come earlier, when the line stood lower)."""
+    """The new lifetime peaks more than ``beyond`` above the line (:func:`_record_rise`)."""
     life = cols.lifetime()
-    rose = [life[i] - line.at(x) for i, x in enumerate(cols.steps) if i and life[i] > life[i - 1]]
+    rose = [_record_rise(cols, life, line, i) for i in range(1, len(life)) if life[i] > life[i - 1]]
     above = sorted(a for a in rose if a > beyond)
     return _Outliers(above, [_rate(cols, life, line, g) for g in above])
 
@@ -207,30 +228,128 @@ def _rate(cols: Columns, life: Sequence[float], line: _Line, rise: float) -> flo
     for i in range(1, len(cols.steps)):
         start = max(cols.steps[i - 1], line.mean_x + (life[i - 1] - rise - line.mean_y) / line.slope)
         steps += max(cols.steps[i] - start, 0.0)
-        seen += life[i] > life[i - 1] and life[i] - line.at(cols.steps[i]) >= rise and cols.steps[i] > start
+        seen += life[i] > life[i - 1] and _record_rise(cols, life, line, i) >= rise and cols.steps[i] > start
     return seen / steps if steps > 0 else 0.0
 
 
-def _crossing(line: _Line, last: float, capacity: float, own: float, sd: float, rare: _Outliers) -> float:
-    """Steps from ``last`` until the chance that some step's peak reached ``capacity`` is one half (the
-    median time of the first crossing). Each step's peak is the line's floor plus ``own`` (the most
-    a step rose above its floor) plus the floor's noise (normal, ``sd``); or, as often per step as
-    the rows saw one, an outlier's rise above the line. Near the OOM these, not the line, say when:
-    the first of many steps to cross comes before the line reaches the limit."""
-    gap = capacity - own - line.at(last)
-    band = th.value("forecast_crossing_sd") * sd + max([a - own for a in rare.above], default=0.0)
-    if gap <= 0 or band <= 0:
-        return max(gap, 0.0) / line.slope
-    width = band / line.slope / th.count("forecast_crossing_slices")
-    j, total = max((gap - band) / line.slope, 0.0), 0.0
-    while True:
-        left = gap - line.slope * (j + width / 2)
-        k = bisect.bisect_left(rare.above, left + own)
-        more = rare.rates[k] if k < len(rare.rates) else 0.0
-        cross = width * (_none_crossed(left / sd if sd > 0 else math.copysign(math.inf, left)) + more)
-        if total + cross >= math.log(2):
-            return j + width * (math.log(2) - total) / cross
-        total, j = total + cross, j + width
+def _record_rise(cols: Columns, life: Sequence[float], line: _Line, i: int) -> float:
+    """How far the lifetime peak of row ``i`` rose above the line where it came: midway since the row
+    before, as likely any step between (a thinned row's peak came while the line stood lower; at its
+    own row's step, the rise of every outlier seen in the older rows would be understated)."""
+    return life[i] - line.at((cols.steps[i - 1] + cols.steps[i]) / 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Crossing:
+    """The chance that some step's peak reached capacity as the line rises: each step's peak is the
+    line's floor plus ``own`` (the most a step rose above its floor) plus the floor's noise (normal),
+    or, as often per step as the rows saw one, an outlier's rise above the line. Near the OOM these,
+    not the line, say when: the first of many steps to cross comes before the line reaches the limit.
+    Tabulated over ``left``, the bytes by which the line plus ``own`` stands below capacity: the
+    hazard summed (in steps) while the line climbs from the top of the band to each (``sums``)."""
+
+    slope: float
+    gap: float
+    """Where the line plus ``own`` stands below capacity now, bytes."""
+    top: float
+    """The band's top (``forecast_crossing_sd`` of the noise and the outliers' rise above ``own``),
+    bytes; 0 without noise."""
+    width: float
+    """Bytes a slice: ``forecast_crossing_slices`` a band."""
+    sums: list[float]
+    """At ``top`` and each slice below it, down to as far below the limit: past it every step crosses."""
+    rare: list[float]
+    """The outliers' part of ``sums``."""
+    seen: int
+    """Outliers seen at least as high as a step must rise to cross now (at least one where any was):
+    the rate that starts the crossing is known to within a factor of about exp(1 / sqrt(seen))."""
+
+    def hazard(self, left: float, rates: float = 1.0) -> float:
+        """The hazard summed from the top of the band down to ``left``, the outliers' rate times
+        ``rates`` (inf past the table; without noise, inf from the limit on)."""
+        if self.top <= 0:
+            return 0.0 if left > 0 else math.inf
+        at = (self.top - left) / self.width
+        total = _between(self.sums, at)
+        return total if math.isinf(total) else total + (rates - 1) * _between(self.rare, at)
+
+    def median(self) -> float:
+        """Steps until the chance that some step crossed is one half."""
+        goal = self.hazard(self.gap) + math.log(2)
+        if self.top <= 0 or math.isinf(goal):
+            return max(self.gap, 0.0) / self.slope
+        k = bisect.bisect_left(self.sums, goal)
+        if k >= len(self.sums):
+            return max(self.gap + self.top, 0.0) / self.slope
+        at = k - 1 + (goal - self.sums[k - 1]) / (self.sums[k] - self.sums[k - 1])
+        return max(self.gap - self.top + at * self.width, 0.0) / self.slope
+
+    def survives(self, steps: float, shift: float, rates: float) -> float:
+        """The chance that no step crosses in the next ``steps``, the line ``shift`` bytes lower and
+        the outliers ``rates`` times as frequent."""
+        now = self.hazard(self.gap + shift, rates)
+        if math.isinf(now):
+            return 0.0
+        return math.exp(now - self.hazard(self.gap + shift - self.slope * steps, rates))
+
+    def within(self, central: float, spread: float) -> float:
+        """The chance that the OOM comes within ``forecast_central_error`` of ``central`` steps, the
+        line's own error (normal, ``spread`` bytes at the crossing) and the outliers' rate (log-normal,
+        from how many were seen) each taken at equal-chance draws."""
+        if central <= 0:
+            return 0.0
+        low, high = _band(central)
+        shifts = _draws(spread)
+        rates = [math.exp(z) for z in _draws(1 / math.sqrt(self.seen) if self.seen else 0.0)]
+        chance = [self.survives(low, d, r) - self.survives(high, d, r) for d in shifts for r in rates]
+        return sum(chance) / len(chance)
+
+
+def _between(sums: Sequence[float], at: float) -> float:
+    """``sums`` at the fractional index ``at`` (0 before it, inf past it)."""
+    if at <= 0:
+        return 0.0
+    k = int(at)
+    if k + 1 >= len(sums) or math.isinf(sums[k + 1]):
+        return math.inf
+    return sums[k] + (at - k) * (sums[k + 1] - sums[k])
+
+
+def _crossing(line: _Line, last: float, capacity: float, own: tuple[float, float], rare: _Outliers) -> _Crossing:
+    """The crossing of ``line`` from ``last`` with each step's ``own`` (the most a step rose above its
+    floor, the floor's noise) and the ``rare`` outliers."""
+    rise, sd = own
+    gap = capacity - rise - line.at(last)
+    band = th.value("forecast_crossing_sd") * sd + max([a - rise for a in rare.above], default=0.0)
+    if band <= 0:
+        return _Crossing(line.slope, gap, 0.0, 0.0, [0.0], [0.0], 0)
+    slices = th.count("forecast_crossing_slices")
+    width = band / slices
+    sums, outliers = [0.0], [0.0]
+    for k in range(2 * slices):
+        left = band - width * (k + 0.5)
+        i = bisect.bisect_left(rare.above, left + rise)
+        more = (rare.rates[i] if i < len(rare.rates) else 0.0) * width / line.slope
+        step = _none_crossed(left / sd if sd > 0 else math.copysign(math.inf, left)) * width / line.slope
+        sums.append(sums[-1] + step + more)
+        outliers.append(outliers[-1] + more)
+    high = len(rare.above) - bisect.bisect_left(rare.above, gap + rise)
+    return _Crossing(line.slope, gap, band, width, sums, outliers, max(high, 1) if rare.above else 0)
+
+
+def _band(central: float) -> tuple[float, float]:
+    """The times within ``forecast_central_error`` of ``central``: |central / truth - 1| at most that."""
+    error = th.value("forecast_central_error")
+    return central / (1 + error), central / (1 - error) if error < 1 else math.inf
+
+
+def _draws(spread: float) -> list[float]:
+    """``forecast_line_draws`` equal-chance values of a normal error of standard deviation ``spread``."""
+    count = th.count("forecast_line_draws")
+    if spread <= 0:
+        return [0.0]
+    unit = statistics.NormalDist()
+    return [spread * unit.inv_cdf((k + 0.5) / count) for k in range(count)]
 
 
 def _none_crossed(z: float) -> float:
@@ -263,13 +382,21 @@ def _demand(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach 
     if not _told(line):
         return GROWING_DEMAND, TOO_NOISY
     left = max(capacity - life[-1], 0.0)
-    slope_hi = _slope_hi(line)
-    reach = _Reach(left / line.slope, min(max(left - t * line.resid, 0.0) / slope_hi, left / line.slope))
+    central = left / line.slope
+    earliest = min(max(left - t * line.resid, 0.0) / _slope_hi(line), central)
     if _stairs(cols.steps, life) is not None:
         climb = _stair_reach(cols, life, capacity, (0.0, 0.0))
         if not isinstance(climb, str):
-            reach = _Reach(reach.steps, min(reach.earliest_steps, climb.earliest_steps))
-    return GROWING_DEMAND, reach
+            earliest = min(earliest, climb.earliest_steps)
+    scatter = _spread([y - line.at(x) for x, y in zip(cols.steps, life)])  # the running peak about its line
+    spread = math.hypot(scatter, line.error(cols.steps[-1] + central)) / line.slope
+    return GROWING_DEMAND, _Reach(central, earliest, _normal_within(central, spread))
+
+
+def _normal_within(central: float, spread: float) -> float:
+    """The chance that a time ``central`` off by a normal error of ``spread`` (standard deviation)
+    is within ``forecast_central_error`` of the truth."""
+    return _normal_between(central, spread, *_band(central)) if central > 0 else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +411,10 @@ class _Line:
 
     def at(self, x: float) -> float:
         return self.mean_y + self.slope * (x - self.mean_x)
+
+    def error(self, x: float) -> float:
+        """The standard error of the line's level at ``x``, bytes (its level and slope fitted)."""
+        return self.resid * math.sqrt(1 / self.n + (x - self.mean_x) ** 2 / self.sxx)
 
 
 def _fit(xs: Sequence[float], ys: Sequence[float]) -> _Line | str:
@@ -319,7 +450,7 @@ def _line_reach(line: _Line, last: float, capacity: float, excess: tuple[float, 
     t = th.value("forecast_interval_t")
     level = line.at(last)
     slope_hi = _slope_hi(line)
-    level_hi = level + t * line.resid * math.sqrt(1 / line.n + (last - line.mean_x) ** 2 / line.sxx)
+    level_hi = level + t * line.error(last)
     central = max(capacity - level - excess[0], 0.0) / line.slope
     earliest = max(capacity - level_hi - excess[1], 0.0) / slope_hi
     return _Reach(central, min(earliest, central))
@@ -344,7 +475,57 @@ def _stair_reach(cols: Columns, ys: Sequence[float], capacity: float, excess: tu
 
     central = reach(capacity - ys[-1] - excess[0], height, gap, max(gap - since, 1.0))
     earliest = reach(capacity - ys[-1] - excess[1], heights[-1], gaps[0], 1.0)
-    return _Reach(central, min(earliest, central))
+    jumped = {s for s, _h in jumps}
+    between = [ys[i] - ys[i - 1] for i in range(1, len(ys)) if cols.steps[i] not in jumped]
+    noise = _spread(between) / math.sqrt(2)  # a change between two levels: sqrt(2) times a level's noise
+    jitter = _spread(gaps + ([since] if since > gap else []))  # an interval still open, longer than usual
+    stairs = _Stairs(height, gap, max(gap - since, 1.0), noise, jitter)
+    return _Reach(central, min(earliest, central), stairs.within(capacity - ys[-1] - excess[0], central))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stairs:
+    """Jumps of the usual ``height`` every ``every`` steps, the next in ``first``; the level between
+    them has its own noise (``noise``, bytes) and the intervals theirs (``jitter``, steps)."""
+
+    height: float
+    every: float
+    first: float
+    noise: float
+    jitter: float
+
+    def within(self, left: float, central: float) -> float:
+        """The chance that the jump which lifts the level ``left`` bytes further comes within
+        ``forecast_central_error`` of ``central`` steps: one jump more or fewer where the level's
+        noise reaches the limit's side of a jump (up to ``forecast_crossing_sd`` of it), each a
+        jump's interval later or sooner."""
+        if central <= 0:
+            return 0.0
+        low, high = _band(central)
+        band = th.value("forecast_crossing_sd") * self.noise
+        fewest = max(math.floor((left - band) / self.height), 0)
+        chance, before = 0.0, _normal_above(left - (fewest - 1) * self.height, self.noise) if fewest else 0.0
+        for jumps in range(fewest, max(math.ceil((left + band) / self.height), 0) + 1):
+            upto = _normal_above(left - jumps * self.height, self.noise)  # no more than ``jumps`` needed
+            at = self.first + (jumps - 1) * self.every if jumps else 0.0
+            chance += (upto - before) * _normal_between(at, self.jitter * math.sqrt(max(jumps, 1)), low, high)
+            before = upto
+        return chance
+
+
+def _normal_above(x: float, sd: float) -> float:
+    """The chance that a normal error of standard deviation ``sd`` is at least ``x``."""
+    if sd <= 0:
+        return 1.0 if x <= 0 else 0.0
+    return 1 - statistics.NormalDist(0.0, sd).cdf(x)
+
+
+def _normal_between(mean: float, sd: float, low: float, high: float) -> float:
+    """The chance that a normal value (``mean``, ``sd``) lies between ``low`` and ``high``."""
+    if sd <= 0:
+        return 1.0 if low <= mean <= high else 0.0
+    unit = statistics.NormalDist(mean, sd)
+    return unit.cdf(high) - unit.cdf(low)
 
 
 def _stairs(steps: Sequence[float], ys: Sequence[float]) -> Optional[list[tuple[float, float]]]:

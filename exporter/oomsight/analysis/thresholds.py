@@ -144,6 +144,23 @@ TABLE: dict[str, Threshold] = {
         "deviations about once in 30,000 steps. The median time of the first crossing counts them per step "
         "seen", "forecast",
     ),
+    "forecast_central_error": Threshold(
+        0.5, "share of the time left", "a central time is said only where it can be right to within this "
+        "much (abs(central / truth - 1)): the bar the forecast is judged by (issue 37: p90 of the error at most "
+        "50 %); the OOM of a noisy series is a first crossing of its noise, which no line can time closer",
+        "forecast",
+    ),
+    "forecast_central_share": Threshold(
+        0.9, "chance", "... with at least this chance by the series' own noise, outliers and line error (the "
+        "bar's p90); below it no central time (too_noisy), while the earliest time, which the alert reads, "
+        "stands", "forecast",
+    ),
+    "forecast_line_draws": Threshold(
+        9, "draws", "the line's own error at the crossing (normal, from its fit) and the outliers' rate "
+        "(log-normal) are each taken at this many equal-chance values when the chance of a central time within "
+        "the bar is summed: 7 or 11 draws move at most one of 400 generated central times", "forecast",
+        integer=True,
+    ),
     "stair_jump_noise": Threshold(
         4.0, "standard deviations", "every jump of a stair stands this many standard deviations of the "
         "other row-to-row changes above them: the noise of a floor (what the loop keeps varies by batch) "
@@ -283,12 +300,15 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "forecast._leak": ((2,), "the stairs are looked for in the last two windows of recent_rows"),
     "forecast._demand": ((2,), "the running peak's later half"),
     "forecast._fit": ((2,), "a line fit's degrees of freedom (n - 2), a square"),
-    "forecast._line_reach": ((2,), "a square (the line's level interval)"),
-    "forecast._stair_reach": ((1e-09,), "a float's rounding below a whole number of jumps"),
+    "forecast._Line": ((2,), "a square (the standard error of the line's level)"),
+    "forecast._stair_reach": ((1e-09, 2), "a float's rounding below a whole jump; a change of two levels"),
     "forecast._stairs": ((3,), "the jumps are at most a third of the rows (stair_rise_share's row says so)"),
     "forecast._pace": ((4,), "the rows' quarters, the fastest of which gives the earliest step time"),
     "forecast._spread": ((2,), "a standard deviation needs two values, a square"),
-    "forecast._crossing": ((2,), "the median (a chance of one half, log 2) and a slice's midpoint"),
+    "forecast._crossing": ((0.5, 2), "a slice's midpoint; the table reaches as far below the limit as above"),
+    "forecast._Crossing": ((2,), "the median (a chance of one half, log 2)"),
+    "forecast._draws": ((0.5,), "an equal-chance draw sits at the middle of its share"),
+    "forecast._record_rise": ((2,), "midway between two rows"),
     "forecast._none_crossed": ((0.5, 2), "the normal tail: erfc(z / sqrt 2) / 2"),
     "forecast._median": ((0.5,), "the median"),
     "diagnosis._outside_rule": ((2,), "two processes listed by NVML: another besides this one"),

@@ -581,21 +581,22 @@ FAMILIES: tuple[Family, ...] = (
     ),
     gauge(
         "oomsight_oom_forecast_steps",
-        "Optimizer steps until the step peak reaches capacity at the current leak or growth; +Inf without a rise.",
+        "Optimizer steps until the step peak reaches capacity at the current leak or growth; +Inf without a rise or where too noisy to time.",
         DEVICE,
         lambda d: _trend(d, "steps_to_oom"),
         stability=ALPHA,
     ),
     gauge(
         "oomsight_oom_forecast_seconds",
-        "Seconds until the step peak reaches capacity at the current leak or growth and step time; +Inf without a rise.",
+        "Seconds until the step peak reaches capacity at the current leak or growth and step time (central); +Inf "
+        "without a rise, and where when the OOM comes is chance beyond the bar (too_noisy: the earliest time stands).",
         DEVICE,
         lambda d: _trend(d, "seconds_to_oom"),
         stability=STABLE,
     ),
     gauge(
         "oomsight_oom_forecast_earliest_seconds",
-        "The earliest plausible seconds until the step peak reaches capacity, from the step rows' own noise (at most oomsight_oom_forecast_seconds); +Inf without a forecast (no rise, too few rows, too noisy: the snapshot's step_trend says why); absent for hooks older than wire 1.9.",
+        "The earliest plausible seconds until the step peak reaches capacity, from the step rows' own noise (at most oomsight_oom_forecast_seconds, and given where that is withheld as too noisy to time); +Inf without a forecast (no rise, too few rows, a slope lost in noise: the snapshot's step_trend says why); absent for hooks older than wire 1.9.",
         DEVICE,
         lambda d: _trend(d, "earliest_seconds_to_oom") if _forecast_judged(d) else None,
         stability=ALPHA,

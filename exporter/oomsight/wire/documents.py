@@ -193,17 +193,20 @@ class StepTrend(TypedDict):
     floor_slope_bytes: float
     #: growth of the floor over the judged rows
     floor_growth_bytes: int
-    #: steps until the peak reaches capacity; null: no rise
+    #: steps until the peak reaches capacity (central); null: no forecast, or one too noisy to time
+    #: (no_forecast_reason)
     steps_to_oom: Optional[float]
     #: the same in seconds at the current step time
     seconds_to_oom: Optional[float]
-    #: the earliest plausible seconds to OOM, from the rows' own noise (at most seconds_to_oom); null: no
+    #: the earliest plausible seconds to OOM, from the rows' own noise (at most seconds_to_oom); also given
+    #: where the central time is not ("too_noisy": when the OOM comes is chance beyond the bar); null: no
     #: forecast (since 1.9)
     earliest_seconds_to_oom: NotRequired[Optional[float]]
     #: what the forecast is made for: "steady_leak", "stair_leak" or "growing_demand" (readers accept others);
-    #: "" without a forecast, or from a writer older than 1.9 (since 1.9)
+    #: "" without a forecast (one too noisy to time keeps its kind), or from a writer older than 1.9 (since 1.9)
     forecast_kind: NotRequired[str]
-    #: why there is no forecast: "too_short", "too_noisy", "no_rise" or "no_step_time" (readers accept others);
+    #: why there is no forecast: "too_short", "too_noisy" (the slope not told from noise, or, with an earliest
+    #: time, when the OOM comes is chance beyond the bar), "no_rise" or "no_step_time" (readers accept others);
     #: "" with one, or from a writer older than 1.9 (since 1.9)
     no_forecast_reason: NotRequired[str]
 

@@ -162,22 +162,28 @@ STEP_TREND = Table(
         req("leak", "bool", "the between-steps floor rises step after step and the step's own memory does not"),
         req("floor_slope_bytes", "number", "bytes per step the floor rose, least squares over the judged rows"),
         req("floor_growth_bytes", "int", "growth of the floor over the judged rows"),
-        nullable("steps_to_oom", "number", "steps until the peak reaches capacity; null: no rise", required=True),
+        nullable(
+            "steps_to_oom", "number", "steps until the peak reaches capacity (central); null: no forecast, or one "
+            "too noisy to time (no_forecast_reason)", required=True,
+        ),
         nullable("seconds_to_oom", "number", "the same in seconds at the current step time", required=True),
         nullable(
             "earliest_seconds_to_oom", "number",
-            "the earliest plausible seconds to OOM, from the rows' own noise (at most seconds_to_oom); null: no "
-            "forecast", since=FORECAST,
+            "the earliest plausible seconds to OOM, from the rows' own noise (at most seconds_to_oom); also "
+            'given where the central time is not ("too_noisy": when the OOM comes is chance beyond the bar); '
+            "null: no forecast", since=FORECAST,
         ),
         opt(
             "forecast_kind", "str",
             'what the forecast is made for: "steady_leak", "stair_leak" or "growing_demand" (readers accept '
-            'others); "" without a forecast, or from a writer older than 1.9', default="", since=FORECAST,
+            'others); "" without a forecast (one too noisy to time keeps its kind), or from a writer older than 1.9',
+            default="", since=FORECAST,
         ),
         opt(
             "no_forecast_reason", "str",
-            'why there is no forecast: "too_short", "too_noisy", "no_rise" or "no_step_time" (readers accept '
-            'others); "" with one, or from a writer older than 1.9', default="", since=FORECAST,
+            'why there is no forecast: "too_short", "too_noisy" (the slope not told from noise, or, with an '
+            'earliest time, when the OOM comes is chance beyond the bar), "no_rise" or "no_step_time" (readers '
+            'accept others); "" with one, or from a writer older than 1.9', default="", since=FORECAST,
         ),
     ),
     since=JUDGED,
