@@ -134,6 +134,8 @@ def predict_argv(row: Row) -> list[str]:
         argv += ["--generate", row.generate, "--cache", row.cache]
     else:
         argv += ["--steps", str(row.steps)]
+    if row.program == "accelerate":
+        argv += ["--keep-outputs"]  # the loop's ``outputs`` lives until the next forward returns
     if row.lora:
         argv += ["--lora", str(row.lora)]
     if row.bnb == "adamw8bit":

@@ -97,6 +97,7 @@ def predict_peak(
     expandable_segments: Optional[bool] = None,
     workspace_bytes: Optional[int] = None,
     capability: Optional[tuple[int, int]] = (9, 0),
+    keep_outputs: bool = False,
 ) -> Prediction:
     """A training step's peak CUDA memory, predicted on the CPU without a GPU
     (``oomsight.tools.predict``, ``docs/prediction.md``).
@@ -105,9 +106,11 @@ def predict_peak(
     the inputs of one step of batch ``n``; ``optimizer(params)`` builds the optimizer (default
     AdamW); ``step(model, inputs, optimizer)`` runs one step (default: forward, under
     ``torch.autocast("cuda", autocast)`` when given, backward, ``accumulation`` micro-batches,
-    ``optimizer.step()``, ``zero_grad``). ``steps`` steps are traced; ``capacity`` (bytes) adds
-    whether it fits; ``expandable_segments``, ``workspace_bytes`` and ``capability`` describe the
-    GPU (default: an H100/H200, the allocator setting of the environment). Example::
+    ``optimizer.step()``, ``zero_grad``; ``keep_outputs``: the forward's outputs held until the next
+    forward returns, as a hand-written ``outputs = model(**batch)`` loop holds them). ``steps``
+    steps are traced; ``capacity`` (bytes) adds whether it fits; ``expandable_segments``,
+    ``workspace_bytes`` and ``capability`` describe the GPU (default: an H100/H200, the
+    allocator setting of the environment). Example::
 
         p = oomsight.predict_peak(lambda: MyModel(), lambda n: torch.randn(n, 1024), 32)
         print(p.peak_allocated_bytes, p.by_category_bytes)
@@ -127,6 +130,7 @@ def predict_peak(
         expandable_segments=expandable_segments,
         workspace_bytes=workspace_bytes,
         capability=capability,
+        keep_outputs=keep_outputs,
     )
 
 

@@ -210,7 +210,9 @@ class BoundedServer:
     :meth:`close_limits` after ``server_close()``. ``errors`` counts what was refused or cut
     off (:data:`ERROR_REASONS`)."""
 
-    request_queue_size = 1024  # the listen backlog: a burst of connections waits in the kernel
+    request_queue_size = 4096  # the listen backlog (the kernel caps it at net.core.somaxconn, 4096 by default):
+    # more than a flood holds beyond the connection cap (webhook: 2,000 - 256), so a full accept queue
+    # does not drop the scraper's SYN (its retry comes 1 s later)
     limits: ServerLimits = ServerLimits()
     busy_response: Optional[bytes] = BUSY_RESPONSE
     accept_backoff_seconds = (0.05, 1.0)
