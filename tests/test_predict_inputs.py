@@ -80,6 +80,8 @@ REFUSED = [
     ("cache-without-generate", ["--model", SMALL, "--cache", "static"], "--cache applies to --generate"),
     ("mixed-precision-with-ddp", ["--model", SMALL, "--world-size", "2", "--parallel", "ddp", "--mixed-precision",
                                   "bf16"], "--mixed-precision applies to --parallel fsdp2"),
+    ("keep-outputs-with-generate", ["--model", SMALL, "--generate", "8:8", "--keep-outputs"],
+     "--keep-outputs applies to a training step, not --generate"),
     ("seq-len-with-generate", ["--model", SMALL, "--generate", "8:8", "--seq-len", "64"],
      "--seq-len does not apply with --generate"),
     ("seq-len-with-an-image-model", ["--model", VIT, "--seq-len", "64"],
@@ -213,3 +215,17 @@ def test_the_cache_figure_holds_a_sliding_window_as_transformers_caches_do(capsy
     assert found["null"]["generate"]["kv_cache_bytes_at_the_end"] == 2 * 48 * per_token
     temporaries = {w: f["prediction"]["by_category_bytes"]["temporaries"] for w, f in found.items()}
     assert temporaries["16"] < temporaries["null"]  # the traced cache is windowed too
+
+
+def test_keep_outputs_holds_the_logits_of_a_hand_written_loop_through_the_next_forward(capsys: Any) -> None:
+    wide = SMALL.replace("vocab_size=128", "vocab_size=8192")  # the logits large beside the rest
+    argv = ("--model", wide, "--batch", "2", "--seq-len", "64", "--steps", "2")
+    dropped = predict(capsys, *argv)["prediction"]
+    kept = predict(capsys, *argv, "--keep-outputs")["prediction"]
+    logits = 2 * 64 * 8192 * 4  # batch, tokens, vocabulary, fp32
+    for moment in ("optimizer_peak_bytes", "forward_peak_bytes"):  # the previous step's logits, nothing else
+        more = kept["moments"]["last_step"][moment] - dropped["moments"]["last_step"][moment]
+        assert logits <= more <= logits + 16 * 1024, (moment, more)
+    assert kept["step_peak_allocated_bytes"][0] - dropped["step_peak_allocated_bytes"][0] >= logits
+    # here the backward's peak (its 32 MiB cuBLAS workspace) is above both: the answer does not move
+    assert kept["peak_allocated_bytes"] == dropped["peak_allocated_bytes"]

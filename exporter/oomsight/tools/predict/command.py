@@ -63,6 +63,8 @@ def add(sub: Any) -> None:
     p.add_argument("--batch", type=int, default=8, help="batch size (micro-batch with --accumulation; default 8)")
     p.add_argument("--autocast", choices=("bf16", "fp16"), default=None, help="torch.autocast('cuda') dtype")
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+    p.add_argument("--keep-outputs", action="store_true", help="the loop keeps outputs = model(**batch) until "
+                   "the next forward returns, as a hand-written loop does; a Trainer drops them")  # fmt: skip
     p.add_argument("--optimizer", choices=("adamw", "sgd", "adamw8bit"), default="adamw",
                    help="default adamw; adamw8bit: bitsandbytes' 8-bit state")  # fmt: skip
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="the parameters' dtype (default as built)")
@@ -396,6 +398,7 @@ def _trace_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "autocast": {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast or ""),
         "accumulation": args.accumulation,
+        "keep_outputs": bool(args.keep_outputs),
         "steps": 1 if args.generate else args.steps,
         "expandable_segments": bool(args.expandable_segments) or None,
         "capability": args.gpu_spec.capability if args.gpu else (9, 0),

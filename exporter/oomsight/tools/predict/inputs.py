@@ -132,6 +132,7 @@ def _not_applying(args: argparse.Namespace) -> Optional[str]:
     where = {
         "cache": (args.generate, "--cache applies to --generate (the key/value cache of inference)"),
         "seq_len": (not args.generate, "--seq-len does not apply with --generate: its PROMPT is the tokens"),
+        "keep_outputs": (not args.generate, "--keep-outputs applies to a training step, not --generate"),
         "shard_size": (args.parallel, "--shard-size (hybrid sharding) applies to --parallel fsdp or fsdp2"),
         "no_reshard": (args.parallel, "--no-reshard applies to --parallel fsdp or fsdp2"),
         "offload": (args.parallel, "--offload applies to --parallel fsdp, fsdp2 or zero1-3"),
