@@ -229,23 +229,37 @@ def test_hours_before_the_oom_every_kind_still_gets_a_central_time(kind):
             assert abs(t.seconds_to_oom / truth - 1) <= 0.5, (seed, truth, t.seconds_to_oom)
 
 
+def levels(gaps, start):
+    """Steps (from 3) and a level that starts at ``start`` and rises by 1 GiB after each of ``gaps`` steps."""
+    steps, ys, level = [], [], start
+    for gap in gaps:
+        for _ in range(gap):
+            steps.append(float(len(steps) + 3))
+            ys.append(level)
+        level += GIB
+    return steps, ys
+
+
 def test_stairs_whose_jumps_come_at_uneven_intervals_give_no_central_time_but_regular_ones_do():
     # a floor that jumps by 1 GiB every 10 steps on average: regular, the jump that runs out is
     # timed to the step; at intervals of 3 to 17 steps, when the next two come is chance
-    def stairs(gaps):
-        steps, floors, level, k = [], [], 2 * GIB, 0
-        for gap in gaps:
-            for _ in range(gap):
-                steps.append(float(k + 3))
-                floors.append(level)
-                k += 1
-            level += GIB
-        return steps, floors
-
     for gaps, said in (([10] * 6, True), ([3, 17, 4, 16, 3, 17], False)):
-        steps, floors = stairs(gaps)
+        steps, floors = levels(gaps, 2 * GIB)
         cols = fc.Columns(steps, [s * 0.5 for s in steps], floors, [f + GIB for f in floors], [True] * len(steps))
         found = fc.predict(cols, floors[-1] + 3 * GIB, leak_from=steps[0], detect=lambda c: True)
         assert found.kind == fc.STAIR_LEAK, gaps
         assert (found.seconds is not None) == said and (found.reason == "") == said, (gaps, found)
         assert found.earliest_seconds is not None
+
+
+def test_a_curriculum_whose_stages_come_at_uneven_intervals_gives_no_central_time_but_an_even_one_does():
+    # the steps' own memory rises by 1 GiB a stage over a flat floor; 2.5 GiB left is three stages:
+    # every 10 steps it comes with the third; at 3 to 17 steps, a stage's interval more or less is chance
+    for gaps, said in (([10] * 6, True), ([3, 17, 4, 16, 3, 17], False), ([5, 15] * 4, False)):
+        steps, peaks = levels(gaps, 4 * GIB)
+        floors = [2 * GIB] * len(steps)
+        cols = fc.Columns(steps, [s * 0.5 for s in steps], floors, peaks, [True] * len(steps))
+        found = fc.predict(cols, peaks[-1] + 2.5 * GIB, leak_from=None, detect=lambda c: False)
+        assert found.kind == fc.GROWING_DEMAND, gaps
+        assert (found.seconds is not None) == said and (found.reason == "") == (said), (gaps, found)
+        assert found.earliest_seconds is not None and found.earliest_seconds <= 10 * 0.5 * 3, (gaps, found)

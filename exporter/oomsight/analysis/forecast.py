@@ -384,13 +384,16 @@ def _demand(cols: Columns, even: Columns, capacity: float) -> tuple[str, _Reach 
     left = max(capacity - life[-1], 0.0)
     central = left / line.slope
     earliest = min(max(left - t * line.resid, 0.0) / _slope_hi(line), central)
+    scatter = _spread([y - line.at(x) for x, y in zip(cols.steps, life)])  # the running peak about its line
+    spread = math.hypot(scatter, line.error(cols.steps[-1] + central)) / line.slope
+    within = _normal_within(central, spread)
     if _stairs(cols.steps, life) is not None:
         climb = _stair_reach(cols, life, capacity, (0.0, 0.0))
         if not isinstance(climb, str):
             earliest = min(earliest, climb.earliest_steps)
-    scatter = _spread([y - line.at(x) for x, y in zip(cols.steps, life)])  # the running peak about its line
-    spread = math.hypot(scatter, line.error(cols.steps[-1] + central)) / line.slope
-    return GROWING_DEMAND, _Reach(central, earliest, _normal_within(central, spread))
+            # a curriculum's OOM comes with a stage: one stage more or fewer as its steps vary
+            within = min(within, climb.within)
+    return GROWING_DEMAND, _Reach(central, earliest, within)
 
 
 def _normal_within(central: float, spread: float) -> float:
