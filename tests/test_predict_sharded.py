@@ -1,6 +1,7 @@
-"""Issue 34: a sharded job's per-rank peak traced from its own program (``fully_shard`` on a fake process
-group of the job's size, ``tools/predict/sharded.py``), checked against hand arithmetic at the sizes people
-rent clusters for, and ZeRO's per-rank states against DeepSpeed's own estimator formulas."""
+"""Issue 34: a sharded job's per-rank peak traced from its own program (``fully_shard`` or DDP on a fake
+process group of the job's size, ``tools/predict/sharded.py``), checked against hand arithmetic at the sizes
+people rent clusters for and DDP's buckets against two real gloo ranks, and ZeRO's per-rank states against
+DeepSpeed's own estimator formulas."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+from test_predict_parallel import model, ranks  # noqa: E402, F401  (two gloo ranks' model and measurements)
 
 from oomsight.tools import cli  # noqa: E402
 from oomsight.tools.predict import parallel, sharded  # noqa: E402
@@ -126,3 +129,52 @@ def test_the_blocks_carried_to_the_model_s_depth_match_the_whole_model_traced() 
     assert carried["layers_traced"] == [2, 3]
     assert abs(carried["peak_allocated_bytes"] / whole.peak_allocated_bytes - 1) < 0.03
     del transformers
+
+
+def rounded(size: int) -> int:
+    """The caching allocator's block of ``size`` bytes below 1 MiB: rounded up to 512 bytes."""
+    return -(-size // 512) * 512
+
+
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_a_traced_ddp_rank_is_the_one_gpu_step_plus_the_reducer_s_bucket(bucket_view: bool) -> None:
+    from oomsight.tools.predict import predict_peak
+
+    def batch(n: int) -> Any:
+        return torch.randn(n, 40)
+
+    one = predict_peak(model, batch, 8, steps=2).to_dict()
+    rank = sharded.predict_rank(model, batch, 8, parallel.Layout(8, "ddp", bucket_view=bucket_view), steps=2)
+    grads = [p.numel() * p.element_size() for p in model().parameters()]
+    # 28,436 B of fp32 gradients: one bucket at construction and one after the rebuild (under the 1 MiB
+    # first-bucket cap), alive from the constructor on, so every moment of the step holds its 28,672 B
+    # block; with bucket views the gradients are that block, and their own six blocks (29,696 B) are gone
+    assert rank.by_category_bytes["ddp_buckets" if not bucket_view else "gradients"] == sum(grads) == 28436
+    bucket = rounded(sum(grads))
+    own, traced = one["moments"]["last_step"], rank.moments["last_step"]
+    assert traced["backward_start_bytes"] - own["backward_start_bytes"] == bucket
+    extra = bucket - sum(rounded(g) for g in grads) if bucket_view else bucket
+    assert extra == (-1024 if bucket_view else 28672) and rank.moments["peak_in_optimizer_step"]
+    assert rank.peak_allocated_bytes - one["peak_allocated_bytes"] == extra
+
+
+def test_the_traced_ddp_buckets_are_the_bytes_two_gloo_ranks_hold(ranks: Any) -> None:  # noqa: F811
+    def batch(n: int) -> Any:
+        return torch.randn(n, 40)
+
+    rank = sharded.predict_rank(model, batch, 8, parallel.Layout(2, "ddp"), steps=2)
+    for found in ranks:  # DDP's own buckets after the rebuild, read off the real Reducer of each rank
+        assert rank.by_category_bytes["ddp_buckets"] == found["ddp"]["buckets"]
+
+
+def test_ddp_over_8_ranks_of_a_transformers_configuration_is_traced_in_seconds(capsys: Any) -> None:
+    import time
+
+    small = "llama:hidden_size=256,intermediate_size=688,num_hidden_layers=8,num_attention_heads=4,vocab_size=4000"
+    started = time.perf_counter()
+    out = predicted(capsys, "--model", small, "--seq-len", "256", "--world-size", "8", "--parallel", "ddp")
+    rank = out["parallel"]
+    assert rank["traced"].startswith("rank 0 of 8 on a fake process group")
+    assert rank["parts_bytes"]["ddp_buckets"] == rank["parts_bytes"]["parameters"]  # bf16 buckets of every weight
+    assert out["prediction"]["peak_allocated_bytes"] == rank["per_rank_peak_allocated_bytes"]
+    assert time.perf_counter() - started < 30

@@ -343,7 +343,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _predict_traced_rank(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
-    """``--parallel fsdp2``: rank 0 traced on a fake process group is the prediction."""
+    """``--parallel fsdp2|ddp``: rank 0 traced on a fake process group is the prediction."""
     out: dict[str, Any] = {}
     if args.gpu:
         out["gpu"] = _gpu_facts(args)
@@ -458,9 +458,9 @@ def _gpu_facts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[str, Any]) -> dict[str, Any]:
-    """The peak per rank of the layout and, with ``--gpus-needed``, the fewest ranks that fit. FSDP2 is
-    traced rank by rank on a fake process group (``sharded.py``); the others are laid out moment by
-    moment from the one-GPU trace (``parallel.per_rank``). The verdict is on the peak reserved."""
+    """The peak per rank of the layout and, with ``--gpus-needed``, the fewest ranks that fit. FSDP2 and
+    DDP are traced rank by rank on a fake process group (``sharded.py``); the others are laid out moment
+    by moment from the one-GPU trace (``parallel.per_rank``). The verdict is on the peak reserved."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -1,4 +1,4 @@
-"""One rank of an FSDP2 job, traced: ``fully_shard`` itself on a fake process group of the job's size.
+"""One rank of an FSDP2 or DDP job, traced: ``fully_shard`` (or DDP) itself on a fake process group of the job's size.
 
 The way torchtitan estimates a sharded job's memory and torch's own ``FSDPMemTracker`` measures it:
 in one process, a process group of the ``fake`` back-end (it hallucinates every collective: no data
@@ -15,6 +15,16 @@ Flags: ``reshard`` (``reshard_after_forward`` of every block; the root keeps FSD
 16 bits), ``offload`` (``CPUOffloadPolicy``: parameter shards, gradients, optimizer state and the
 optimizer step on the host; the trace keeps them off the device), ``shard_size`` (HSDP: a 2-D mesh of
 replicas x shards). The micro-batch is each rank's.
+
+DDP is traced the same way (``replicated``): ``DistributedDataParallel`` wraps the fake model on the fake
+group, and its C++ Reducer allocates its gradient buckets (one flat tensor per bucket, in the parameters'
+dtype, made in the constructor and again when it rebuilds them in gradient-ready order before the second
+forward) under the trace's fake mode, where the trace sees them born and, with ``gradient_as_bucket_view``,
+the gradients made as their views. Three things the fake group cannot do are done otherwise:
+``init_sync=False`` (the constructor's shape check reads parameter data); a comm hook that returns the
+bucket as reduced (the fake group's work future holds None; NCCL's all-reduce is in place, so no memory
+changes); and the rebuild's bucket indices (``Reducer::sync_bucket_indices`` writes and reads int32 host
+tensors by accessor) are real tensors, a few bytes per parameter.
 """
 
 from __future__ import annotations
@@ -27,10 +37,13 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from oomsight.tools.predict import parallel, tracing
 
-TRACED = ("fsdp2",)
+TRACED = ("ddp", "fsdp2")
 """The layouts traced rank by rank (the others: ``parallel.per_rank``, moment by moment)."""
 
 
@@ -89,6 +102,76 @@ def materializer(layout: parallel.Layout, mesh: Any, param_dtype: Optional[torch
     return build_sharded
 
 
+DDP_BUCKETS = "ddp_buckets"
+"""DDP's gradient buckets beside the gradients (``parallel.per_rank``'s part of the same name)."""
+
+
+def replicated(layout: parallel.Layout) -> Any:
+    """``trace_steps``' materializer for DDP: the fake model wrapped in ``DistributedDataParallel`` on the
+    fake process group, its buckets as the Reducer makes them (default caps: 25 MiB, the first 1 MiB);
+    ``layout.bucket_view``: ``gradient_as_bucket_view=True`` (the buckets are then the gradients)."""
+
+    def build_replicated(build: Callable[[], nn.Module], recorder: tracing.Recorder) -> nn.Module:
+        model = tracing.materialize(build, recorder)
+        category = tracing.GRADIENTS if layout.bucket_view else DDP_BUCKETS
+        with _born_as(recorder, category):  # the constructor's buckets
+            ddp = _TracedDDP(model, init_sync=False, gradient_as_bucket_view=layout.bucket_view)
+        ddp.recorder, ddp.bucket_category = recorder, category
+        ddp.register_comm_hook(None, _reduced_in_place)
+        return ddp
+
+    return build_replicated
+
+
+class _TracedDDP(DistributedDataParallel):
+    """DDP whose bucket rebuild (in ``_pre_forward`` of the second forward) the trace can follow."""
+
+    recorder: tracing.Recorder
+    bucket_category: str
+
+    def _pre_forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        with _born_as(self.recorder, self.bucket_category), _HostIndices():
+            return super()._pre_forward(*inputs, **kwargs)
+
+
+class _HostIndices(TorchDispatchMode):
+    """``Reducer::sync_bucket_indices`` fills int32 host tensors by accessor and reads back what rank 0
+    broadcast: those tensors are made real, and every call on real tensors alone runs for real."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        indices = func is torch.ops.aten.empty.memory_format and kwargs.get("dtype") == torch.int32
+        if indices or (tensors and not any(isinstance(t, FakeTensor) for t in tensors)):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _reduced_in_place(_state: Any, bucket: Any) -> Any:
+    """DDP's comm hook: the bucket as the all-reduce leaves it (NCCL's is in place; the fake group's
+    work future holds None, which the Reducer's own hook cannot parse)."""
+    done: Any = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+_reduced_in_place.__annotations__ = {}  # DDP checks a hook's annotations against its types, not strings
+
+
+@contextlib.contextmanager
+def _born_as(recorder: tracing.Recorder, category: str) -> Iterator[None]:
+    """Storages born inside and still alive after it get ``category`` (unless they have one)."""
+    first = len(recorder.trace.events)
+    yield
+    alive = set(recorder._live.values())
+    for aid, _ in recorder.trace.events[first:]:
+        if aid in alive:
+            recorder.trace.categories.setdefault(aid, category)
+
+
 def _see_gathered(model: nn.Module, recorder: tracing.Recorder) -> None:
     """Name each unit's first gathered buffers (made by ``torch.empty``; later ones come by ``resize_``)."""
     from torch.distributed.fsdp import FSDPModule
@@ -124,14 +207,14 @@ def predict_rank(
     param_dtype: Optional[torch.dtype] = None,
     **kwargs: Any,
 ) -> Any:
-    """The ``Prediction`` of rank 0 of ``layout`` (FSDP2) at a micro-batch of ``batch_size`` per rank."""
+    """The ``Prediction`` of rank 0 of ``layout`` (FSDP2 or DDP) at a micro-batch of ``batch_size`` per rank."""
     from oomsight.tools.predict.predictor import predict_peak
 
     with fake_world(layout) as mesh:
+        made = replicated(layout) if layout.parallel == "ddp" else materializer(layout, mesh, param_dtype)
         return predict_peak(
-            build, batch, batch_size, optimizer, step,
-            materializer=materializer(layout, mesh, param_dtype), host_states=bool(layout.offload), **kwargs,
-        )  # fmt: skip
+            build, batch, batch_size, optimizer, step, materializer=made, host_states=bool(layout.offload), **kwargs
+        )
 
 
 LAYERS_TRACED = (2, 3)
