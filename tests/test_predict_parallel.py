@@ -233,3 +233,17 @@ def test_the_largest_batch_per_rank_is_the_last_whose_per_rank_peak_fits() -> No
     assert len(set(calls)) <= 10  # predictions are seconds each: a handful, not a scan
     assert found["max_batch_size"] == max(b for b in range(1, 1000) if peak_of(b) <= 40_000)
     assert parallel.largest_batch(peak_of, 100, start=4)["max_batch_size"] == 0
+
+
+def test_the_optimizer_steps_transient_is_a_later_steps_temporary_not_the_first_steps_new_state():
+    # AdamW's first step makes its two moments (8 bytes a parameter) before its foreach temporary;
+    # a layout counts the state itself (sharded or not), so only the rise of a later step is added
+    from oomsight.tools.predict import predict_peak
+
+    def build():
+        return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+
+    p = predict_peak(build, lambda n: torch.randn(n, 512), 8, steps=3, workspace_bytes=0)
+    params = 4 * 4 * (512 * 512 + 512)  # fp32
+    transient = p.moments["optimizer_step_transient_bytes"]
+    assert params <= transient < params + 64 * 1024, transient  # one parameter-sized foreach buffer

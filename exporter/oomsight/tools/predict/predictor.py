@@ -128,7 +128,8 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
     outside = [i for i in range(len(level)) if not in_step[i]]
     fb_at = max(outside, key=lambda i: level[i]) if outside else -1
     transient = 0
-    for first, end in windows:
+    # a later step's rise only: the first one's also makes the optimizer's state, which a layout counts apart
+    for first, end in windows[1:] or windows:
         inside = level[first:end]
         if inside:
             transient = max(transient, max(inside) - (level[first - 1] if first else 0))
