@@ -449,6 +449,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--deadline", type=float, default=None, help="seconds after which no measurement starts")
     parser.add_argument("--in-process", action="store_true", help="run predictions and programs in this process")
     parser.add_argument("--list", action="store_true", help="print each row's oomsight predict command and exit")
+    parser.add_argument("--measured", default=None, metavar="FILE",
+                        help="a GPU run's result: its measurements kept, every prediction made again here")  # fmt: skip
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--predict", default=None, help=argparse.SUPPRESS)
     return parser
@@ -482,6 +484,27 @@ def run_rows(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]
     concurrent.futures.wait(pending.values())
     pool.shutdown()
     _collect(rows, pending)
+    return rows
+
+
+def repredict(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows of a GPU run (``--measured``) with their measurements as recorded and their predictions
+    made again by this tree (the predictor's output is the same on any CPU): what a change to the
+    predictor does to the errors, without the GPU. Rows the run did not measure stay as they were."""
+    with open(args.measured, encoding="utf-8") as fh:
+        recorded = {r["name"]: r for r in json.load(fh)["rows"]}
+    args.device = "cuda"  # the rows' sizes as measured
+    rows = []
+    for name in names:
+        r = dict(recorded.get(name) or {"name": name, "label": "skipped", "why": "not in --measured",
+                                          "predicted": {}, "measured": {}})  # fmt: skip
+        if r["measured"].get("peak_reserved_bytes"):
+            row = row_of(name, "cuda")
+            r.update(command=["oomsight", "predict", *predict_argv(row)], predicted=_predicted(name, args))
+            r.pop("error_allocated", None), r.pop("error_reserved", None)
+            r.update(errors(r))
+            print(f"{name}: {r['label']} {_brief(r)}", flush=True)
+        rows.append(r)
     return rows
 
 
@@ -526,7 +549,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for name in names:
             print(f"{name}: oomsight predict {' '.join(predict_argv(row_of(name, args.device)))}")
         return 0
-    rows = run_rows(names, args)
+    rows = repredict(names, args) if args.measured else run_rows(names, args)
     _write(args.out, rows, args.device)
     print(json.dumps(summarize(rows, args.device), indent=1))
     return 0
