@@ -1,7 +1,7 @@
-"""Issue 34: a sharded job's per-rank peak traced from its own program (``fully_shard`` or DDP on a fake
-process group of the job's size, ``tools/predict/sharded.py``), checked against hand arithmetic at the sizes
-people rent clusters for and DDP's buckets against two real gloo ranks, and ZeRO's per-rank states against
-DeepSpeed's own estimator formulas."""
+"""Issue 34: a sharded job's per-rank peak traced from its own program (``fully_shard``, FSDP1 or DDP on a
+fake process group of the job's size, ``tools/predict/sharded.py``), checked against hand arithmetic at the
+sizes people rent clusters for, DDP's buckets and FSDP1's shards, gathered units and reduce-scatter input
+against two real gloo ranks, and ZeRO's per-rank states against DeepSpeed's own estimator formulas."""
 
 from __future__ import annotations
 
@@ -178,3 +178,96 @@ def test_ddp_over_8_ranks_of_a_transformers_configuration_is_traced_in_seconds(c
     assert rank["parts_bytes"]["ddp_buckets"] == rank["parts_bytes"]["parameters"]  # bf16 buckets of every weight
     assert out["prediction"]["peak_allocated_bytes"] == rank["per_rank_peak_allocated_bytes"]
     assert time.perf_counter() - started < 30
+
+
+def fsdp1_rank_body(rank: int, world: int, out: str) -> None:
+    """A real FSDP1 rank over gloo: every Linear its own unit (as the trace wraps it), use_orig_params, two
+    steps of forward, backward, AdamW and zero_grad; as each unit's post-backward hook begins in the second
+    step (its gradient computed, before it reshards and reduce-scatters) what FSDP holds then: gathered flat
+    parameters, the unit's unsharded gradient and the sharded gradients made so far."""
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from test_predict_parallel import storages
+    from torch.distributed.fsdp import FullyShardedDataParallel, _runtime_utils
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world)
+    wrapped = FullyShardedDataParallel(
+        model(), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}), device_id=torch.device("cpu"),
+        use_orig_params=True,
+    )  # fmt: skip
+    handles = [m._handle for m in FullyShardedDataParallel.fsdp_modules(wrapped) if m._handle is not None]
+    opt = torch.optim.AdamW(wrapped.parameters())
+    seen: list[dict[str, int]] = []
+    plain = _runtime_utils._post_backward_hook  # looked up when the lazy init registers it (first forward)
+
+    def spy(state: Any, handle: Any, *args: Any) -> Any:
+        seen.append({
+            "gathered": sum(h.flat_param._full_param_padded.untyped_storage().nbytes() for h in handles),
+            "unsharded_gradient": storages([handle.flat_param.grad]),
+            "gradients": storages(getattr(h.flat_param, "_saved_grad_shard", None) for h in handles),
+        })  # fmt: skip
+        return plain(state, handle, *args)
+
+    _runtime_utils._post_backward_hook = spy
+    for _ in range(2):
+        seen.clear()
+        wrapped(torch.randn(8, 40)).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    found = {
+        "shards": storages(h.flat_param._local_shard for h in handles),
+        "state": storages(v for s in opt.state.values() for v in s.values() if v.dim()),
+        "reduce_scatters": seen,
+    }
+    Path(out, f"fsdp1_rank{rank}.json").write_text(json.dumps(found))
+    dist.barrier()
+    os._exit(0)  # as test_predict_parallel's ranks: gloo's teardown now and then aborts a finished rank
+
+
+@pytest.fixture(scope="module")
+def fsdp1_ranks(tmp_path_factory: Any) -> list[dict[str, Any]]:
+    from pathlib import Path
+
+    out = str(tmp_path_factory.mktemp("fsdp1"))
+    torch.multiprocessing.spawn(fsdp1_rank_body, args=(2, out), nprocs=2, join=True)
+    return [json.loads(Path(out, f"fsdp1_rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_traced_fsdp1_rank_holds_what_two_real_gloo_ranks_hold(fsdp1_ranks: Any) -> None:
+    def batch(n: int) -> Any:
+        return torch.randn(n, 40)
+
+    rank = sharded.predict_rank(model, batch, 8, parallel.Layout(2, "fsdp"), steps=2)
+    real = fsdp1_ranks[0]  # the trace is rank 0 (rank 1 holds the padding of Linear(64, 5): one element less)
+    # this rank's flat shards, 1,312 + 2,080 + 163 fp32 elements, and AdamW's two states of them: exact
+    assert rank.by_category_bytes["parameters"] == real["shards"] == fsdp1_ranks[1]["shards"] == 14220
+    assert rank.by_category_bytes["optimizer_state"] == real["state"] == 28440
+    assert fsdp1_ranks[1]["state"] == 28432
+    # the backward's peak is the middle unit's post-backward hook: Linear(64, 64) gathered (16,640 B) with
+    # Linear(40, 64) prefetched (BACKWARD_PRE, 10,496 B), its unsharded gradient, the reduce-scatter's input
+    # (16,640 B), and the head's sharded gradient (163 elements); the real rank holds exactly those bytes then
+    at_peak = max(real["reduce_scatters"], key=lambda s: s["gathered"] + s["unsharded_gradient"])
+    assert rank.moments["last_step"]["backward_peak_bytes"] == rank.peak_allocated_bytes
+    assert rank.by_category_bytes["gathered_parameters"] == at_peak["gathered"] == 16640 + 10496
+    assert rank.by_category_bytes[sharded.REDUCE_SCATTER] == at_peak["unsharded_gradient"] == 16640
+    assert rank.by_category_bytes["gradients"] == at_peak["gradients"] == 652
+
+
+def test_fsdp1_over_8_ranks_of_a_transformers_configuration_is_traced_in_seconds(capsys: Any) -> None:
+    import time
+
+    config = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=8, num_attention_heads=4, vocab_size=4000)
+    started = time.perf_counter()
+    model_flag = "llama:" + ",".join(f"{k}={v}" for k, v in config.items())
+    out = predicted(capsys, "--model", model_flag, "--seq-len", "256", "--world-size", "8", "--parallel", "fsdp")
+    seconds, rank = time.perf_counter() - started, out["parallel"]
+    parts = rank["parts_bytes"]
+    # FSDP1 keeps the root unit (embedding, norm, head) gathered from forward to backward: at the backward's
+    # start it is every gathered byte (2 x 4,000 x 256 + 256 in bf16), the flat shards 1/8 of the model
+    assert parts["gathered_parameters"] == (2 * 4000 * 256 + 256) * 2
+    assert parts["parameters"] * 8 >= 2 * (2 * 4000 * 256 + 8 * (4 * 256 * 256 + 3 * 256 * 688))
+    assert out["prediction"]["peak_allocated_bytes"] == rank["per_rank_peak_allocated_bytes"]
+    assert "fake process group" in rank["traced"] and seconds < 30

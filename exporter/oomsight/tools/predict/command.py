@@ -72,6 +72,9 @@ def add(sub: Any) -> None:
     p.add_argument("--lora", default=None, help="RANK[:MODULE,...]: LoRA adapters (PEFT's where installed)")
     p.add_argument("--quantize", choices=("4bit", "4bit-double", "8bit"), default=None,
                    help="the frozen base's linear layers stored as bitsandbytes stores them")  # fmt: skip
+    p.add_argument("--prepare-kbit", action="store_true", help="PEFT's prepare_model_for_kbit_training after "
+                   "--quantize, as TRL applies it: 16-bit parameters cast to fp32, checkpointing as transformers "
+                   "defaults it, the embeddings' output requiring grad")  # fmt: skip
     p.add_argument("--gpu", default=None, help="A100-40GB, A100-80GB, H100, H200, L4, L40S, B200, ...: "
                    "capacity (less CUDA context and NCCL) and compute capability")  # fmt: skip
     p.add_argument("--generate", default=None, help="PROMPT:NEW: inference with a key/value cache, "
@@ -216,6 +219,8 @@ def _adapted(args: argparse.Namespace, build: Any) -> Any:
         build = adapter.with_lora(build, args.lora_rank, args.lora_targets, peft)
     if args.quantize:
         build = adapter.with_quantized_base(build, args.quantize)
+    if getattr(args, "prepare_kbit", False):
+        build = adapter.prepared_for_kbit_training(build)
     return build
 
 
@@ -318,7 +323,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
 
     from oomsight.tools.predict import sharded
 
-    if args.parallel in sharded.TRACED:  # the rank is traced itself: no one-GPU trace of the whole model
+    if args.parallel and sharded.traced(_layout(args)):  # the rank is traced itself: no one-GPU trace
         return _predict_traced_rank(args, spec)
     p = predict_peak(spec["build"], batch, args.batch, optimizer, spec.get("step"), **kwargs)
     out: dict[str, Any] = {"prediction": in_order(p.to_dict())}
@@ -343,7 +348,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _predict_traced_rank(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
-    """``--parallel fsdp2|ddp``: rank 0 traced on a fake process group is the prediction."""
+    """``--parallel fsdp|fsdp2|ddp``: rank 0 traced on a fake process group is the prediction."""
     out: dict[str, Any] = {}
     if args.gpu:
         out["gpu"] = _gpu_facts(args)
@@ -458,8 +463,8 @@ def _gpu_facts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[str, Any]) -> dict[str, Any]:
-    """The peak per rank of the layout and, with ``--gpus-needed``, the fewest ranks that fit. FSDP2 and
-    DDP are traced rank by rank on a fake process group (``sharded.py``); the others are laid out moment
+    """The peak per rank of the layout and, with ``--gpus-needed``, the fewest ranks that fit. FSDP, FSDP2
+    and DDP are traced rank by rank on a fake process group (``sharded.py``); the others are laid out moment
     by moment from the one-GPU trace (``parallel.per_rank``). The verdict is on the peak reserved."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -469,7 +474,7 @@ def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[s
     with unset_fake_temporarily(), torch.device("meta"):
         model = spec["build"]()
     layout = _layout(args)
-    if layout.parallel in sharded.TRACED:
+    if sharded.traced(layout):
         found = _traced_rank(args, spec, layout, args.batch)
     else:
         found = parallel.per_rank(prediction, parallel.units(model, layout.shards), layout)
@@ -479,7 +484,7 @@ def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[s
         budget = _budget(args, layout.world_size)
         found["usable_bytes"], found["fits"] = budget, found["per_rank_peak_reserved_bytes"] <= budget
     if args.gpus_needed:
-        if layout.parallel in sharded.TRACED:
+        if sharded.traced(layout):
             search = sharded.gpus_needed(
                 lambda w: _peaks(_traced_rank(args, spec, parallel._with_world(layout, w), args.batch)),
                 lambda w: _budget(args, w), layout,

@@ -25,11 +25,17 @@ the gradients made as their views. Three things the fake group cannot do are don
 bucket as reduced (the fake group's work future holds None; NCCL's all-reduce is in place, so no memory
 changes); and the rebuild's bucket indices (``Reducer::sync_bucket_indices`` writes and reads int32 host
 tensors by accessor) are real tensors, a few bytes per parameter.
+
+FSDP1 is traced the same way too (``flat_sharded``): ``FullyShardedDataParallel`` over the fake model, one
+unit per block; its flat shards, the unsharded flat parameter allocated and freed by ``resize_`` per forward
+and backward, the prefetched unit, the root kept gathered, each unit's reduce-scatter input and the step on
+the shards come from torch's code; only its ``data_ptr()`` comparisons are answered by storage identity.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import warnings
 from collections.abc import Iterator
@@ -43,8 +49,15 @@ from torch.utils._pytree import tree_leaves
 
 from oomsight.tools.predict import parallel, tracing
 
-TRACED = ("ddp", "fsdp2")
-"""The layouts traced rank by rank (the others: ``parallel.per_rank``, moment by moment)."""
+TRACED = ("ddp", "fsdp", "fsdp2")
+"""The layouts traced rank by rank (the others: ``parallel.per_rank``, moment by moment); see ``traced``."""
+
+
+def traced(layout: parallel.Layout) -> bool:
+    """Whether ``layout`` is traced rank by rank. FSDP1 with ``--offload`` stays laid out by ``parallel.per_rank``:
+    its ``CPUOffload`` pins the shards (``aten._pin_memory``, which fake tensors do not implement), and it has
+    no optimizer-only offload to trace."""
+    return layout.parallel in TRACED and not (layout.parallel == "fsdp" and layout.offload)
 
 
 class ShardingUnavailable(RuntimeError):
@@ -100,6 +113,103 @@ def materializer(layout: parallel.Layout, mesh: Any, param_dtype: Optional[torch
         return model
 
     return build_sharded
+
+
+REDUCE_SCATTER = "reduce_scatter_buffers"
+"""FSDP1's unsharded gradient of a unit and its padded reduce-scatter input (the output becomes the gradient)."""
+USE_ORIG_PARAMS = True
+"""FSDP1's ``use_orig_params`` in the trace: what accelerate's ``FullyShardedDataParallelPlugin`` and
+transformers' Trainer pass by default (no flag changes it). The flat shard, gradients and AdamW state
+hold the same bytes either way (the original parameters are views of this rank's flat shard)."""
+
+
+def flat_sharded(layout: parallel.Layout, mesh: Any, followed: contextlib.ExitStack) -> Any:
+    """``trace_steps``' materializer for FSDP1: the fake model wrapped in ``FullyShardedDataParallel`` on the
+    fake group, one unit per block (``parallel._wrapped_modules``, as the arithmetic lays out) and the root;
+    ``--no-reshard`` is ``SHARD_GRAD_OP``, ``--shard-size`` ``HYBRID_SHARD`` on the 2-D mesh (``--offload``
+    is not traced: see ``traced``). FSDP1 flattens each unit into one padded flat parameter,
+    keeps this rank's shard, and gathers it per forward and backward into ``_full_param_padded``, made and
+    freed by ``UntypedStorage.resize_`` (``torch/distributed/utils.py:184,206``, which the trace follows).
+    ``followed`` holds ``_flat_params_followed`` until the trace ends (FSDP1 compares storages and
+    reduce-scatters in its forward and backward hooks too)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    if layout.shards < layout.world_size:
+        strategy = ShardingStrategy.HYBRID_SHARD if layout.reshard else ShardingStrategy._HYBRID_SHARD_ZERO2
+    else:
+        strategy = ShardingStrategy.FULL_SHARD if layout.reshard else ShardingStrategy.SHARD_GRAD_OP
+
+    def build_flat(build: Callable[[], nn.Module], recorder: tracing.Recorder) -> nn.Module:
+        model = tracing.materialize(build, recorder)
+        units = {id(m) for _, m in parallel._wrapped_modules(model)}
+        policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in units)
+        followed.enter_context(_flat_params_followed(recorder))
+        wrapped = FullyShardedDataParallel(
+            model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=USE_ORIG_PARAMS,
+            sharding_strategy=strategy, device_mesh=mesh if layout.shards < layout.world_size else None,
+        )  # fmt: skip
+        recorder.categorize((h.flat_param for h in _flat_handles(wrapped)), tracing.PARAMETERS)  # this rank's shards
+        return wrapped
+
+    return build_flat
+
+
+def _flat_handles(model: nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return [m._handle for m in FullyShardedDataParallel.fsdp_modules(model) if m._handle is not None]
+
+
+@contextlib.contextmanager
+def _flat_params_followed(recorder: tracing.Recorder) -> Iterator[None]:
+    """FSDP1 under the trace. Its ``_same_storage`` (``torch/distributed/fsdp/_flat_param.py:2825``) compares
+    storages by ``data_ptr()``, which a fake tensor does not have (0, with a warning, for every storage): they
+    are compared by the storage itself (``_cdata``, the recorder's key), as real pointers would compare; so
+    is the flat parameter in ``_catch_all_reshard`` (``_runtime_utils.py:1147``), after every backward, and
+    ``_data_ptr_allocated`` (``torch/distributed/utils.py:356``) asks the storage's size. And
+    each unit's unsharded gradient and its padded reduce-scatter input (``_get_reduce_scatter_tensors``,
+    ``torch/distributed/fsdp/_runtime_utils.py:890``) are named ``REDUCE_SCATTER``."""
+    from torch.distributed.fsdp import _flat_param, _runtime_utils
+
+    same_plain, scatter_plain = _flat_param._same_storage, _runtime_utils._get_reduce_scatter_tensors
+    reshard_plain, allocated_plain = _runtime_utils._catch_all_reshard, _flat_param._data_ptr_allocated
+
+    def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+        a, b = (getattr(t, "_local_tensor", t) for t in (a, b))  # DTensors, as the original unwraps them
+        return bool(a.untyped_storage()._cdata == b.untyped_storage()._cdata)
+
+    def reduce_scatter_tensors(state: Any, unsharded_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        padded, sharded = scatter_plain(state, unsharded_grad)
+        recorder.categorize((unsharded_grad, padded), REDUCE_SCATTER)  # the output becomes the gradient
+        return padded, sharded
+
+    def allocated(t: torch.Tensor) -> bool:  # _flat_param.py:2271 (SHARD_GRAD_OP's kept unsharded flat parameter)
+        return t.untyped_storage().nbytes() > 0  # torch/distributed/utils.py:356 asks data_ptr() > 0
+
+    def catch_all_reshard(state: Any) -> None:
+        # _runtime_utils.py:1146-1156 with the storages compared, not data_ptr() (0 == 0 on fake tensors,
+        # which would call every unit resharded already)
+        handle = state._handle
+        if handle is None:
+            return
+        flat, shard = handle.flat_param, handle.flat_param._local_shard
+        resharded = same_storage(flat, shard) and flat.storage_offset() == shard.storage_offset()
+        if resharded and not handle._skipped_use_sharded_views:
+            return
+        _runtime_utils._reshard(state, handle, _runtime_utils._should_free_in_backward(state, handle))
+
+    _flat_param._same_storage = same_storage  # type: ignore[assignment]
+    _runtime_utils._get_reduce_scatter_tensors = reduce_scatter_tensors  # type: ignore[assignment]
+    _runtime_utils._catch_all_reshard = catch_all_reshard  # type: ignore[assignment]
+    _flat_param._data_ptr_allocated = allocated  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _flat_param._same_storage = same_plain  # type: ignore[assignment]
+        _runtime_utils._get_reduce_scatter_tensors = scatter_plain  # type: ignore[assignment]
+        _runtime_utils._catch_all_reshard = reshard_plain  # type: ignore[assignment]
+        _flat_param._data_ptr_allocated = allocated_plain  # type: ignore[assignment]
 
 
 DDP_BUCKETS = "ddp_buckets"
@@ -207,11 +317,14 @@ def predict_rank(
     param_dtype: Optional[torch.dtype] = None,
     **kwargs: Any,
 ) -> Any:
-    """The ``Prediction`` of rank 0 of ``layout`` (FSDP2 or DDP) at a micro-batch of ``batch_size`` per rank."""
+    """The ``Prediction`` of rank 0 of ``layout`` (FSDP2, FSDP1 or DDP) at a micro-batch of ``batch_size`` per rank."""
     from oomsight.tools.predict.predictor import predict_peak
 
-    with fake_world(layout) as mesh:
-        made = replicated(layout) if layout.parallel == "ddp" else materializer(layout, mesh, param_dtype)
+    with fake_world(layout) as mesh, contextlib.ExitStack() as followed:
+        if layout.parallel == "fsdp":
+            made = flat_sharded(layout, mesh, followed)
+        else:
+            made = replicated(layout) if layout.parallel == "ddp" else materializer(layout, mesh, param_dtype)
         return predict_peak(
             build, batch, batch_size, optimizer, step, materializer=made, host_states=bool(layout.offload), **kwargs
         )
