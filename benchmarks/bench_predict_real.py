@@ -76,6 +76,7 @@ class Row:
     lora: int = 0  # PEFT LoRA rank on q_proj, v_proj (alpha 2 x rank, no dropout)
     bnb: str = ""  # "adamw8bit" | "4bit": bitsandbytes' (emulated where it does not import)
     steps: int = 2  # optimizer steps (Trainer max_steps)
+    prepare: bool = False  # PEFT's prepare_model_for_kbit_training before get_peft_model (as TRL calls it)
 
 
 ROWS: dict[str, Row] = {
@@ -106,6 +107,10 @@ ROWS: dict[str, Row] = {
     "llama1b-qlora4bit-trainer-bf16-s1024-b4": Row(
         "trainer", LLAMA_1B, 4, "bitsandbytes' Linear4bit (NF4, bf16 compute) from from_pretrained, LoRA 16",
         seq_len=1024, dtype="bf16", lora=16, bnb="4bit"),
+    "llama1b-qlora4bit-prepared-trainer-bf16-s1024-b4": Row(
+        "trainer", LLAMA_1B, 4, "the same after PEFT's prepare_model_for_kbit_training (TRL's path): 16-bit "
+        "parameters cast to fp32, checkpointing as transformers defaults it, input embeddings requiring grad",
+        seq_len=1024, dtype="bf16", lora=16, bnb="4bit", prepare=True),
 }  # fmt: skip
 
 
@@ -142,6 +147,8 @@ def predict_argv(row: Row) -> list[str]:
         argv += ["--optimizer", "adamw8bit"]
     elif row.bnb == "4bit":
         argv += ["--quantize", "4bit"]
+    if row.prepare:
+        argv += ["--prepare-kbit"]
     return argv
 
 
@@ -205,6 +212,10 @@ def build(row: Row, device: str, label: str) -> Any:
     dtype = torch.bfloat16 if row.dtype == "bf16" else torch.float32
     if row.bnb == "4bit":
         model = _bnb_4bit(auto, config, dtype, device)
+        if row.prepare:
+            import peft
+
+            model = peft.prepare_model_for_kbit_training(model)
     else:
         with torch.device(device):
             model = auto.from_config(config, dtype=dtype)

@@ -88,6 +88,8 @@ REFUSED = [
      "--seq-len does not apply to --model vit: it takes images, not tokens"),
     ("generate-with-an-image-model", ["--model", VIT, "--generate", "8:8"],
      "--generate applies to a model that generates tokens; --model vit takes images"),
+    ("prepare-kbit-without-lora", ["--model", SMALL, "--quantize", "4bit", "--prepare-kbit"],
+     "--prepare-kbit applies to a QLoRA job: --model, --quantize and --lora"),
 ]  # fmt: skip
 
 

@@ -18,6 +18,7 @@ other step, so their bytes come from the same allocator replay:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
@@ -85,19 +86,25 @@ class _Dequantized(torch.autograd.Function):
 
 
 class QuantLinear(nn.Module):
-    """A frozen ``nn.Linear`` stored as bitsandbytes stores it (``quantized_bytes``)."""
+    """A frozen ``nn.Linear`` stored as bitsandbytes stores it (``quantized_bytes``). A 4-bit layer computes
+    in the dtype the linear had (``bnb_4bit_compute_dtype``): bitsandbytes' ``Linear4bit.forward`` casts the
+    input to it and the output back to the input's dtype (a copy each way where they differ, as after
+    ``--prepare-kbit`` made the norms fp32)."""
 
     def __init__(self, linear: nn.Linear, mode: str) -> None:
         super().__init__()
         self.in_features, self.out_features, self.mode = linear.in_features, linear.out_features, mode
+        self.compute_dtype = None if mode == "8bit" else linear.weight.dtype
         for name, size in quantized_bytes(linear.out_features, linear.in_features, mode).items():
             stored = torch.empty(size, dtype=torch.uint8, device=linear.weight.device)
             self.register_parameter(name, nn.Parameter(stored, requires_grad=False))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x if self.compute_dtype is None else x.to(self.compute_dtype)
         out = _Dequantized.apply(x, (self.out_features, self.in_features), self.mode == "8bit")
-        return out if self.bias is None else out + self.bias.to(out.dtype)
+        return (out if self.bias is None else out + self.bias.to(out.dtype)).to(dtype)
 
 
 class LoraLinear(nn.Module):
@@ -173,12 +180,42 @@ def with_quantized_base(build: Callable[[], nn.Module], mode: str) -> Callable[[
         head = _output_head(model)
 
         def base(name: str, m: nn.Module) -> bool:  # the adapters stay (ours lora_A; PEFT's lora_A.default)
-            return type(m) is nn.Linear and m is not head and not any(p.startswith("lora_") for p in name.split("."))
+            return type(m) is nn.Linear and m is not head and not _adapter(name)
 
         _replace(model, base, lambda m: QuantLinear(m, mode))
         return model
 
     return build_quantized
+
+
+def prepared_for_kbit_training(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """``build`` (quantized, its adapters in place) as PEFT's ``prepare_model_for_kbit_training`` leaves a
+    model (``peft/utils/other.py``), which TRL and the QLoRA recipes call before ``get_peft_model``: every
+    fp16/bf16 parameter cast to fp32 (norms, embeddings, output head, biases; the quantized storage is
+    uint8 and the adapters are fp32 already, as PEFT makes them), activation checkpointing enabled the way
+    PEFT enables it (``gradient_checkpointing_kwargs={}``: the installed transformers and torch decide
+    whether it is reentrant) and the input embeddings' output made to require grad. The base was frozen
+    by ``with_lora``, as PEFT's function freezes it."""
+
+    def build_prepared() -> nn.Module:
+        model = build()
+        for name, param in model.named_parameters():
+            if param.dtype in (torch.float16, torch.bfloat16) and not _adapter(name):
+                param.data = param.data.to(torch.float32)
+        if not callable(getattr(model, "gradient_checkpointing_enable", None)):
+            raise ValueError("--prepare-kbit: the model has no gradient_checkpointing_enable (not transformers')")
+        with warnings.catch_warnings():  # transformers 5 renames the method: PEFT's call, not the user's to fix
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={})
+            model.enable_input_require_grads()
+        return model
+
+    return build_prepared
+
+
+def _adapter(name: str) -> bool:
+    """A LoRA adapter's parameter (ours ``lora_A.weight``; PEFT's ``lora_A.default.weight``)."""
+    return any(part.startswith("lora_") for part in name.split("."))
 
 
 def _output_head(model: nn.Module) -> Optional[nn.Module]:

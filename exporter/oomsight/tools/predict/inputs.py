@@ -139,6 +139,11 @@ def _not_applying(args: argparse.Namespace) -> Optional[str]:
         "bucket_view": (args.parallel, "--bucket-view applies to --parallel ddp"),
         "mixed_precision": (args.parallel == "fsdp2", "--mixed-precision applies to --parallel fsdp2"),
         "checkpointing": (args.model, "--checkpointing applies to a transformers configuration (--model)"),
+        "prepare_kbit": (
+            args.model and args.lora and args.quantize and not args.generate,
+            "--prepare-kbit applies to a QLoRA job: --model, --quantize and --lora (it freezes every "
+            "parameter but the adapters), not --generate",
+        ),
     }
     for name, (applies, words) in where.items():
         given = getattr(args, name, None)
