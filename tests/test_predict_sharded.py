@@ -180,23 +180,26 @@ def test_ddp_over_8_ranks_of_a_transformers_configuration_is_traced_in_seconds(c
     assert time.perf_counter() - started < 30
 
 
-def fsdp1_rank_body(rank: int, world: int, out: str) -> None:
+def fsdp1_rank_body(rank: int, world: int, out: str, mixed: str = "") -> None:
     """A real FSDP1 rank over gloo: every Linear its own unit (as the trace wraps it), use_orig_params, two
     steps of forward, backward, AdamW and zero_grad; as each unit's post-backward hook begins in the second
     step (its gradient computed, before it reshards and reduce-scatters) what FSDP holds then: gathered flat
-    parameters, the unit's unsharded gradient and the sharded gradients made so far."""
+    parameters, the unit's unsharded gradient and the sharded gradients made so far, and their dtypes.
+    ``mixed`` (a torch dtype's name): ``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` all that
+    dtype, as accelerate's FSDP plugin sets it."""
     import os
     from pathlib import Path
 
     import torch.distributed as dist
     from test_predict_parallel import storages
-    from torch.distributed.fsdp import FullyShardedDataParallel, _runtime_utils
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, _runtime_utils
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=world)
+    dtype = getattr(torch, mixed) if mixed else None
     wrapped = FullyShardedDataParallel(
         model(), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}), device_id=torch.device("cpu"),
-        use_orig_params=True,
+        use_orig_params=True, mixed_precision=MixedPrecision(dtype, dtype, dtype) if dtype else None,
     )  # fmt: skip
     handles = [m._handle for m in FullyShardedDataParallel.fsdp_modules(wrapped) if m._handle is not None]
     opt = torch.optim.AdamW(wrapped.parameters())
@@ -204,10 +207,14 @@ def fsdp1_rank_body(rank: int, world: int, out: str) -> None:
     plain = _runtime_utils._post_backward_hook  # looked up when the lazy init registers it (first forward)
 
     def spy(state: Any, handle: Any, *args: Any) -> Any:
+        saved = [getattr(h.flat_param, "_saved_grad_shard", None) for h in handles]
         seen.append({
             "gathered": sum(h.flat_param._full_param_padded.untyped_storage().nbytes() for h in handles),
+            "low_precision_shards": storages(getattr(h.flat_param, "_mp_shard", None) for h in handles),
             "unsharded_gradient": storages([handle.flat_param.grad]),
-            "gradients": storages(getattr(h.flat_param, "_saved_grad_shard", None) for h in handles),
+            "gradients": storages(saved),
+            "dtypes": [str(t.dtype) for t in (handle.flat_param._full_param_padded, handle.flat_param.grad)]
+            + sorted({str(g.dtype) for g in saved if g is not None}),
         })  # fmt: skip
         return plain(state, handle, *args)
 
@@ -219,10 +226,11 @@ def fsdp1_rank_body(rank: int, world: int, out: str) -> None:
         opt.zero_grad(set_to_none=True)
     found = {
         "shards": storages(h.flat_param._local_shard for h in handles),
+        "shard_dtypes": sorted({str(h.flat_param._local_shard.dtype) for h in handles}),
         "state": storages(v for s in opt.state.values() for v in s.values() if v.dim()),
         "reduce_scatters": seen,
     }
-    Path(out, f"fsdp1_rank{rank}.json").write_text(json.dumps(found))
+    Path(out, f"fsdp1{mixed}_rank{rank}.json").write_text(json.dumps(found))
     dist.barrier()
     os._exit(0)  # as test_predict_parallel's ranks: gloo's teardown now and then aborts a finished rank
 
@@ -271,3 +279,62 @@ def test_fsdp1_over_8_ranks_of_a_transformers_configuration_is_traced_in_seconds
     assert parts["parameters"] * 8 >= 2 * (2 * 4000 * 256 + 8 * (4 * 256 * 256 + 3 * 256 * 688))
     assert out["prediction"]["peak_allocated_bytes"] == rank["per_rank_peak_allocated_bytes"]
     assert "fake process group" in rank["traced"] and seconds < 30
+
+
+@pytest.fixture(scope="module")
+def fsdp1_bf16_ranks(tmp_path_factory: Any) -> list[dict[str, Any]]:
+    from pathlib import Path
+
+    out = str(tmp_path_factory.mktemp("fsdp1_bf16"))
+    torch.multiprocessing.spawn(fsdp1_rank_body, args=(2, out, "bfloat16"), nprocs=2, join=True)
+    return [json.loads(Path(out, f"fsdp1bfloat16_rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_traced_fsdp1_rank_in_mixed_precision_holds_what_two_real_gloo_ranks_hold(fsdp1_bf16_ranks: Any) -> None:
+    def batch(n: int) -> Any:
+        return torch.randn(n, 40)
+
+    rank = sharded.predict_rank(model, batch, 8, parallel.Layout(2, "fsdp"), steps=2, param_dtype=torch.bfloat16)
+    real = fsdp1_bf16_ranks[0]
+    # MixedPrecision(bf16, bf16, bf16) over fp32 masters: the flat shards and AdamW's state stay fp32 (the
+    # same bytes as without it), the 16-bit copy of a shard (_mp_shard) lives only while it is all-gathered
+    assert real["shard_dtypes"] == ["torch.float32"]
+    assert rank.by_category_bytes["parameters"] == real["shards"] == 14220
+    assert rank.by_category_bytes["optimizer_state"] == real["state"] == 28440
+    # the backward's peak is the middle unit's post-backward hook, as in fp32, with half the bytes where
+    # the dtype is bf16: Linear(64, 64) gathered (8,320 B) and Linear(40, 64) prefetched (5,248 B) in bf16,
+    # its unsharded gradient and reduce-scatter input in bf16 (8,320 B), the head's sharded gradient cast
+    # back to fp32 (163 elements, 652 B); no 16-bit shard is alive then
+    at_peak = max(real["reduce_scatters"], key=lambda s: s["gathered"] + s["unsharded_gradient"])
+    assert at_peak["dtypes"] == ["torch.bfloat16", "torch.bfloat16", "torch.float32"]
+    assert at_peak["low_precision_shards"] == 0
+    assert rank.moments["last_step"]["backward_peak_bytes"] == rank.peak_allocated_bytes
+    assert rank.by_category_bytes["gathered_parameters"] == at_peak["gathered"] == 8320 + 5248
+    assert rank.by_category_bytes[sharded.REDUCE_SCATTER] == at_peak["unsharded_gradient"] == 8320
+    assert rank.by_category_bytes["gradients"] == at_peak["gradients"] == 652
+
+
+@pytest.mark.parametrize("layout", [["ddp"], ["zero2"], ["fsdp", "--offload", "params"]])
+def test_mixed_precision_is_refused_where_no_wrapper_casts(capsys: Any, layout: list[str]) -> None:
+    # --offload with fsdp is laid out by parallel.per_rank, which has no mixed-precision policy
+    argv = ["predict", "--model", "gpt2", "--world-size", "2", "--parallel", *layout, "--mixed-precision", "bf16"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--mixed-precision applies to --parallel fsdp2 or fsdp (not fsdp with --offload)" in err, err
+    assert err.count("\n") == 1
+
+
+def test_fsdp1_with_mixed_precision_over_8_ranks_gathers_fp32_masters_in_bf16(capsys: Any) -> None:
+    config = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=8, num_attention_heads=4, vocab_size=4000)
+    argv = ["predict", "--model", "llama:" + ",".join(f"{k}={v}" for k, v in config.items()), "--seq-len", "256",
+            "--world-size", "8", "--parallel", "fsdp", "--batch", "1", "--dtype", "fp32", "--json"]  # fmt: skip
+    found = []
+    for mixed in ([], ["--mixed-precision", "bf16"]):
+        assert cli.main([*argv, *mixed]) == 0
+        found.append(json.loads(capsys.readouterr().out)["parallel"]["parts_bytes"])
+    full, bf16 = found
+    root = 2 * 4000 * 256 + 256  # embedding, head and final norm: the unit FSDP1 keeps gathered to the backward
+    assert full["gathered_parameters"] == 4 * root and bf16["gathered_parameters"] == 2 * root
+    # the fp32 flat shards and their AdamW state are the same bytes with or without the policy
+    assert bf16["parameters"] == full["parameters"] and bf16["optimizer_state"] == full["optimizer_state"]
+    assert bf16["parameters"] * 8 >= 4 * (root + 8 * (4 * 256 * 256 + 3 * 256 * 688))

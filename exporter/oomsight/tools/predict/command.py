@@ -99,7 +99,8 @@ def _add_parallel_arguments(p: Any) -> None:
     p.add_argument("--offload", choices=("optimizer", "params"), default=None, help="to the host")
     p.add_argument("--bucket-view", action="store_true", help="ddp: gradient_as_bucket_view=True")
     p.add_argument("--mixed-precision", choices=("bf16", "fp16"), default=None,
-                   help="fsdp2: MixedPrecisionPolicy(param_dtype): fp32 masters gathered in 16 bits")  # fmt: skip
+                   help="fsdp2: MixedPrecisionPolicy(param_dtype); fsdp: MixedPrecision(param_dtype, reduce_dtype, "
+                   "buffer_dtype) as accelerate sets it: fp32 masters gathered in 16 bits")  # fmt: skip
     p.add_argument("--checkpointing", action="store_true",
                    help="activation checkpointing of every block of a transformers configuration")  # fmt: skip
     p.add_argument("--largest-batch", action="store_true",

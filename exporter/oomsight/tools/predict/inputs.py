@@ -137,7 +137,10 @@ def _not_applying(args: argparse.Namespace) -> Optional[str]:
         "no_reshard": (args.parallel, "--no-reshard applies to --parallel fsdp or fsdp2"),
         "offload": (args.parallel, "--offload applies to --parallel fsdp, fsdp2 or zero1-3"),
         "bucket_view": (args.parallel, "--bucket-view applies to --parallel ddp"),
-        "mixed_precision": (args.parallel == "fsdp2", "--mixed-precision applies to --parallel fsdp2"),
+        "mixed_precision": (
+            args.parallel == "fsdp2" or (args.parallel == "fsdp" and not args.offload),
+            "--mixed-precision applies to --parallel fsdp2 or fsdp (not fsdp with --offload)",
+        ),
         "checkpointing": (args.model, "--checkpointing applies to a transformers configuration (--model)"),
         "prepare_kbit": (
             args.model and args.lora and args.quantize and not args.generate,

@@ -123,16 +123,20 @@ transformers' Trainer pass by default (no flag changes it). The flat shard, grad
 hold the same bytes either way (the original parameters are views of this rank's flat shard)."""
 
 
-def flat_sharded(layout: parallel.Layout, mesh: Any, followed: contextlib.ExitStack) -> Any:
+def flat_sharded(
+    layout: parallel.Layout, mesh: Any, followed: contextlib.ExitStack, param_dtype: Optional[torch.dtype] = None
+) -> Any:
     """``trace_steps``' materializer for FSDP1: the fake model wrapped in ``FullyShardedDataParallel`` on the
     fake group, one unit per block (``parallel._wrapped_modules``, as the arithmetic lays out) and the root;
     ``--no-reshard`` is ``SHARD_GRAD_OP``, ``--shard-size`` ``HYBRID_SHARD`` on the 2-D mesh (``--offload``
-    is not traced: see ``traced``). FSDP1 flattens each unit into one padded flat parameter,
-    keeps this rank's shard, and gathers it per forward and backward into ``_full_param_padded``, made and
-    freed by ``UntypedStorage.resize_`` (``torch/distributed/utils.py:184,206``, which the trace follows).
+    is not traced: see ``traced``), ``param_dtype`` ``MixedPrecision(param_dtype, reduce_dtype,
+    buffer_dtype)`` all that dtype, as accelerate's FSDP plugin builds it for FSDP1. FSDP1 flattens each
+    unit into one padded flat parameter, keeps this rank's shard, and gathers it per forward and backward
+    into ``_full_param_padded``, made and freed by ``UntypedStorage.resize_`` (``torch/distributed/utils.py:184,206``,
+    which the trace follows).
     ``followed`` holds ``_flat_params_followed`` until the trace ends (FSDP1 compares storages and
     reduce-scatters in its forward and backward hooks too)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
     if layout.shards < layout.world_size:
@@ -148,6 +152,7 @@ def flat_sharded(layout: parallel.Layout, mesh: Any, followed: contextlib.ExitSt
         wrapped = FullyShardedDataParallel(
             model, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=USE_ORIG_PARAMS,
             sharding_strategy=strategy, device_mesh=mesh if layout.shards < layout.world_size else None,
+            mixed_precision=MixedPrecision(param_dtype, param_dtype, param_dtype) if param_dtype else None,
         )  # fmt: skip
         recorder.categorize((h.flat_param for h in _flat_handles(wrapped)), tracing.PARAMETERS)  # this rank's shards
         return wrapped
@@ -169,11 +174,17 @@ def _flat_params_followed(recorder: tracing.Recorder) -> Iterator[None]:
     is the flat parameter in ``_catch_all_reshard`` (``_runtime_utils.py:1147``), after every backward, and
     ``_data_ptr_allocated`` (``torch/distributed/utils.py:356``) asks the storage's size. And
     each unit's unsharded gradient and its padded reduce-scatter input (``_get_reduce_scatter_tensors``,
-    ``torch/distributed/fsdp/_runtime_utils.py:890``) are named ``REDUCE_SCATTER``."""
+    ``torch/distributed/fsdp/_runtime_utils.py:890``) are named ``REDUCE_SCATTER``; the buffers that
+    ``MixedPrecision(buffer_dtype)`` casts in the root's first forward (``_runtime_utils.py:1634``) stay buffers."""
     from torch.distributed.fsdp import _flat_param, _runtime_utils
 
     same_plain, scatter_plain = _flat_param._same_storage, _runtime_utils._get_reduce_scatter_tensors
     reshard_plain, allocated_plain = _runtime_utils._catch_all_reshard, _flat_param._data_ptr_allocated
+    cast_plain = _runtime_utils._cast_buffers_to_dtype_and_device
+
+    def cast_buffers(buffers: list[torch.Tensor], *args: Any) -> None:
+        cast_plain(buffers, *args)
+        recorder.categorize(buffers, tracing.BUFFERS)
 
     def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
         a, b = (getattr(t, "_local_tensor", t) for t in (a, b))  # DTensors, as the original unwraps them
@@ -203,9 +214,11 @@ def _flat_params_followed(recorder: tracing.Recorder) -> Iterator[None]:
     _runtime_utils._get_reduce_scatter_tensors = reduce_scatter_tensors  # type: ignore[assignment]
     _runtime_utils._catch_all_reshard = catch_all_reshard  # type: ignore[assignment]
     _flat_param._data_ptr_allocated = allocated  # type: ignore[assignment]
+    _runtime_utils._cast_buffers_to_dtype_and_device = cast_buffers  # type: ignore[assignment]
     try:
         yield
     finally:
+        _runtime_utils._cast_buffers_to_dtype_and_device = cast_plain  # type: ignore[assignment]
         _flat_param._same_storage = same_plain  # type: ignore[assignment]
         _runtime_utils._get_reduce_scatter_tensors = scatter_plain  # type: ignore[assignment]
         _runtime_utils._catch_all_reshard = reshard_plain  # type: ignore[assignment]
@@ -322,7 +335,7 @@ def predict_rank(
 
     with fake_world(layout) as mesh, contextlib.ExitStack() as followed:
         if layout.parallel == "fsdp":
-            made = flat_sharded(layout, mesh, followed)
+            made = flat_sharded(layout, mesh, followed, param_dtype)
         else:
             made = replicated(layout) if layout.parallel == "ddp" else materializer(layout, mesh, param_dtype)
         return predict_peak(
