@@ -4,6 +4,7 @@ tensor subclasses. The bytes counted must equal the bytes of the storages each r
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,7 @@ def hooked_oom(tmp_path: Path, roots: list[nn.Module], opt: torch.optim.Optimize
 
     from fakes import FakeCuda
 
+    gc.collect()  # other tests' models left in reference cycles are not this job's: the hook walks live modules
     kib = 1024
     cuda = FakeCuda(total=256 * kib)
     cuda.set(0, allocated=200 * kib, reserved=220 * kib, peak_allocated=230 * kib, peak_reserved=240 * kib)

@@ -220,6 +220,10 @@ def test_the_cache_figure_holds_a_sliding_window_as_transformers_caches_do(capsy
 
 
 def test_keep_outputs_holds_the_logits_of_a_hand_written_loop_through_the_next_forward(capsys: Any) -> None:
+    """Without the flag the step is Trainer's, whose ``compute_loss`` returns the loss alone: the logits
+    (not saved for the backward: the loss saved its own fp32 softmax) are freed before the backward. A
+    hand-written loop's ``outputs`` holds them through the backward, the optimizer step and the next
+    forward, so every moment of the step rises by the logits and nothing else."""
     wide = SMALL.replace("vocab_size=128", "vocab_size=8192")  # the logits large beside the rest
     argv = ("--model", wide, "--batch", "2", "--seq-len", "64", "--steps", "2")
     dropped = predict(capsys, *argv)["prediction"]
@@ -229,5 +233,5 @@ def test_keep_outputs_holds_the_logits_of_a_hand_written_loop_through_the_next_f
         more = kept["moments"]["last_step"][moment] - dropped["moments"]["last_step"][moment]
         assert logits <= more <= logits + 16 * 1024, (moment, more)
     assert kept["step_peak_allocated_bytes"][0] - dropped["step_peak_allocated_bytes"][0] >= logits
-    # here the backward's peak (its 32 MiB cuBLAS workspace) is above both: the answer does not move
-    assert kept["peak_allocated_bytes"] == dropped["peak_allocated_bytes"]
+    # the backward's peak (here the answer) holds this step's logits too
+    assert logits <= kept["peak_allocated_bytes"] - dropped["peak_allocated_bytes"] <= logits + 16 * 1024

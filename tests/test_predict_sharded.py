@@ -37,13 +37,14 @@ def llama70b_hand(seq: int, checkpointed: bool, world: int = 64) -> float:
     layer-sized buffers (the layer computing, its all-gather buffer, the prefetched layer), the head's
     unsharded gradient, the saved activations (per token and layer: two RMSNorms 8h each, q, attention
     output, k and v, the MLP's four 8i; with checkpointing only the layer's 2h input and one layer
-    recomputed) and the logits (bf16 and their fp32 copy)."""
+    recomputed) and the fp32 log-softmax of the logits the loss saved (the bf16 logits went with the outputs
+    before the backward, as Trainer drops them)."""
     layer = (2 * H * H + 2 * H * KV + 3 * H * FF + 2 * H) * 2
     root = 2 * V * H * 2 + 2 * H
     params = LAYERS * layer + root
     per_token_layer = 20 * H + 4 * KV + 8 * FF
     acts = (LAYERS * 2 * H + per_token_layer) * seq if checkpointed else LAYERS * per_token_layer * seq
-    return 3 * params / world + root + 3 * layer + V * H * 2 + acts + 6 * V * seq
+    return 3 * params / world + root + 3 * layer + V * H * 2 + acts + 4 * V * seq
 
 
 def test_llama_70b_fsdp2_over_64_h100_is_the_hand_arithmetic_and_fits_a_count(capsys: Any) -> None:

@@ -23,7 +23,7 @@ import contextlib
 import gc
 import itertools
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -316,10 +316,13 @@ def default_step(
     accumulation: int = 1, autocast: Optional[torch.dtype] = None, keep_outputs: bool = False
 ) -> StepFn:
     """Forward, backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``; ``accumulation``
-    micro-batches per step; ``autocast``: the dtype of ``torch.autocast("cuda")`` around the forward;
-    ``keep_outputs``: the loop keeps what the forward returned (``outputs = model(**batch)``) until the
-    next forward returns, as hand-written loops do (transformers' ``run_clm_no_trainer.py``): its logits
-    (and cache) live through the optimizer step and the next forward. A Trainer drops them in the step."""
+    micro-batches per step; ``autocast``: the dtype of ``torch.autocast("cuda")`` around the forward,
+    its outputs converted to fp32 as accelerate's mixed precision converts them (``outputs_in_fp32``);
+    ``keep_outputs``: the loop keeps what the forward returned (``outputs = model(**batch)``) through the
+    backward until the next forward returns, as hand-written loops do (transformers'
+    ``run_clm_no_trainer.py``): its logits (and cache) live through the backward, the optimizer step and
+    the next forward. Without it the step is Trainer's: ``compute_loss`` returns the loss alone, so the
+    outputs (the logits the loss no longer needs) are freed before the backward."""
     held: list[Any] = []
 
     def step(model: torch.nn.Module, batch: Any, optimizer: Any) -> None:
@@ -327,20 +330,38 @@ def default_step(
             if autocast is not None:
                 with torch.autocast("cuda", dtype=autocast):
                     out = forward(model, batch)
+                out = outputs_in_fp32(out)
             else:
                 out = forward(model, batch)
             held.clear()  # the loop's variable is rebound only once the new forward has returned
             loss = loss_of(out)
+            if keep_outputs:
+                held.append(out)
+            del out
             if accumulation > 1:
                 loss = loss / accumulation
             loss.backward()
-            if keep_outputs:
-                held.append(out)
-            del out, loss
+            del loss
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def outputs_in_fp32(out: Any) -> Any:
+    """What accelerate's mixed precision returns from the forward (``Accelerator(mixed_precision=...)`` and
+    ``Trainer(bf16=True)`` wrap it in ``convert_outputs_to_fp32``): each fp16/bf16 tensor of the outputs
+    (a tensor, a mapping such as transformers' ``ModelOutput``, a list or tuple of them) converted by
+    ``.float()`` into a new fp32 tensor, the containers rebuilt as their types. The 16-bit logits are
+    freed once nothing holds them; their fp32 copy lives as long as the outputs do."""
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+    if isinstance(out, Mapping):
+        return type(out)(**{k: outputs_in_fp32(v) for k, v in out.items()})
+    if isinstance(out, (list, tuple)):
+        converted = [outputs_in_fp32(v) for v in out]
+        return type(out)(*converted) if hasattr(out, "_fields") else type(out)(converted)  # a namedtuple
+    return out
 
 
 def forward(model: torch.nn.Module, batch: Any) -> Any:
