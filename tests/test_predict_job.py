@@ -95,6 +95,8 @@ def test_model_to_bfloat16_inside_the_users_build_is_traced(capsys: Any, tmp_pat
         (["--model", MODEL, "--gpu", "Z80"], "unknown GPU"),
         (["--model", MODEL, "--world-size", "2"], "needs --parallel"),
         (["--model", MODEL, "--parallel", "ddp", "--offload", "optimizer"], "DDP keeps everything"),
+        (["--model", MODEL, "--world-size", "2", "--parallel", "fsdp2", "--offload", "optimizer"],
+         "FSDP2 offloads parameters, gradients and optimizer state together"),
         (["--model", MODEL, "--parallel", "zero2", "--no-reshard"], "--no-reshard applies to fsdp"),
     ],
 )

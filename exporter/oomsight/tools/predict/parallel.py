@@ -130,6 +130,8 @@ def check(layout: Layout) -> Optional[str]:
         return "--offload needs fsdp, fsdp2 or zero1-3 (DDP keeps everything on the GPU)"
     if layout.offload == "params" and layout.parallel in ("zero1", "zero2"):
         return "--offload params needs zero3, fsdp or fsdp2 (ZeRO-1/2 keep the full parameters)"
+    if layout.offload == "optimizer" and layout.parallel == "fsdp2":  # CPUOffloadPolicy has no optimizer-only form
+        return "--offload optimizer: FSDP2 offloads parameters, gradients and optimizer state together (use params)"
     if not layout.reshard and layout.parallel not in ("fsdp", "fsdp2"):
         return "--no-reshard applies to fsdp and fsdp2"
     if layout.bucket_view and layout.parallel != "ddp":

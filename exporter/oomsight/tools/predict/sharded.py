@@ -310,15 +310,6 @@ def _see_gathered(model: nn.Module, recorder: tracing.Recorder) -> None:
             module.register_forward_pre_hook(gathered)
 
 
-def check(layout: parallel.Layout) -> Optional[str]:
-    """What the traced layout cannot do, in one line, or None."""
-    if layout.parallel == "fsdp2" and layout.offload == "optimizer":
-        return (
-            "--offload optimizer: FSDP2 offloads parameters, gradients and optimizer state together (--offload params)"
-        )
-    return None
-
-
 def predict_rank(
     build: Callable[[], nn.Module],
     batch: Callable[[int], Any],
