@@ -202,12 +202,14 @@ def prepared_for_kbit_training(build: Callable[[], nn.Module]) -> Callable[[], n
         for name, param in model.named_parameters():
             if param.dtype in (torch.float16, torch.bfloat16) and not _adapter(name):
                 param.data = param.data.to(torch.float32)
-        if not callable(getattr(model, "gradient_checkpointing_enable", None)):
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        input_grads = getattr(model, "enable_input_require_grads", None)
+        if not (callable(enable) and callable(input_grads)):
             raise ValueError("--prepare-kbit: the model has no gradient_checkpointing_enable (not transformers')")
         with warnings.catch_warnings():  # transformers 5 renames the method: PEFT's call, not the user's to fix
             warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={})
-            model.enable_input_require_grads()
+            enable(gradient_checkpointing_kwargs={})
+            input_grads()
         return model
 
     return build_prepared

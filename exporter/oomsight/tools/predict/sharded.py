@@ -178,8 +178,7 @@ def _flat_params_followed(recorder: tracing.Recorder) -> Iterator[None]:
     ``MixedPrecision(buffer_dtype)`` casts in the root's first forward (``_runtime_utils.py:1634``) stay buffers."""
     from torch.distributed.fsdp import _flat_param, _runtime_utils
 
-    same_plain, scatter_plain = _flat_param._same_storage, _runtime_utils._get_reduce_scatter_tensors
-    reshard_plain, allocated_plain = _runtime_utils._catch_all_reshard, _flat_param._data_ptr_allocated
+    scatter_plain = _runtime_utils._get_reduce_scatter_tensors
     cast_plain = _runtime_utils._cast_buffers_to_dtype_and_device
 
     def cast_buffers(buffers: list[torch.Tensor], *args: Any) -> None:
@@ -210,19 +209,21 @@ def _flat_params_followed(recorder: tracing.Recorder) -> Iterator[None]:
             return
         _runtime_utils._reshard(state, handle, _runtime_utils._should_free_in_backward(state, handle))
 
-    _flat_param._same_storage = same_storage  # type: ignore[assignment]
-    _runtime_utils._get_reduce_scatter_tensors = reduce_scatter_tensors  # type: ignore[assignment]
-    _runtime_utils._catch_all_reshard = catch_all_reshard  # type: ignore[assignment]
-    _flat_param._data_ptr_allocated = allocated  # type: ignore[assignment]
-    _runtime_utils._cast_buffers_to_dtype_and_device = cast_buffers  # type: ignore[assignment]
+    patches = [
+        (_flat_param, "_same_storage", same_storage),
+        (_runtime_utils, "_get_reduce_scatter_tensors", reduce_scatter_tensors),
+        (_runtime_utils, "_catch_all_reshard", catch_all_reshard),
+        (_flat_param, "_data_ptr_allocated", allocated),  # imported there from torch.distributed.utils
+        (_runtime_utils, "_cast_buffers_to_dtype_and_device", cast_buffers),
+    ]
+    plain = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, patched in patches:
+        setattr(module, name, patched)
     try:
         yield
     finally:
-        _runtime_utils._cast_buffers_to_dtype_and_device = cast_plain  # type: ignore[assignment]
-        _flat_param._same_storage = same_plain  # type: ignore[assignment]
-        _runtime_utils._get_reduce_scatter_tensors = scatter_plain  # type: ignore[assignment]
-        _runtime_utils._catch_all_reshard = reshard_plain  # type: ignore[assignment]
-        _flat_param._data_ptr_allocated = allocated_plain  # type: ignore[assignment]
+        for module, name, original in plain:
+            setattr(module, name, original)
 
 
 DDP_BUCKETS = "ddp_buckets"
