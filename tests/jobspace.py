@@ -9,8 +9,9 @@ this process's memory as it is (factor 1: the hook's own walk reads the same ten
 a scaled allocator would disagree with the model states it measures). The capacity is chosen by a dry
 run of the same job without the hook: between the most the warm-up needed and what the failing phase
 needs, so the OOM comes where the job's construction puts it: in the escalated step of a training
-job (a larger batch, a longer episode or sequence), or in the evaluation that forgets ``no_grad`` and
-keeps its outputs. The OOM is raised in the forward pre-hook of the leaf module whose output would
+job (a larger batch, a longer episode or sequence) or of an inference job (a larger batch), in the
+evaluation that forgets ``no_grad`` and keeps its outputs, or in a later step of the loop that keeps its
+losses with their graphs. The OOM is raised in the forward pre-hook of the leaf module whose output would
 cross the capacity, after calling the hook's OOM observer there, as the allocator would.
 
 Pauses are told the way the runtime tells them: the last step's wall time moves back, and the
@@ -20,11 +21,16 @@ Invariants (:func:`violations`), on every job:
 
 ``bytes``       the model states the OOM event counts equal the storage truth per category
                 (parameters, frozen parameters, gradients, optimizer state, DDP buckets), exactly
-``cause``       the cause is one the job's construction allows (``leak`` only for the true leak)
-``first_remedy`` no remedy that changes the result first on a training forward
-``live_flag``   the live leak flag (the snapshot's ``forward_pile_bytes``) down on every job that does
-                not leak, up before the OOM of the one that does
-``in_use``      no remedy the job already uses (autocast under a bf16 policy, sharding under FSDP, ...)
+``cause``       the cause is one the job's construction allows (``leak`` only for the true leaks: the
+                evaluation that keeps its outputs, the loop that keeps its losses with their graphs)
+``first_remedy`` no remedy that changes the result first on a forward that may train (only the
+                evaluation and the inference job train nothing)
+``leak_fix``    a leak's diagnosis names its fix (``leak``: keep nothing alive) among its first two remedies
+``live_flag``   the live leak flag (the snapshot's ``forward_pile_bytes``: forwards piling with no
+                backward to consume them) down on every job that piles none, up before the OOM of the
+                evaluation that keeps its outputs
+``in_use``      no remedy the job already uses (autocast under a bf16 policy, sharding under FSDP,
+                checkpointing under checkpoint, ...)
 """
 
 from __future__ import annotations
@@ -50,24 +56,40 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from fakes import FakeCuda
 
 AXES: dict[str, tuple[str, ...]] = {
-    "wrapper": ("none", "ddp", "ddp_bucket_view", "fsdp1", "fsdp2", "compile", "compile_ddp", "ddp_compile"),
+    "wrapper": (
+        "none",
+        "ddp",
+        "ddp_bucket_view",
+        "fsdp1",
+        "fsdp2",
+        "compile",
+        "compile_ddp",
+        "ddp_compile",
+        "checkpointed",
+    ),
     "accumulation": ("single", "each", "summed", "no_sync"),
     "models": ("one", "ema", "teacher", "gan"),
     "optimizer": ("adamw_fused", "adamw_foreach", "sgd", "zero", "adam8bit"),
     "precision": ("fp32", "autocast_bf16", "bf16_params", "mixed_policy"),
-    "phase": ("train", "checkpoint_pause", "no_grad_validation", "eval_leak"),
-    "shape": ("batches", "rl", "tbptt", "growing"),
+    "phase": ("train", "checkpoint_pause", "no_grad_validation", "eval_leak", "inference_only"),
+    "shape": ("batches", "rl", "tbptt", "growing", "loss_history_leak", "memory_bank"),
 }
 """Each axis and its values. ``wrapper``: compile_ddp is torch.compile(DDP(m)), ddp_compile is
-DDP(torch.compile(m)) (backend "eager": what is compiled matters to the accounting, not the kernels).
+DDP(torch.compile(m)) (backend "eager": what is compiled matters to the accounting, not the kernels);
+checkpointed runs each Linear+ReLU block under ``torch.utils.checkpoint`` (``use_reentrant=False``), so
+the backward recomputes its forwards.
 ``accumulation``: one micro-batch a step; four, each with its backward; four whose losses are summed
 before one backward; four under ``no_sync`` (FSDP2: ``set_requires_gradient_sync``). ``models``: an
 EMA copy updated under ``no_grad`` and never called; a frozen teacher run under ``no_grad``; a GAN
 pair with two optimizers. ``phase``: the failing step right after the warm-up, after a pause for a
 checkpoint save, after a ``no_grad`` validation; or an evaluation that forgets ``no_grad`` and keeps
-its outputs (the one leak). ``shape``: a micro-batch is a batch, a REINFORCE episode (one forward
-per step of the episode, one loss), a truncated-BPTT window of 4 forwards, or a sequence that grows
-step by step."""
+its outputs (a leak); or an inference job: no optimizer, no backward, forwards that forget ``no_grad``
+(the model in eval mode) until a larger batch runs out (here ``no_grad`` may come first: the forward
+trains nothing). ``shape``: a micro-batch is a batch, a REINFORCE episode (one forward per step of the
+episode, one loss), a truncated-BPTT window of 4 forwards, a sequence that grows step by step, a batch
+whose loss the loop keeps in a history with its graph (``backward(retain_graph=True)``: the training
+leak, whose fix, ``.item()`` on what is kept, changes nothing computed), or a batch contrasted against a
+memory bank of earlier batches' detached embeddings that grows to ``BANK_ROWS`` and then stays."""
 
 DISTRIBUTED_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "fsdp1", "fsdp2", "compile_ddp", "ddp_compile"))
 DDP_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "compile_ddp", "ddp_compile"))
@@ -85,6 +107,8 @@ model states are walked from the fifth."""
 ESCALATIONS = (3, 8, 24)
 """The failing step's size (batch, episode, sequence) against the warm-up's largest: the first that
 needs more than the warm-up did (a job whose states dominate needs a larger step to run out)."""
+BANK_ROWS = 64
+"""The memory bank's cap, in embeddings (4 single-batch steps' worth): it fills during the warm-up."""
 LEAK_MULTIPLE = 8
 """The leak keeps at least this many times the forwards one backward of the job consumes (plus 16)
 before it runs out: a pile no larger cannot be told from the job's own steps by anyone."""
@@ -149,7 +173,13 @@ class Job:
 
     @property
     def leaks(self) -> bool:
-        return self.phase == "eval_leak"
+        return self.phase == "eval_leak" or self.shape == "loss_history_leak"
+
+    @property
+    def trains_nothing(self) -> bool:
+        """The failing forward trains nothing (the evaluation that keeps its outputs, an inference job):
+        a result-changing remedy (``no_grad``) may come first."""
+        return self.phase in ("eval_leak", "inference_only")
 
 
 def invalid(job: Job) -> Optional[str]:
@@ -169,6 +199,17 @@ def invalid(job: Job) -> Optional[str]:
         return "FSDP1 reshards after each forward and takes one backward per forward"
     if job.precision == "bf16_params" and job.optimizer == "adamw_fused" and w in SHARDED:
         return "fused AdamW over bf16 DTensor shards is not supported on the CPU"
+    if job.phase == "inference_only" and (
+        job.accumulation != "single"
+        or job.models not in ("one", "teacher")
+        or job.optimizer != "sgd"
+        or job.shape not in ("batches", "growing")
+    ):
+        return "an inference job has no optimizer step: one value stands for each training-only axis"
+    if job.phase == "eval_leak" and job.shape == "loss_history_leak":
+        return "one leak a job"
+    if job.shape == "loss_history_leak" and w in SHARDED:
+        return "FSDP frees the gathered parameters a retained graph saved: a second backward fails"
     return None
 
 
@@ -177,10 +218,17 @@ def space() -> list[Job]:
     return [j for j in (Job(*values) for values in itertools.product(*AXES.values())) if invalid(j) is None]
 
 
-def sample(count: int, seed: int, distributed: bool, compiled_at_most: Optional[int] = None) -> list[Job]:
+def sample(
+    count: int,
+    seed: int,
+    distributed: bool,
+    compiled_at_most: Optional[int] = None,
+    history_leaks_at_most: Optional[int] = None,
+) -> list[Job]:
     """``count`` valid jobs, single-process or distributed, deterministic for ``seed``: each value of
     every axis first (where the kind of job allows it), then jobs drawn at random; at most
-    ``compiled_at_most`` of them compiled (a compiled job takes seconds)."""
+    ``compiled_at_most`` of them compiled (a compiled job takes seconds) and ``history_leaks_at_most``
+    of them the loop that keeps its losses (tens of steps before it runs out: seconds too)."""
     rng = random.Random(seed)
     pool = [j for j in space() if j.distributed == distributed]
     rng.shuffle(pool)
@@ -188,8 +236,11 @@ def sample(count: int, seed: int, distributed: bool, compiled_at_most: Optional[
 
     def room(job: Job) -> bool:
         compiled = sum(j.wrapper in COMPILED for j in picked.values())
-        return job.id not in picked and (
-            compiled_at_most is None or job.wrapper not in COMPILED or compiled < compiled_at_most
+        leaks = sum(j.shape == "loss_history_leak" for j in picked.values())
+        return (
+            job.id not in picked
+            and (compiled_at_most is None or job.wrapper not in COMPILED or compiled < compiled_at_most)
+            and (history_leaks_at_most is None or job.shape != "loss_history_leak" or leaks < history_leaks_at_most)
         )
 
     for axis, values in AXES.items():
@@ -274,7 +325,8 @@ class Truth:
         self.params: list[Any] = []
         self.trained: set[int] = set()
         self.buckets: dict[tuple[int, int], weakref.ref[Any]] = {}
-        """(the DDP module, its bucket's index) -> the bucket's storage, as its last all-reduce saw it."""
+        """(the DDP module, its bucket's index) -> the bucket's storage, as its last all-reduce saw it
+        (negative indices: the storages its construction left alive, the buckets it allocated)."""
         self.fsdp1: list[Any] = []
         self.fsdp2: list[Any] = []
 
@@ -282,7 +334,8 @@ class Truth:
         """Between steps (everything resharded): the parameters as they are held."""
         self.params = list({id(p): p for m in self.models for p in m.parameters()}.values())
         held = {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
-        self.trained = {id(p) for p in self.params if p.requires_grad and id(p) in held}
+        # no optimizer at all (an inference job): requires_grad alone tells, as the hook reads it
+        self.trained = {id(p) for p in self.params if p.requires_grad and (id(p) in held or not held)}
         self.fsdp1 = [m._handle.flat_param for m in self._modules() if getattr(m, "_handle", None) is not None]
         self.fsdp2 = [fp for m in self._modules() for fp in _fsdp2_params(m)]
 
@@ -474,6 +527,23 @@ def _output_bytes(module: nn.Module, args: Any) -> int:
 
 
 # ------------------------------------------------------------------ the job's program
+class Checkpointed(nn.Module):
+    """Each Linear+ReLU block of an ``mlp`` under ``torch.utils.checkpoint`` (non-reentrant), the last
+    Linear as it is: the parameters stay the inner model's."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        layers = list(self.inner)
+        for k in range(0, len(layers) - 1, 2):
+            x = checkpoint(nn.Sequential(*layers[k : k + 2]), x, use_reentrant=False)
+        return layers[-1](x)
+
+
 def mlp(d_in: int, d_out: int, hidden: int = H) -> nn.Module:
     return nn.Sequential(
         nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, d_out)
@@ -507,12 +577,16 @@ class Program:
         self.model = self.wrap(self.raw)
         self.critic = self.wrap(self.second) if self.second is not None else None
         trained = [self.model] + ([self.critic] if self.critic is not None else [])
-        self.optimizers = [self.optimizer(m) for m in trained]
+        self.optimizers = [] if job.phase == "inference_only" else [self.optimizer(m) for m in trained]
         device.truth.models = [m for m in (self.model, self.critic, self.teacher, self.ema) if m is not None]
         device.truth.optimizers = self.optimizers
         device.truth.settle()
         self.hidden: Optional[torch.Tensor] = None
         self.step_count = 0
+        self.history: list[torch.Tensor] = []
+        """loss_history_leak: every loss, kept with its graph."""
+        self.bank: list[torch.Tensor] = []
+        """memory_bank: earlier batches' detached embeddings, at most ``BANK_ROWS``."""
 
     # -------------------------------------------------------------- construction
     def wrap(self, raw: nn.Module) -> nn.Module:
@@ -545,11 +619,21 @@ class Program:
         if w in DDP_WRAPPERS:
             from torch.nn.parallel import DistributedDataParallel
 
+            storages = device.storages
+            before = set(storages.live)
             m = DistributedDataParallel(m, gradient_as_bucket_view=w == "ddp_bucket_view")
             owner = id(m)
+            # the Reducer's buckets, allocated at construction (what it leaves alive): a job that never
+            # runs a backward (inference) holds them all the same; rebuilt at the first backward, the
+            # new ones are seen by the communication hook, and these freed leave the count
+            made = [storages.live[k] for k in list(storages.live) if k not in before]
+            for k, ref in enumerate(made):
+                device.truth.buckets[(owner, -1 - k)] = ref
             m.register_comm_hook(self.group, lambda state, bucket: device.truth.bucket_hook(owner, state, bucket))
         if w in ("compile", "compile_ddp"):
             m = torch.compile(m, backend="eager")
+        if w == "checkpointed":
+            m = Checkpointed(m)
         return m
 
     def _leaf_hooks(self, raw: nn.Module) -> None:
@@ -623,7 +707,15 @@ class Program:
                 self.hidden = h.detach()
                 return total
             out, extra = self.forward(self.inputs(size))
-            return out.float().square().mean() + extra
+            loss = out.float().square().mean() + extra
+            if shape == "memory_bank":
+                if self.bank:
+                    bank = torch.cat(self.bank).float()
+                    loss = loss + 0.1 * (out.float() @ bank.T).logsumexp(-1).mean()
+                self.bank.append(out.detach())
+                while sum(b.shape[0] for b in self.bank) > BANK_ROWS and len(self.bank) > 1:
+                    self.bank.pop(0)
+            return loss
 
     def step(self, size: int) -> None:
         """One optimizer step of the job's accumulation, ``size`` the micro-batches' size."""
@@ -631,12 +723,17 @@ class Program:
         count = 1 if acc == "single" else MICRO
         if self.critic is not None:
             self._critic_step(size)
+        keep = self.job.shape == "loss_history_leak"  # kept with its graph, which backward must leave
         if acc == "summed":
-            sum((self.unit_loss(size) for _ in range(count)), torch.zeros(())).backward()
+            loss = sum((self.unit_loss(size) for _ in range(count)), torch.zeros(()))
+            loss.backward(retain_graph=keep)
+            self.history += [loss] if keep else []
         else:
             for i in range(count):
                 with self._sync(last=i == count - 1):
-                    self.unit_loss(size).backward()
+                    loss = self.unit_loss(size)
+                    loss.backward(retain_graph=keep)
+                    self.history += [loss] if keep else []
                 self.device.feed()
         self.device.feed()
         self.optimizers[0].step()
@@ -685,6 +782,12 @@ class Program:
     def checkpoint(self) -> None:
         blob = io.BytesIO()
         torch.save({k: v for k, v in self.model.state_dict().items()}, blob)
+        self.device.feed()
+
+    def infer(self, size: int) -> None:
+        """One forward of the inference job: autograd recording (``no_grad`` forgotten), nothing kept."""
+        with self.context():
+            self.forward(self.inputs(size))
         self.device.feed()
 
     def evaluate(self, kept: list[Any]) -> None:
@@ -738,6 +841,14 @@ def _schedule(
     """The job: the warm-up steps, its phase, then the failing part (armed): the escalated step, or
     ``leak`` forwards of the evaluation that keeps its outputs."""
     device = program.device
+    if job.phase == "inference_only":
+        program.model.eval()
+        for size in warm_sizes(job):
+            program.infer(size)
+            publish()
+        device.arm()
+        program.infer(grow * max(warm_sizes(job)))
+        return
     for size in warm_sizes(job):
         program.step(size)
         publish()
@@ -751,11 +862,15 @@ def _schedule(
         publish()
     device.arm()
     if job.leaks:
-        program.model.eval()
         kept: list[Any] = []
         least = LEAK_MULTIPLE * program.forwards_per_backward() + 16
+        if job.phase == "eval_leak":
+            program.model.eval()
         for _ in range(leak):
-            program.evaluate(kept)
+            if job.phase == "eval_leak":
+                program.evaluate(kept)
+            else:
+                program.step(1)  # the training leak: its steps go on, each keeping its loss
             device.mark()
             publish()
             if device.capacity is None and len(device.marks) >= least + 1 and device.marks[-1] > device.warm * 1.2:
@@ -924,8 +1039,10 @@ def in_use(job: Job) -> set[str]:
         used.add("shard")
     if job.wrapper == "ddp_bucket_view":
         used.add("bucket_view")
-    if job.optimizer == "adamw_fused":
+    if job.optimizer == "adamw_fused" and job.phase != "inference_only":
         used.add("fused_optimizer")
+    if job.wrapper == "checkpointed":
+        used.add("checkpointing")
     return used
 
 
@@ -943,11 +1060,14 @@ def violations(job: Job, out: Outcome) -> dict[str, str]:
     if out.cause not in allowed:
         found["cause"] = f"{out.cause} (allowed {sorted(allowed)}): {out.summary}"
     first = out.remedies[0] if out.remedies else None
-    if not job.leaks and first in result_changing():
+    if not job.trains_nothing and first in result_changing():
         found["first_remedy"] = f"{first} first on a training forward: {out.remedies}"
-    if not job.leaks and out.flag_max:
-        found["live_flag"] = f"forward_pile_bytes {out.flag_max} on a job that does not leak"
-    if job.leaks and not out.flag_before_oom:
+    if job.leaks and "leak" not in out.remedies[:2]:
+        found["leak_fix"] = f"the leak's fix is not among the first two remedies: {out.remedies}"
+    piles = job.phase == "eval_leak"  # the live flag is the pile of forwards that no backward consumes
+    if not piles and out.flag_max:
+        found["live_flag"] = f"forward_pile_bytes {out.flag_max} on a job that piles no forwards"
+    if piles and not out.flag_before_oom:
         found["live_flag"] = "the leak's live flag never rose before its OOM"
     used = sorted(in_use(job) & set(out.remedies))
     if used:

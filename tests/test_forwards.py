@@ -347,6 +347,41 @@ def test_rows_rising_by_the_same_amount_are_a_pile_and_a_growing_input_is_not():
     assert trend.forward_pile([["x", None, 1, 2], [1e400, 1, 1, 1]], CAPACITY) is None
 
 
+def test_what_each_forward_begins_with_tells_a_growing_input_from_a_pile():
+    """A loop whose input grows by 1 GiB of graph a forward and keeps nothing, in a model that frees no
+    temporary (its peak is what it leaves): what each forward leaves rises as a pile's does, what it
+    begins with does not (the job space's inference over growing sequences, before the 5th column)."""
+    growing = [[k, float(k), 4 * GIB + k * GIB, 4 * GIB + k * GIB, 4 * GIB] for k in range(1, 9)]
+    assert trend.forward_pile([r[:4] for r in growing], CAPACITY) == 6 * GIB  # read after each forward only
+    assert trend.forward_pile(growing, CAPACITY) is None
+    # the previous output still held as the next forward begins (``out = model(x)``): the start rises
+    # by the growth, and so does each forward's own memory above it
+    held = [[k, float(k), 4 * GIB + (2 * k - 1) * GIB, -1, 4 * GIB + (k - 1) * GIB] for k in range(1, 9)]
+    assert trend.forward_pile(held, CAPACITY) is None
+    kept = [[k, float(k), 4 * GIB + k * GIB, -1, 4 * GIB + (k - 1) * GIB] for k in range(1, 9)]
+    assert trend.forward_pile(kept, CAPACITY) == 6 * GIB
+
+
+def test_a_rowed_forward_is_read_as_it_begins_and_as_it_ends(hook_on, spool):
+    cuda = FakeCuda(total=CAPACITY)
+    hook_on(cuda)
+    model = _model()
+    outputs = []
+    for k in range(1, 5):
+        began = 4 * GIB + k * GIB
+        cuda.set(0, allocated=began, peak_allocated=began, reserved=began + GIB)
+        # inside the forward, the first layer's output takes 1 GiB more than the forward began with
+        grown = {"allocated": began + GIB, "peak_allocated": began + GIB, "reserved": began + GIB}
+        handle = model[0].register_forward_hook(lambda *_, g=grown: cuda.set(0, **g))
+        outputs.append(model(torch.randn(2, 8)))
+        handle.remove()
+    cuda.observer(0, 2 * GIB, CAPACITY, 64 * MIB)
+    rows = _event(spool)["forwards_memory"]
+    # the first forward is the one the model is found in: its pre-hooks had run (and it is never judged)
+    assert rows[0][4] == -1
+    assert [(r[2], r[4]) for r in rows[1:]] == [(5 * GIB + k * GIB, 4 * GIB + k * GIB) for k in range(2, 5)]
+
+
 def _steps_of(model, opt, lengths):
     """One optimizer step per entry: that many forwards keep their graphs until one backward of their
     summed losses (micro-batches summed, an episode's log-probabilities, a truncated-BPTT window)."""

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import jobspace  # noqa: E402
 
 SEED = 33
-SINGLE = jobspace.sample(290, SEED, distributed=False, compiled_at_most=2)
+SINGLE = jobspace.sample(290, SEED, distributed=False, compiled_at_most=2, history_leaks_at_most=8)
 DISTRIBUTED = jobspace.sample(12, SEED, distributed=True, compiled_at_most=2)
 PER_GROUP = 6
 

@@ -157,3 +157,23 @@ def test_the_text_report_says_the_parallelism_and_the_frozen_part_of_the_paramet
     text = report.render(take_inventory(state, state.snapshots[0]["time"]), spool)
     assert "parallelism: fsdp2 over 4 ranks (sharding FULL_SHARD, shard size 4)" in text
     assert "of these: 512.00 MiB frozen parameters; frozen models: LlamaForCausalLM" in text
+
+
+def test_a_process_that_never_stepped_gets_its_layout_from_the_walk_at_its_oom(monkeypatch):
+    """Inference, an evaluation-only process: no optimizer step, so no walk, until the OOM's walk of
+    the live models, whose layout then stands (the OOM's job carries the parallelism: an FSDP inference
+    is never advised to shard, the job space's ``inference_only`` jobs under FSDP). A later walk's is
+    not replaced."""
+    from oomsight.hook import steps
+    from oomsight.hook.steps import model_states
+
+    t, torch = cpu_tracker()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    only(monkeypatch, model)
+    assert t.layout is None
+    states = model_states([], [], torch, 0, steps.gc, "cpu", t.walked_at_oom)  # the live models, as at an OOM
+    assert states is not None and states["parameters_bytes"] == 80
+    first = t.layout
+    assert first is not None and first.parallelism["strategy"] == "none"
+    model_states([], [model], torch, 0, steps.gc, "cpu", t.walked_at_oom)
+    assert t.layout is first

@@ -52,7 +52,7 @@ class OomFacts(TypedDict, total=False):
     trend: Sequence[Sequence[float]]  # legacy window trend: [[time, window_min_allocated, steps], ...]
     expandable_segments: bool
     steps_memory: Sequence[Sequence[float]]  # step rows (analysis.trend)
-    forwards_memory: Sequence[Sequence[float]]  # since the last step: [forward, time, allocated, peak or -1] (1.7)
+    forwards_memory: Sequence[Sequence[float]]  # since the last step: [forward, time, allocated, peak, start] (1.7)
     forwards_since_backward: Optional[int]  # forwards recording a graph since a backward consumed one (1.8)
     most_forwards_per_backward: Optional[int]  # the most one backward consumed; None: none did (1.8)
     largest_free_block_bytes: Optional[int]

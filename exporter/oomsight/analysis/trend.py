@@ -304,11 +304,20 @@ def forward_pile(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Option
     ``forwards_memory`` rows, wire 1.7), the first forward skipped (it may allocate lazily: cuBLAS
     workspaces, caches). A loop that keeps every batch's output keeps its graph: the rows rise by
     about the same each forward, while the forward's own memory (its peak above what it leaves)
-    stays flat; a growing input raises that too. Long series are judged as step rows are, a few
-    rows by the short-series rule. None without such a rise."""
+    stays flat; a growing input raises that too. Where the rows know what each forward began with (a
+    5th column, -1 unknown: what earlier forwards left alive), that is the floor, and the forward's own
+    memory is its peak (or what it left) above it: a loop whose input grows, keeping nothing, raises
+    what each forward leaves but not what the next begins with, even where the forward frees no
+    temporary (its peak is what it leaves). Long series are judged as step rows are, a few rows by the
+    short-series rule. None without such a rise."""
     try:
         usable = [r for r in rows if len(r) >= 4 and r[0] > 1]
-        series = [(float(r[0]), float(r[2]), float(r[3] - r[2]) if r[3] >= 0 else None) for r in usable]
+        began = [r for r in usable if len(r) > 4 and r[4] >= 0]
+        series: list[Point]
+        if began and len(began) == len(usable):
+            series = [(float(r[0]), float(r[4]), float(max(r[2], r[3]) - r[4])) for r in began]
+        else:
+            series = [(float(r[0]), float(r[2]), float(r[3] - r[2]) if r[3] >= 0 else None) for r in usable]
         growth, _judged = leak_in(series, capacity_bytes, short=len(series) < th.count("min_rows"))
         return int(growth) if growth is not None else None
     except (ArithmeticError, TypeError, ValueError):

@@ -1,12 +1,15 @@
 """Forward-resolved memory where no optimizer step comes (evaluation, inference, a training job
 before its first step, and a training job's pause: a validation phase): memory allocated right
-after each forward of the outermost model that recorded an autograd graph.
+after each forward of the outermost model that recorded an autograd graph, and as it began.
 
 Such a forward keeps its activations for as long as its output lives. An evaluation loop that
 forgets ``torch.no_grad()`` and keeps the outputs (``preds.append(model(x))``) keeps a whole graph
 per batch: the memory after each forward then rises by the same amount, forward after forward, and
 can fill the GPU within a second, faster than the sampler reads. The step rows cannot see it (no
-optimizer steps); these rows can, at any speed (``analysis.trend.forward_pile``).
+optimizer steps); these rows can, at any speed (``analysis.trend.forward_pile``). A loop whose input
+grows (batches sorted by length, a longer sequence each time) raises the memory after each forward
+too, but not the memory each forward begins with: what earlier forwards left alive. So a rowed forward
+is read as it begins as well (a forward pre-hook on the model, the same raw call).
 
 So can a training step that keeps its graphs until one backward: losses summed over micro-batches,
 a REINFORCE episode, truncated BPTT. The rows cannot tell the two apart; what the job itself does
@@ -22,10 +25,11 @@ How the model is found without a global module hook on every call: at CUDA's ini
 global forward pre-hook is registered; the first module with state on the device called after it
 with autograd recording (eagerly, not while ``torch.compile`` traces) is the outermost model of
 that call (under ``no_grad`` nothing is rowed, so an inference process never hooks its model).
-The pre-hook then removes itself and a forward hook is registered on that module alone. The forward hook counts
-the forward, watches its output's consumption, and while no optimizer step has come since the
-arming and autograd records, reads the allocator (one raw call, ~20 µs on an H200) at most every
-``min_interval_seconds``. An optimizer step ends the rows (training has its step rows), not the
+The pre-hook then removes itself and a forward hook (and a pre-hook) are registered on that module
+alone. The forward hook counts the forward, watches its output's consumption, and while no
+optimizer step has come since the arming and autograd records, reads the allocator (one raw
+call, ~20 µs on an H200; the pre-hook as well, as such a forward begins, from the second forward on)
+at most every ``min_interval_seconds``. An optimizer step ends the rows (training has its step rows), not the
 hook; after ``IDLE_FORWARDS`` forwards in a row without autograd in a process that never stepped
 nor ran a backward through the model (inference) the hook removes itself. Once a training job's
 steps pause (``pile_step_times`` step times, ``pile_after_steps_seconds`` at least: the runtime
@@ -109,6 +113,9 @@ class ForwardMemory:
         """The pending forwards beyond which they are more than the job's backwards consume."""
         self._forwarded = True
         """A forward came since the last consumption (without graph task ids: a new backward next)."""
+        self._began: tuple[int, Optional[dict[int, int]]] = (-1, None)
+        """The forward (its number) whose pre-hook ran last, and the bytes allocated as it began, by
+        device (None: it is not read, as the interval or no rows decide)."""
         self._lock = threading.Lock()
 
     def stepped(self) -> bool:
@@ -147,8 +154,8 @@ class ForwardMemory:
         self._stop_finding()
         with self._lock:
             root, self._root = self._root, None
-        if root is not None:
-            root.remove()
+        for handle in root or ():
+            handle.remove()
 
     def _stop_finding(self) -> None:
         with self._lock:
@@ -174,9 +181,33 @@ class ForwardMemory:
                 return  # a transform or container without state, or a model elsewhere: not this one
             self._stop_finding()
             self.root_name = type(module).__name__
-            handle = module.register_forward_hook(AfterForward(self, module))
+            handles = (
+                module.register_forward_pre_hook(BeforeForward(self, module)),
+                module.register_forward_hook(AfterForward(self, module)),
+            )
             with self._lock:
-                self._root = handle
+                self._root = handles
+        except Exception as exc:
+            self.errors.record("forward_memory", exc)
+            self.close()
+
+    def _rowed(self, pending: int) -> bool:
+        """Whether a forward that recorded a graph, the ``pending``-th since the last consumption, is
+        rowed: no optimizer step since the arming, or beyond what this job's backwards consume."""
+        return not self.stepped() or (self.most_consumed is not None and pending > self._beyond)
+
+    def before(self) -> None:
+        """As a forward of the model begins (its pre-hook, :class:`BeforeForward`): where it will be
+        rowed (and read), the memory it begins with, which earlier forwards left alive."""
+        try:
+            self._began = (self.count + 1, None)
+            if not self.cuda.grad_enabled() or not self._rowed(self.pending + 1):
+                return
+            now = self.clock()
+            if now - self._last_read < self.min_interval:
+                return  # nor does the forward hook read it
+            self._last_read = now
+            self._began = (self.count + 1, {i: r.allocated_bytes for i, r in self._reads()})
         except Exception as exc:
             self.errors.record("forward_memory", exc)
             self.close()
@@ -196,13 +227,18 @@ class ForwardMemory:
             if self.pending & (self.pending - 1) == 0:  # the oldest pending forward, and at each doubling
                 self._watch(output, self.pending)
             if self.stepped():
-                if self.most_consumed is None or self.pending <= self._beyond:
+                if not self._rowed(self.pending):
                     return  # rows only where no optimizer step came since the arming
                 self._start_rows()  # forwards beyond what this job's backwards consume: row them now
-            now = self.clock()
-            if now - self._last_read < self.min_interval:
-                return
-            self._last_read = now
+            forward, began = self._began
+            if forward == self.count:  # its pre-hook ran: it decided, so every row knows its start
+                if began is None:
+                    return
+            else:
+                now = self.clock()
+                if now - self._last_read < self.min_interval:
+                    return
+                self._last_read = now
             self._read()
         except Exception as exc:
             self.errors.record("forward_memory", exc)
@@ -239,18 +275,23 @@ class ForwardMemory:
         """What the job's backwards consumed, for an OOM event (wire 1.8)."""
         return {"forwards_since_backward": self.pending, "most_forwards_per_backward": self.most_consumed}
 
+    def _reads(self) -> list[tuple[int, Any]]:
+        main = self.sampler.main_device  # before the sampler's first tick knows the devices
+        return [(i, self.cuda.read(i)) for i in list(self.sampler.devices) or ([main] if main is not None else [])]
+
     def _read(self) -> None:
         stamp = round(self.wall(), 3)
-        main = self.sampler.main_device  # before the sampler's first tick knows the devices
-        for index in list(self.sampler.devices) or ([main] if main is not None else []):
-            r = self.cuda.read(index)
+        forward, began = self._began
+        for index, r in self._reads():
             # the forward's own peak is known only where it set a new lifetime peak
             peak = r.peak_allocated_bytes if self.book.new_peak(index, r.peak_allocated_bytes) else -1
-            self.book.append(index, [self.count, stamp, r.allocated_bytes, peak])
+            start = began.get(index, -1) if forward == self.count and began is not None else -1
+            self.book.append(index, [self.count, stamp, r.allocated_bytes, peak, start])
 
     def series(self, index: int) -> list[list[float]]:
-        """The device's rows ``[forward, time, allocated_bytes, peak_bytes or -1]``, oldest first;
-        none once an optimizer step came (then the step rows tell)."""
+        """The device's rows ``[forward, time, allocated_bytes, peak_bytes or -1, start_bytes or -1]``
+        (start: allocated as the forward began), oldest first; none once an optimizer step came (then
+        the step rows tell)."""
         return [] if self.stepped() else self.book.series(index)
 
     def pile(self, index: int, capacity_bytes: int) -> Optional[int]:
@@ -301,14 +342,14 @@ class Consumed:
         self.memory.consumed(self.index)
 
 
-class AfterForward:
-    """The forward hook on the model. It acts for that module only and never while ``torch.compile``
-    or ``torch.export`` traces. A ``copy.deepcopy`` of the model (an EMA copy, a teacher) shares it,
-    and it ignores the copy; a pickled model (``torch.save(model)``) carries a no-op of the standard
-    library in its place (``Logger.debug`` of a logger of its own), so loading needs no oomsight.
-    ``torch.jit.script`` compiles a module's hooks and cannot compile this one: its error names
-    ``oomsight_forward_rows``; script a model built or loaded anew (a ``deepcopy`` shares the hook), or
-    set ``OOMSIGHT_STEP_HOOK=0`` (docs/diagnosis.md)."""
+class RootHook:
+    """A hook on the model (:class:`AfterForward`, :class:`BeforeForward`). It acts for that module only
+    and never while ``torch.compile`` or ``torch.export`` traces. A ``copy.deepcopy`` of the model (an
+    EMA copy, a teacher) shares it, and it ignores the copy; a pickled model (``torch.save(model)``)
+    carries a no-op of the standard library in its place (``Logger.debug`` of a logger of its own), so
+    loading needs no oomsight. ``torch.jit.script`` compiles a module's hooks and cannot compile this
+    one: its error names ``oomsight_forward_rows``; script a model built or loaded anew (a ``deepcopy``
+    shares the hook), or set ``OOMSIGHT_STEP_HOOK=0`` (docs/diagnosis.md)."""
 
     __name__ = "oomsight_forward_rows"
 
@@ -316,12 +357,9 @@ class AfterForward:
         self.memory = memory
         self.root = weakref.ref(root)
 
-    def __call__(self, module: Any, _args: Any, _output: Any) -> None:
+    def _ours(self, module: Any) -> bool:
         compiler = getattr(self.memory._torch, "compiler", None)
-        if module is self.root() and not (compiler is not None and compiler.is_compiling()):
-            training = getattr(module, "training", None)
-            self.memory.training = training if isinstance(training, bool) else None
-            self.memory.after(_output)
+        return module is self.root() and not (compiler is not None and compiler.is_compiling())
 
     @property
     def __globals__(self) -> dict[str, Any]:
@@ -332,8 +370,26 @@ class AfterForward:
             "OOMSIGHT_STEP_HOOK=0"
         )
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> AfterForward:
+    def __deepcopy__(self, memo: dict[int, Any]) -> RootHook:
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
         return getattr, (logging.getLogger("oomsight.dropped_forward_hook"), "debug")
+
+
+class AfterForward(RootHook):
+    """The forward hook on the model: counts the forward, rows it (:meth:`ForwardMemory.after`)."""
+
+    def __call__(self, module: Any, _args: Any, _output: Any) -> None:
+        if self._ours(module):
+            training = getattr(module, "training", None)
+            self.memory.training = training if isinstance(training, bool) else None
+            self.memory.after(_output)
+
+
+class BeforeForward(RootHook):
+    """The forward pre-hook on the model: the memory a rowed forward begins with."""
+
+    def __call__(self, module: Any, _args: Any) -> None:
+        if self._ours(module):
+            self.memory.before()

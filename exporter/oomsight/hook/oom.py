@@ -159,9 +159,10 @@ class OomRecorder:
         steps_memory = ctx.steps_memory(device)
         phase = self._phase()
         block = self._guarded("largest_free_block", lambda: self.cuda.largest_free_block(device))
+        # first: a process that never walked (no optimizer step) gets its job's parallelism from it
+        model_states = self._guarded("model_states", lambda: ctx.model_states(device))
         job = self._job_at_oom(ctx.job(), phase)
         stack = _user_stack()
-        model_states = self._guarded("model_states", lambda: ctx.model_states(device))
         event = OomEvent(
             schema_version=SCHEMA_VERSION,
             kind=KIND_OOM_EVENT,

@@ -348,7 +348,7 @@ class _Context(OomContext):
         steps, torch = self.hook.steps, self.hook.torch
         if steps is None or torch is None:
             return None
-        return model_states(steps.optimizers, steps.roots, torch, device, gc, steps.device_type)
+        return model_states(steps.optimizers, steps.roots, torch, device, gc, steps.device_type, steps.walked_at_oom)
 
 
 def _safe(fn: Any, default: Any) -> Any:

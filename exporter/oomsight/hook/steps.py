@@ -164,6 +164,13 @@ class StepTracker:
         self.categories = {dev: (t.parameters, t.gradients, t.state, stamp) for dev, t in found.devices.items()}
         self.layout_states = {dev: found.states(dev) for dev in found.devices}
 
+    def walked_at_oom(self, found: layout.Layout) -> None:
+        """The layout an OOM's walk measured, in a process that never walked (no optimizer step:
+        inference, an evaluation-only process): it stands as the last walk's, so the OOM's job carries
+        its parallelism (no sharding advised to an FSDP inference)."""
+        if self.layout is None:
+            self.layout = found
+
     def info(self) -> StepInfo:
         return StepInfo(
             count=self.count,
@@ -189,16 +196,24 @@ def find_live(gc_module: Any, optimizer_type: Any, module_type: Any) -> tuple[li
 
 
 def model_states(
-    optimizers: list[Any], roots: list[Any], torch: Any, device: int, gc_module: Any, device_type: str = "cuda"
+    optimizers: list[Any],
+    roots: list[Any],
+    torch: Any,
+    device: int,
+    gc_module: Any,
+    device_type: str = "cuda",
+    seen: Optional[Callable[[layout.Layout], None]] = None,
 ) -> Optional[dict[str, Any]]:
     """At an OOM: parameters (trainable and frozen), gradients and optimizer state on ``device``
     (``ModelStates``), from the models and optimizers seen, else from the live ones found through the
-    garbage collector; None when there is no parameter at all."""
+    garbage collector; None when there is no parameter at all. ``seen`` gets the layout measured."""
     if not roots or not optimizers:
         live_optimizers, modules = find_live(gc_module, torch.optim.Optimizer, torch.nn.Module)
         optimizers = optimizers or live_optimizers
         roots = roots or roots_of(modules)
     found = layout.measure(torch, roots, optimizers, device_type)
+    if seen is not None:
+        seen(found)
     if not found.devices:
         return None
     states = found.states(device)

@@ -516,7 +516,8 @@ class OomEvent(TypedDict):
     captured_by: NotRequired[str]
     #: after forwards of the outermost model that recorded an autograd graph, with no optimizer step since they
     #: began (none yet, or a training job's pause), oldest first, at most 128: rows [forward, time,
-    #: allocated_bytes, peak_bytes] (peak -1: the forward set no new lifetime peak) (since 1.7)
+    #: allocated_bytes, peak_bytes, start_bytes] (peak -1: the forward set no new lifetime peak; start:
+    #: allocated as the forward began, -1 or absent: not read) (since 1.7)
     forwards_memory: NotRequired[list[list[float]]]
     #: forwards of the outermost model that recorded a graph since a backward last consumed one (since 1.8)
     forwards_since_backward: NotRequired[Optional[int]]

@@ -464,7 +464,8 @@ OOM_EVENT = Table(
             "list",
             "after forwards of the outermost model that recorded an autograd graph, with no optimizer step "
             "since they began (none yet, or a training job's pause), oldest first, at most 128: rows "
-            "[forward, time, allocated_bytes, peak_bytes] (peak -1: the forward set no new lifetime peak)",
+            "[forward, time, allocated_bytes, peak_bytes, start_bytes] (peak -1: the forward set no new lifetime "
+            "peak; start: allocated as the forward began, -1 or absent: not read)",
             items="row", since=FORWARDS,
         ),
         nullable(
