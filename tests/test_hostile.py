@@ -14,6 +14,8 @@ from test_events import POD
 from oomsight.analysis.inventory import take_inventory
 from oomsight.metrics.collector import SpoolCollector
 from oomsight.wire import decoding
+from oomsight.wire.fieldtypes import LABEL_MAX_CHARS
+from oomsight.wire.reader import Budget
 from oomsight.wire.spool import SpoolReader
 from oomsight_sidecar.events import EventPoster
 
@@ -317,7 +319,7 @@ def test_a_valid_snapshot_listing_more_devices_than_a_document_may_is_refused_wh
 
 
 def test_ranks_past_the_budget_are_refused_the_newest_read_and_each_counted_once(spool):
-    from oomsight.wire.reader import Budget
+
 
     for pid in range(1, 13):
         path = put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
@@ -333,7 +335,7 @@ def test_ranks_past_the_budget_are_refused_the_newest_read_and_each_counted_once
 
 
 def test_a_folder_of_many_files_is_listed_only_to_its_budget_and_logged_once_per_interval(spool, caplog):
-    from oomsight.wire.reader import Budget
+
 
     put(spool, snapshot_path(1), snapshot(pid=1, rank=0))
     events = os.path.join(spool, "events")
@@ -364,7 +366,7 @@ def test_a_file_name_holding_a_newline_cannot_split_a_log_line(spool, caplog):
 
 
 def test_series_past_the_scrape_budget_are_left_out_before_any_text_is_made(spool):
-    from oomsight.wire.reader import Budget
+
 
     for pid in range(1, 9):
         put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
@@ -380,12 +382,20 @@ def test_series_past_the_scrape_budget_are_left_out_before_any_text_is_made(spoo
 
 
 def test_huge_label_values_cannot_blow_up_the_exposition(spool):
+    """A label value over the bound refuses its document (issue 44); long ones within it reach the bytes budget."""
     put(spool, snapshot_path(1), snapshot(pid=1, rank=0))
     doc = many_devices(2, 1, 16)
     for d in doc["devices"]:
-        d["uuid"] = "GPU-" + "f" * 60_000  # valid, and in every one of a device's ~50 series
+        d["uuid"] = "GPU-" + "f" * 60_000  # in every one of a device's ~50 series
     put(spool, snapshot_path(2), doc)
     reg, text = scrape(SpoolCollector(spool, clock=lambda: NOW))
+    assert skipped(reg, "invalid") == 1 and skipped(reg, "too_many_series") == 0
+    assert len(text) < 100_000 and reg.get_sample_value("oomsight_process_up", {"rank": "0", "local_rank": "0"}) == 1
+    for d in doc["devices"]:
+        d["uuid"] = "GPU-" + "f" * (LABEL_MAX_CHARS - 4)  # valid
+    put(spool, snapshot_path(2), doc)
+    reader = SpoolReader(spool, budget=Budget(metrics_bytes=200_000))
+    reg, text = scrape(SpoolCollector(spool, clock=lambda: NOW, reader=reader))
     assert skipped(reg, "too_many_series") == 1
     assert len(text) < 100_000 and reg.get_sample_value("oomsight_process_up", {"rank": "0", "local_rank": "0"}) == 1
 
@@ -417,7 +427,7 @@ def test_dot_files_and_junk_names_cannot_hide_a_live_rank_from_the_listing(spool
 def test_names_the_hook_makes_are_listed_before_newer_junk_json(spool):
     """Issue 36: junk newer than ranks that stopped publishing hid all 64. The hook's own names come
     first, then the newest; what is left out is counted once."""
-    from oomsight.wire.reader import Budget
+
 
     folder = os.path.join(spool, "snapshots")
     for pid in range(1, 65):

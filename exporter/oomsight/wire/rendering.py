@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from oomsight.wire import generated
 from oomsight.wire.fields import DOCUMENTS, tables
-from oomsight.wire.fieldtypes import Field, Table, default_of
+from oomsight.wire.fieldtypes import LABEL_MAX_CHARS, Field, Table, default_of
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 WIRE = os.path.dirname(os.path.abspath(__file__))
@@ -101,7 +101,8 @@ def _json_type(f: Field, kind: Optional[str] = None, table: Optional[Table] = No
         item = _json_type(f, "object", f.table) if f.table is not None else _json_type(f, f.items or "any")
         return {"type": "array", "items": item}
     if kind == "map":
-        return {"type": "object", "additionalProperties": _json_type(f, f.items or "any")}
+        found = {"type": "object", "additionalProperties": _json_type(f, f.items or "any")}
+        return {**found, "propertyNames": {"maxLength": LABEL_MAX_CHARS}} if f.label else found
     if kind == "row":
         return {"type": "array", "items": {"type": ["number", "boolean"]}}
     scalars: dict[str, dict[str, Any]] = {
@@ -112,7 +113,9 @@ def _json_type(f: Field, kind: Optional[str] = None, table: Optional[Table] = No
         "bool": {"type": "boolean"},
         "any": {},
     }
-    return scalars[kind]
+    if f.counter and kind in ("int", "number"):
+        return {**scalars[kind], "minimum": 0}
+    return {**scalars[kind], "maxLength": LABEL_MAX_CHARS} if f.label and kind == "str" else scalars[kind]
 
 
 def _json_field(f: Field, t: Table) -> dict[str, Any]:
@@ -148,7 +151,10 @@ def json_schema() -> dict[str, Any]:
 
 def _md_type(f: Field) -> str:
     text = annotation(f).replace("NotRequired[", "", 1)[: None if f.required else -1]
-    return f"`{text}`" + (" one of " + ", ".join(f"`{c}`" for c in f.choices) if f.choices else "")
+    bounds = [" >= 0 (a counter)"] if f.counter else []
+    if f.label:
+        bounds.append(f" {'keys ' if f.kind == 'map' else ''}at most {LABEL_MAX_CHARS} characters (a label)")
+    return f"`{text}`" + (" one of " + ", ".join(f"`{c}`" for c in f.choices) if f.choices else "") + ",".join(bounds)
 
 
 def markdown_table(t: Table) -> str:

@@ -37,7 +37,7 @@ from oomsight.wire.documents import (
     StepTrend,
 )
 from oomsight.wire.fields import DOCUMENTS
-from oomsight.wire.fieldtypes import Field, Table, default_of
+from oomsight.wire.fieldtypes import LABEL_MAX_CHARS, Field, Table, default_of
 
 __all__ = [
     "AllocatorSample",
@@ -171,6 +171,28 @@ _SCALARS = {
 }
 
 
+def _is_label(v: Any) -> bool:
+    return _is_text(v) and len(v) <= LABEL_MAX_CHARS
+
+
+def _scalar(f: Field, kind: str) -> Callable[[Any], bool]:
+    """The test a value of ``kind`` (the field's own, or its items') passes, with the field's bounds: a counter's
+    number is >= 0, a label's string at most :data:`LABEL_MAX_CHARS` characters (issue 44)."""
+    if f.counter and kind in ("int", "number"):
+        test = _SCALARS[kind]
+        return lambda v: test(v) and v >= 0
+    if f.label and kind == "str":
+        return _is_label
+    return _SCALARS[kind]
+
+
+def _bound(f: Field) -> str:
+    """What a value of ``f`` must be besides its kind, for the message of a refusal."""
+    if f.counter:
+        return " (a counter: >= 0)"
+    return f" (a label value: at most {LABEL_MAX_CHARS} characters)" if f.label else ""
+
+
 def _check_value(f: Field, value: Any, where: str, fill: bool, known: Any = None) -> None:
     if f.kind == "object":
         assert f.table is not None
@@ -184,16 +206,16 @@ def _check_value(f: Field, value: Any, where: str, fill: bool, known: Any = None
         for i, item in enumerate(value):
             if f.table is not None:
                 _check(item, f.table, f"{where}[{i}]", fill, olds[i] if olds is not None else None)
-            elif not _SCALARS[f.items or "any"](item):
-                raise SchemaError(f"{where}[{i}] is not {f.items}")
+            elif not _scalar(f, f.items or "any")(item):
+                raise SchemaError(f"{where}[{i}] is not {f.items}{_bound(f)}")
     elif f.kind == "map":
         if type(value) is not dict:
             raise SchemaError(f"{where} is not an object")
-        check = _SCALARS[f.items or "any"]
-        if not all(check(v) and _is_text(k) for k, v in value.items()):
-            raise SchemaError(f"{where} holds a value that is not {f.items}")
-    elif not _SCALARS[f.kind](value):
-        raise SchemaError(f"{where} is not {f.kind}")
+        check, key = _scalar(f, f.items or "any"), _is_label if f.label else _is_text
+        if not all(check(v) and key(k) for k, v in value.items()):
+            raise SchemaError(f"{where} holds a value that is not {f.items} or a key that is not text{_bound(f)}")
+    elif not _scalar(f, f.kind)(value):
+        raise SchemaError(f"{where} is not {f.kind}{_bound(f)}")
     elif f.choices and value not in f.choices:
         raise SchemaError(f"{where} {value!r} is not one of {f.choices}")
 
@@ -257,7 +279,7 @@ def _planned(table: Table) -> tuple[Plan, frozenset[str]]:
     found = _PLANS.get(id(table))
     if found is None or found[0] is not table:
         plan = tuple(
-            (f.name, f, _SCALARS[f.kind] if f.kind in _SCALARS and not f.choices else None) for f in table.fields
+            (f.name, f, _scalar(f, f.kind) if f.kind in _SCALARS and not f.choices else None) for f in table.fields
         )
         found = _PLANS[id(table)] = (table, plan, frozenset(f.name for f in table.fields))
     return found[1], found[2]
