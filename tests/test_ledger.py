@@ -178,3 +178,58 @@ def test_a_lost_ledger_is_replaced_at_once_by_a_regular_file(tmp_path: Any) -> N
     put(spool, event_path(1, 9), event(pid=1, rank=0, seq=9, outcome="fatal"))
     found, _ = scrape(spool, NOW + 1)
     assert sum(v[0] for v in found.values()) == 1  # a new OOM after the reset counts, through restarts
+
+
+def three_fatal_ooms(spool: str) -> CollectorRegistry:
+    """A rank with 3 fatal OOMs, and a running collector's registry that served them once."""
+    put(spool, snapshot_path(1), snapshot(pid=1, rank=0, t=NOW))
+    for seq in (1, 2, 3):
+        put(spool, event_path(1, seq), event(pid=1, rank=0, seq=seq, t=NOW, outcome="fatal"))
+    reg = CollectorRegistry()
+    reg.register(SpoolCollector(spool, clock=lambda: NOW, ledger_path=ledger_of(spool)))
+    assert events_total(reg) == 3
+    return reg
+
+
+def events_total(reg: CollectorRegistry) -> float:
+    found = reg.get_sample_value(
+        "oomsight_oom_events_total",
+        {"rank": "0", "local_rank": "0", "device": "0", "gpu_uuid": snapshot()["devices"][0]["uuid"]},
+    )
+    assert found is not None
+    return found
+
+
+def test_a_ledger_deleted_while_its_event_files_remain_is_put_back_and_no_count_falls(tmp_path: Any) -> None:
+    """Issue 44: 3 OOMs, the ledger deleted, one event file gone, the sidecar restarted: 3, never 2."""
+    spool = str(tmp_path)
+    reg = three_fatal_ooms(spool)
+    os.remove(ledger_of(spool))
+    assert events_total(reg) == 3 and os.path.exists(ledger_of(spool))  # put back at the scrape
+    os.remove(os.path.join(spool, event_path(1, 1)))
+    assert events_total(reg) == 3
+    os.remove(ledger_of(spool))
+    assert events_total(reg) == 3  # 2 files left: the count is the high-water mark, written again
+    assert scrape(spool, NOW)[0] == {key: [3.0, 3.0, 0.0] for key in scrape(spool, NOW)[0]}  # a restart: 3
+
+
+def test_a_ledger_replaced_by_a_lower_one_while_running_is_overwritten_by_the_counts_served(tmp_path: Any) -> None:
+    spool = str(tmp_path)
+    reg = three_fatal_ooms(spool)
+    rows(spool, lambda row: row.__setitem__(slice(4, 7), [1, 1, 0]))
+    with open(ledger_of(spool)) as fh:
+        assert [row[4:] for row in json.load(fh)["kept"]] == [[1, 1, 0]]
+    assert events_total(reg) == 3
+    with open(ledger_of(spool)) as fh:
+        assert [row[4:] for row in json.load(fh)["kept"]] == [[3, 3, 0]]
+
+
+def test_a_restart_without_a_ledger_counts_the_event_files_present(tmp_path: Any) -> None:
+    spool = str(tmp_path)
+    three_fatal_ooms(spool)
+    os.remove(ledger_of(spool))
+    found, created = scrape(spool, NOW)
+    assert list(found.values()) == [[3.0, 3.0, 0.0]] and created == {}  # a first start: no reset
+    os.remove(ledger_of(spool))
+    found, created = scrape(spool, NOW + 1)
+    assert list(found.values()) == [[3.0, 3.0, 0.0]] and created == {}

@@ -24,6 +24,11 @@ The ledger makes those tallies counters:
   ``_created`` is the time of the reset. Counting those files again could serve a lower non-zero
   value (events 3 -> 2 when one file went), which Prometheus reads as a reset followed by new OOMs.
   A ledger that is simply missing is a first start: the files are counted.
+* **A ledger taken away is put back** (issue 44). While the reader runs, its counts are the high-water
+  mark of every key; the file is checked at each apply (one ``stat``) and written again from them when it
+  is gone or is not the one last written. A ledger deleted while event files remain, and then the
+  sidecar restarted, would otherwise count only the files left (3 OOMs, one file gone: 2), which
+  Prometheus reads as a reset followed by 2 new OOMs.
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ class Ledger:
         """When the counters restarted after a lost ledger (their ``_created``); None if never."""
         self._lost = False
         self._written: Any = None
+        self._on_disk: Optional[tuple[int, int, int, int]] = None
+        """(inode, size, ``mtime_ns``, ``ctime_ns``) of the file as last written or read: another one is put back."""
         self._loaded = False
         if path is not None:
             self._load(path)
@@ -158,11 +165,11 @@ class Ledger:
         if self.path is None:
             return
         state = self._state()
-        if state == self._written and not force:
+        if state == self._written and not force and _identity(self.path) == self._on_disk:
             return
         try:
             _write(self.path, json.dumps(state).encode())
-            self._written = state
+            self._written, self._on_disk = state, _identity(self.path)
         except (OSError, Lost) as exc:
             if self._written is not False:
                 logger.warning(
@@ -237,6 +244,15 @@ def _kept(found: Any) -> dict[DeviceKey, Kept]:
 
 def _count(x: Any) -> bool:
     return type(x) is int and 0 <= x <= MAX_COUNT
+
+
+def _identity(path: str) -> Optional[tuple[int, int, int, int]]:
+    """(inode, size, ``mtime_ns``, ``ctime_ns``) of the file at ``path`` (not followed), None where there is none."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _folder(path: str, create: bool = False) -> int:
