@@ -168,10 +168,12 @@ CAUSE_REMEDY = {
     "accumulation",
     "other_process": "another process holds this GPU: give the job a GPU of its own",
     "non_pytorch_memory": "memory outside PyTorch (NCCL buffers, CUDA libraries): lower NCCL_BUFFSIZE",
-    "leak": "tensors kept alive with their graph across steps: log loss.item(), clear output lists",
+    "leak": "tensors kept alive with their graph across steps or micro-batches: log loss.item(), clear output "
+    "lists, reduce each micro-batch's outputs as they come",
     "fragmentation": "set PYTORCH_ALLOC_CONF=expandable_segments:True, keep shapes stable",
-    "growing_demand": "the input grew past what fitted: activation checkpointing; capping the batch size or sequence "
-    "length changes what the job learns from",
+    "growing_demand": "the input grew past what fitted: micro-batches of what fitted with gradient accumulation (the "
+    "same effective batch), activation checkpointing; an MoE's capacity factor changes the routing, truncating "
+    "sequences changes what the job learns from",
     "activations": "activations do not fit: activation checkpointing, a smaller batch with accumulation; bf16 autocast "
     "changes the result (bf16 rounding)",
     "model_states": "parameters, gradients and optimizer state fill the GPU: FSDP/ZeRO or optimizer-state offload; "

@@ -27,7 +27,8 @@ def test_every_result_changing_remedy_is_a_remedy_and_its_text_says_what_it_chan
     [
         (["no_grad", "leak", "eval_batch"], "leak"),
         (["quantize_base", "offload_frozen"], "offload_frozen"),
-        (["bound_input", "eval_batch"], "history"),  # none only moves memory: the history, which changes nothing
+        (["eval_batch", "half_precision"], "history"),  # none only moves memory: the history, which changes nothing
+        (["bound_input", "checkpointing"], "bound_input"),  # micro-batches and accumulation: the same effective batch
         (["checkpointing", "no_grad"], "checkpointing"),
         ([], None),
     ],
@@ -36,6 +37,22 @@ def test_a_remedy_that_only_moves_memory_comes_first(keys, first):
     out = remedies.harmless_first(keys)
     assert (out[0] if out else None) == first
     assert set(keys) <= set(out) and len(out) == len(set(out))
+
+
+@pytest.mark.parametrize(
+    ("keys", "shown", "first"),
+    [
+        (["quantize_base", "offload_frozen"], {"frozen"}, "quantize_base"),  # the weights it changes train nothing
+        (["quantize_base", "offload_frozen"], {"routing"}, "offload_frozen"),
+        (["expert_capacity", "bound_input"], {"routing"}, "expert_capacity"),  # the growth is the routing itself
+        (["expert_capacity", "bound_input"], set(), "bound_input"),
+        (["no_grad", "leak"], {"frozen", "routing"}, "leak"),  # no evidence lets no_grad lead a training forward
+    ],
+)
+def test_a_result_changing_remedy_leads_only_where_the_evidence_shows_what_it_changes(keys, shown, first):
+    out = remedies.harmless_first(keys, shown)
+    assert out[0] == first and sorted(out) == sorted(keys)
+    assert set(remedies.LEADS_WHEN) <= set(remedies.CHANGES)
 
 
 WORDS = re.compile(r"autocast|no_grad|inference_mode|8-bit|lighter optimizer|bf16", re.IGNORECASE)

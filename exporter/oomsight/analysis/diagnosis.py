@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from oomsight.analysis import remedies
+from oomsight.analysis import remedies, trend
 from oomsight.analysis import thresholds as th
 from oomsight.analysis.evidence import CAUSES, GENERATION_FRAMES, MODULE_FRAME, Cause, Evidence, on_stack
 from oomsight.analysis.oomfacts import ModelStates, OomFacts, facts_from_event, leak_growth, states_held
@@ -126,6 +126,8 @@ def _leak_rule(ev: Evidence) -> Optional[Diagnosis]:
             "tensors alive from every step (here so much that it ran out within a few steps)."
         )
         ev.facts["floor_growth_bytes"] = ev.short_leak
+    elif ev.window_kept is not None:
+        return _window_rule(ev, *ev.window_kept)
     elif ev.piled is not None:
         return _piled_rule(ev, ev.piled)
     elif ev.legacy_leak is not None:
@@ -137,6 +139,21 @@ def _leak_rule(ev: Evidence) -> Optional[Diagnosis]:
     else:
         return None
     return ev.result(Cause.LEAK, ["leak", "history"], summary)
+
+
+def _window_rule(ev: Evidence, growth: int, backwards: int) -> Diagnosis:
+    """Outputs kept through an accumulation window: after each backward the memory rose by about the same,
+    though every backward frees its micro-batch's activations."""
+    ev.facts["floor_growth_bytes"] = growth
+    ev.facts["window_backwards"] = backwards
+    return ev.result(
+        Cause.LEAK,
+        ["kept_outputs", "leak", "history"],
+        f"Within this accumulation window the memory left after each backward rose by {fb(growth)} over "
+        f"{backwards} backwards, by about the same each, though each backward frees its micro-batch's "
+        "activations: the loop keeps something of every micro-batch until the optimizer step (outputs or "
+        "logits in a list for a metric).",
+    )
 
 
 def _piled_rule(ev: Evidence, growth: int) -> Diagnosis:
@@ -349,22 +366,52 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
             f"({fb(ev.allocated)} allocated plus {fb(ev.requested)} requested): its input grew (a longer "
             "sequence, a larger batch). Bound what one forward takes in.",
         )
-    if not ev.outgrew(ev.step_need) and not ev.trend.growing:
+    demand = ev.trend.demand
+    if not ev.outgrew(ev.step_need) and not ev.trend.growing and demand is None:
         return None
-    own = fb(ev.step_need) if ev.step_need is not None else "unknown"
-    prior = fb(ev.prior_transient) if ev.prior_transient is not None else "unknown"
     each = ["backward_each"] if (ev.pending or 0) > 1 and (ev.consumed or 0) > 1 else []
+    summary = _demand_summary(ev, demand)
+    if ev.routing and demand is not None:
+        return ev.result(
+            Cause.GROWING_DEMAND,
+            ["expert_capacity", "bound_input", "checkpointing", *each, "batch"],
+            summary + f", at the same input ({demand.last_input:,} elements a forward) in a model with experts "
+            f"({fb(ev.experts)} of expert parameters): the routing grew it, more tokens sent to one expert. "
+            "Defragmenting cannot help; bound what one expert takes." + _kept_until_backward(ev),
+        )
+    # experts seen, or a writer older than 1.10 that could not say: routing may be the growth too
+    maybe_routed = bool(ev.experts) or "expert_parameters_bytes" not in (ev.f.get("model_states") or {})
+    if demand is not None and demand.input_rose:
+        grew = f": its input grew from {demand.first_input:,} to {demand.last_input:,} elements a forward"
+    else:
+        grew = ": the input grew (batch or sequence" + (
+            "; in a mixture-of-experts model, also more tokens routed to one expert: these facts cannot tell the "
+            "two apart)" if maybe_routed else ")"
+        )
     return ev.result(
         Cause.GROWING_DEMAND,
-        ["bound_input", "checkpointing", *each, "batch", "expert_capacity"],
-        f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
-        f"{fb(ev.requested)} requested), {own} of it on top of what survives between steps, more than "
-        f"any earlier step needed on top of it ({prior}; earlier peaks up to "
-        f"{fb(ev.prior_peak) if ev.prior_peak is not None else 'unknown'}): the input grew (batch or "
-        "sequence; in a mixture-of-experts model, also more tokens routed to one expert: these facts cannot "
-        "tell the two apart). Defragmenting cannot help; bound the input, or keep less of each step."
+        ["bound_input", "checkpointing", *each, "batch", *(["expert_capacity"] if maybe_routed else [])],
+        summary + grew + ". Defragmenting cannot help; bound what one forward takes in, or keep less of each step."
         + _kept_until_backward(ev),
     )
+
+
+def _demand_summary(ev: Evidence, demand: Optional[trend.Demand]) -> str:
+    """What the failing step needed against the earlier steps, and how their own memory rose."""
+    own = fb(ev.step_need) if ev.step_need is not None else "unknown"
+    prior = fb(ev.prior_transient) if ev.prior_transient is not None else "unknown"
+    summary = (
+        f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
+        f"{fb(ev.requested)} requested), {own} of it on top of what survives between steps, against at most "
+        f"{prior} in any earlier step (earlier peaks up to "
+        f"{fb(ev.prior_peak) if ev.prior_peak is not None else 'unknown'})"
+    )
+    if demand is not None:
+        summary += (
+            f"; the steps' own memory rose from {fb(demand.first_bytes)} to {fb(demand.last_bytes)} through the step "
+            "rows while what survives between steps did not explain it"
+        )
+    return summary
 
 
 def _kept_until_backward(ev: Evidence) -> str:

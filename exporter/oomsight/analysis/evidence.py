@@ -114,6 +114,8 @@ class Evidence:
         self.unsharded = layout(f, "unsharded_parameters_bytes")
         self.buckets = layout(f, "gradient_buckets_bytes")
         self.untrained_grads = layout(f, "untrained_gradients_bytes")
+        self.experts = layout(f, "expert_parameters_bytes")
+        """Parameters of a mixture of experts' experts (wire 1.10; 0: none, or an older writer)."""
         """Gradients of a model no optimizer trains (left with requires_grad on): bytes kept for nothing."""
         self.no_allocator_detail = f.get("allocator_backend") in ("cudaMallocAsync", "pluggable")
         """A back-end without block sizes, split or retry counts: fragmentation cannot be seen."""
@@ -134,6 +136,9 @@ class Evidence:
         )
         """In a process that never trains: the highest reading of the forwards that completed before
         the failing one (``trend.forwards_peak``), None without such a loop."""
+        self.window_kept = trend.kept_in_window(f.get("backwards_memory") or [], self.total)
+        """(bytes, backwards): the memory left after each backward of this accumulation window rose steadily
+        (wire 1.10): each micro-batch's outputs kept until the optimizer step."""
         self.consumed = f.get("most_forwards_per_backward")
         """The most forwards whose graphs one backward of this job consumed (wire 1.8; None: none seen)."""
         self.pending = f.get("forwards_since_backward")
@@ -165,6 +170,17 @@ class Evidence:
         no trainable parameter, or the process has no optimizer and no backward ever ran through its model.
         Only then may a remedy that changes what the job computes come first (``remedies.CHANGES``)."""
 
+    @property
+    def routing(self) -> bool:
+        """The step's own memory rose through the step rows while its input stayed the same, in a model with
+        experts: the routing grew it (tokens concentrating on an expert), not what the step takes in."""
+        d = self.trend.demand
+        return self.experts > 0 and d is not None and d.input_rose is False
+
+    def shown(self) -> set[str]:
+        """What the evidence shows a result-changing remedy changes (``remedies.LEADS_WHEN``)."""
+        return {tag for tag, seen in (("frozen", self.frozen > 0), ("routing", self.routing)) if seen}
+
     def outgrew(self, needed: Optional[int]) -> bool:
         """Whether ``needed`` (bytes on top of the last floor) is more than any earlier step needed."""
         if needed is None or self.prior_transient is None:
@@ -177,7 +193,7 @@ class Evidence:
             keys = [remedies.WITHOUT_GRAD.get(k, k) for k in keys]
         picked = remedies.pick([k for k in keys if k], self.job)
         if not self.trains_nothing:
-            picked = remedies.harmless_first(picked)
+            picked = remedies.harmless_first(picked, self.shown())
         self.facts["remedies"] = picked
         self.facts["changes_result"] = remedies.changes(picked)
         used = self.facts["in_use"]

@@ -55,6 +55,7 @@ class OomFacts(TypedDict, total=False):
     forwards_memory: Sequence[Sequence[float]]  # since the last step: [forward, time, allocated, peak, start] (1.7)
     forwards_since_backward: Optional[int]  # forwards recording a graph since a backward consumed one (1.8)
     most_forwards_per_backward: Optional[int]  # the most one backward consumed; None: none did (1.8)
+    backwards_memory: Sequence[Sequence[float]]  # since the last step: [backward, time, allocated] (1.10)
     largest_free_block_bytes: Optional[int]
     phase: Optional[str]  # forward, backward, optimizer, unknown
     job: Optional[Mapping[str, Any]]
@@ -154,6 +155,7 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         expandable_segments=bool(event.get("process", {}).get("expandable_segments")),
         steps_memory=event.get("steps_memory") or [],
         forwards_memory=event.get("forwards_memory") or [],
+        backwards_memory=event.get("backwards_memory") or [],
         largest_free_block_bytes=event.get("largest_free_block_bytes"),
         phase=event.get("phase"),
         job=event.get("job"),

@@ -10,7 +10,7 @@ the hook detected them (``JobSetup``), so advice never tells a job to do what it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Optional
 
 REMEDY = {
@@ -28,9 +28,16 @@ REMEDY = {
     "garbage_collection_threshold:0.8 to PYTORCH_ALLOC_CONF so cached blocks are released before the cache "
     "fills, or call torch.cuda.empty_cache() around phase changes (training to evaluation, a new input shape).",
     "shapes": "Keep tensor shapes stable between steps (pad or bucket variable-length inputs).",
-    "bound_input": "Bound what one step takes in: cap the batch size or the sequence length "
-    "(truncate, bucket by length, a max-tokens-per-batch sampler) at what fitted before; "
-    "oomsight.probe_batch_size() finds the largest batch that keeps a margin.",
+    "bound_input": "Bound what one forward takes in at what fitted before: split a larger batch into micro-batches "
+    "of at most that many samples (a max-tokens-per-micro-batch sampler for variable lengths) and accumulate their "
+    "gradients before optimizer.step(), each loss scaled by its share of the batch: the same effective batch and "
+    "the same gradients (only batch-statistics layers, BatchNorm, see the smaller micro-batch); "
+    "oomsight.probe_batch_size() finds the largest micro-batch that keeps a margin. Truncating sequences or "
+    "episodes bounds it too, but changes what the job learns from.",
+    "kept_outputs": "Do not keep each micro-batch's outputs until the optimizer step: reduce them as they come "
+    "(a metric's running counts, loss.item(), logits.argmax(-1)), or keep .detach().cpu() copies: every output "
+    "kept on the GPU holds its logits (and, not detached, the node of its graph) through the whole accumulation "
+    "window. The metric and the training stay the same.",
     "backward_each": "Call backward on each micro-batch's loss as it comes (scaled by 1/N) instead of summing "
     "the losses before one backward: the gradients are the same sums, and each forward's graph is freed at its "
     "backward instead of all of them living until the last.",
@@ -94,8 +101,9 @@ REMEDY = {
     "outside_leak": "Memory outside PyTorch's allocator grows every step: free what a CUDA extension allocates "
     "itself (cudaMalloc without cudaFree), and create process groups and NCCL communicators once, never per "
     "step (dist.new_group in the loop); NVML's memory of the process shows the rise.",
-    "expert_capacity": "If the model routes tokens to experts (mixture of experts), cap the tokens one expert "
-    "takes (a capacity factor; drop or re-route the overflow): its memory then no longer depends on the routing.",
+    "expert_capacity": "Cap the tokens one expert takes (a capacity factor, 1.0-1.25 in Switch/GShard; the overflow "
+    "dropped to the residual path or re-routed), and keep the router balanced (a load-balancing auxiliary loss, "
+    "router z-loss): the expert buffers then no longer grow with the routing.",
 }
 
 CHANGES: dict[str, str] = {
@@ -110,8 +118,8 @@ CHANGES: dict[str, str] = {
     "(a discriminator, a frozen decoder) the trained model then learns nothing from it",
     "smaller_base": "the model the job trains on",
     "light_optimizer": "the optimizer's update rule (another optimizer trains differently)",
-    "bound_input": "what the job learns from: a smaller batch, shorter sequences or episodes, tokens dropped",
-    "expert_capacity": "the routing: tokens over an expert's capacity are dropped or re-routed",
+    "expert_capacity": "the routing: tokens over an expert's capacity skip it (dropped to the residual path) or "
+    "go to another expert",
 }
 """The remedies that change what the job computes, and what each changes. Every other remedy only
 moves memory (recomputes, offloads, shards, frees sooner, splits the same work): the job learns the
@@ -193,12 +201,25 @@ def pick(keys: Sequence[str], job: Optional[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def harmless_first(keys: Sequence[str]) -> list[str]:
+LEADS_WHEN: dict[str, str] = {
+    "quantize_base": "frozen",
+    "frozen_half": "frozen",
+    "expert_capacity": "routing",
+}
+"""Result-changing remedies that may still come first where the evidence shows what they change: the
+precision of weights the job's own walk shows no optimizer trains (``frozen``: the adapters train as
+before), or the routing of a model with experts whose step rows show its memory grew while its input
+did not (``routing``: the growth is the routing itself, and an expert's capacity is the model's own
+setting for it). Their texts still say what they change."""
+
+
+def harmless_first(keys: Sequence[str], shown: Collection[str] = ()) -> list[str]:
     """``keys`` with a remedy that only moves memory first: the first of them moves to the front where
-    a result-changing one led (``CHANGES``); where none does, recording the allocation history (which
-    changes nothing) comes first. For a forward that may train: no advice may stop a job learning."""
+    a result-changing one led (``CHANGES``) that the evidence (``shown``, the tags of ``LEADS_WHEN``) does
+    not allow to lead; where none does, recording the allocation history (which changes nothing) comes
+    first. For a forward that may train: no advice may stop a job learning."""
     out = list(keys)
-    if not out or out[0] not in CHANGES:
+    if not out or out[0] not in CHANGES or LEADS_WHEN.get(out[0]) in shown:
         return out
     harmless = next((k for k in out if k not in CHANGES), "history")
     return [harmless, *(k for k in out if k != harmless)]

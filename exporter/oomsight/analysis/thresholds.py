@@ -67,6 +67,22 @@ TABLE: dict[str, Threshold] = {
         0.5, "share of the floor's growth", "a leak raises the floor, not the step's own memory (peak - "
         "floor): that may grow by less than half the floor's rise (a larger input raises both)", "trend",
     ),
+    "release_share": Threshold(
+        0.5, "share of the floor's range before", "a floor that falls back by half of what it rose (and by half a "
+        "leak's least growth) was released by the job (metric buffers reset each epoch, a cache emptied): what rose "
+        "before was not kept, and a rise since is a leak only beyond what the job released", "trend",
+    ),
+    "release_moves": Threshold(
+        6.0, "median moves of the floor", "... and by this many times the floor's median move from row to row: "
+        "noise of what the loop keeps across the boundary (a variable batch's outputs) falls back this far about "
+        "once in a million rows; an epoch of 7 or more rows releases that much (shorter epochs never fill a "
+        "window judged for a leak without a fall in it)", "trend",
+    ),
+    "plateau_share": Threshold(
+        0.05, "share of the floor's growth", "a new high of the floor counts when it is above the last one by "
+        "this much: a buffer that filled to its cap sets none for recent_rows rows (and twice its longest wait "
+        "while it rose), a leak sets one every few rows or in stairs of its own period", "trend",
+    ),
     "growing_share": Threshold(
         0.6, "share of consecutive rows", "peaks that rise at most rows of the recent window: growing input "
         "(batches, sequences) varies, so fewer rows than a leak's rise", "trend",
@@ -293,6 +309,11 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "trend._pile": ((3, 4), "the readings cut in quarters"),
     "trend.forwards_peak": ((2, 3, 4), "the sampler readings' columns [time, allocated, peak, allocated total]"),
     "trend._falls_back": ((2,), "the readings' halves"),
+    "trend.demand_rise": ((3,), "the rows cut in thirds"),
+    "trend.kept_in_window": ((2, 3), "the backward rows' columns [backward, time, allocated]"),
+    "trend.since_release": ((2,), "a fall needs two points before it; half a leak's least growth"),
+    "trend.plateaued": ((2,), "twice the longest wait between two highs"),
+    "trend._median": ((2,), "the middle of the sorted values"),
     "trend._fit": ((2,), "a square"),
     "trend._slope": ((2,), "a line needs two points"),
     "trend._t_stat": ((0.5, 2, 3), "Student's t of a line fit: n - 2 degrees of freedom, a square root"),

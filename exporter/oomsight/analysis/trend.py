@@ -33,6 +33,12 @@ ROW_FIELDS = ("step", "time", "floor_bytes", "peak_bytes", "reserved_bytes", "ex
 
 OUTSIDE = 6
 """The 7th column (wire 1.6): NVML's memory of the process minus reserved at that row (-1: unknown)."""
+STATES, INPUT = range(OUTSIDE + 1, OUTSIDE + 3)
+"""STATES, the 8th column (wire 1.10): the gradients and optimizer state the job's optimizers hold on the device at
+that row (-1: unknown), measured again whenever their count of state entries changed: state that appears
+when parameters start to train (progressive unfreezing, a param group added, an expert's first tokens).
+INPUT, the 9th column (wire 1.10): the most elements one forward of the outermost model took in since the row
+before (its first tensor argument: input ids, images; -1: unknown)."""
 
 Point = tuple[float, float, Optional[float]]
 """One point of a series the leak detector judges: (step, floor bytes, the step's own bytes above
@@ -74,6 +80,24 @@ class Trend:
     """What the forecast is made for (``analysis.forecast.KINDS``); "" without one."""
     no_forecast_reason: str = fc.TOO_SHORT
     """Why there is no forecast (``analysis.forecast.REASONS``); "" with one."""
+    demand: Optional[Demand] = None
+    """The step's own memory (peak - floor) rose through the rows while the floor did not explain it
+    (:func:`demand_rise`); None: it did not."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Demand:
+    """How the step's own memory rose through the step rows, and whether its input rose with it."""
+
+    rise_bytes: int
+    """The rise of the step's own memory, the median of the last third of the rows over the first's."""
+    first_bytes: int
+    last_bytes: int
+    input_rose: Optional[bool] = None
+    """True: the forwards' input grew with it (a batch ramp, a length curriculum); False: the input stayed
+    the same (the model's own buffers grew: routing, data-dependent shapes); None: the rows do not say."""
+    first_input: int = -1
+    last_input: int = -1
 
 
 EMPTY = Trend(0, False, False, 0.0, 0.0, 0, 0, 0, 0, None, None, None)
@@ -136,6 +160,7 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
             last_floor_bytes=int(last[FLOOR]),
             last_peak_bytes=int(last[PEAK]),
             seconds_per_step=per_step,
+            demand=demand_rise(usable, capacity_bytes),
         )
     growth, judged = leak_in(step_series(usable), capacity_bytes)
     leak = growth is not None
@@ -143,6 +168,7 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
     recent = usable[-th.count("recent_rows") :]
     peak_slope = _slope([r[STEP] for r in recent], [r[PEAK] for r in recent])
     growing = not leak and _growing(recent, capacity_bytes)
+    demand = None if leak else demand_rise(usable, capacity_bytes)
     ahead = fc.predict(_columns(usable), capacity_bytes, judged[0][0] if leak else None, _detector(capacity_bytes))
     return Trend(
         points=len(usable),
@@ -160,6 +186,7 @@ def _analyse(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Trend:
         earliest_seconds_to_oom=ahead.earliest_seconds,
         forecast_kind=ahead.kind,
         no_forecast_reason=ahead.reason,
+        demand=demand,
     )
 
 
@@ -181,8 +208,12 @@ def _columns(rows: Sequence[Sequence[float]]) -> fc.Columns:
 
 
 def step_series(rows: Sequence[Sequence[float]]) -> list[Point]:
-    """The allocator's floor along step rows, with each step's own memory (peak - floor)."""
-    return [(float(r[STEP]), float(r[FLOOR]), float(r[PEAK] - r[FLOOR])) for r in rows]
+    """The allocator's floor along step rows, with each step's own memory (peak - floor). Where every row
+    knows the gradients and optimizer state held (:data:`STATES`), the floor is judged without them: state
+    that appears as parameters start to train is the model's, not something kept from every step."""
+    known = bool(rows) and all(len(r) > STATES and r[STATES] >= 0 for r in rows)
+    held = [float(r[STATES]) if known else 0.0 for r in rows]
+    return [(float(r[STEP]), float(r[FLOOR]) - h, float(r[PEAK] - r[FLOOR])) for r, h in zip(rows, held)]
 
 
 def leak_in(
@@ -202,13 +233,51 @@ def leak_in(
     if short:
         return _short_leak(series, capacity), series
     recent = th.count("recent_rows")
+    series = since_release(series, capacity)
     if len(series) >= th.count("min_rows"):
         windows = [series] + [series[-recent * k :] for k in (1, 2, 4, 8) if recent * k < len(series)]
         for judged in windows:
             growth = _leak_growth(judged, capacity, min_growth) if len(judged) >= th.count("min_rows") else None
-            if growth is not None:
+            if growth is not None and not plateaued(judged, growth):
                 return growth, judged
     return None, series[-recent:]
+
+
+def since_release(series: Sequence[Point], capacity: int) -> Sequence[Point]:
+    """The points since the series last fell back from one point to the next by ``release_share`` of its range
+    before, by ``release_moves`` times its median move and by half a leak's least growth: the job
+    released what it held (an epoch's metric buffers, a cache emptied), so what rose before was not kept. A
+    rise since then is a leak only beyond what the job released; where it is no larger, none is judged."""
+    floors = [p[1] for p in series]
+    moves = [abs(b - a) for a, b in zip(floors, floors[1:])]
+    least = max(th.value("release_moves") * _median(moves), _min_growth(capacity) / 2)
+    cut, released = 0, 0.0
+    for i in range(2, len(floors)):
+        before = floors[cut:i]
+        fall = floors[i - 1] - floors[i]
+        if fall >= th.value("release_share") * (max(before) - min(before)) and fall >= least:
+            cut, released = i, max(released, fall)
+    if not cut:
+        return series
+    after = series[cut:]
+    rise = max(p[1] for p in after) - after[0][1]
+    return after if rise > released * (1 + th.value("demand_margin")) else after[:1]
+
+
+def plateaued(points: Sequence[Point], growth: float) -> bool:
+    """The floor stopped rising: no new high (by ``plateau_share`` of its growth over the last one) for
+    ``recent_rows`` rows and for twice the longest wait between two of its highs while it rose. A buffer
+    that fills to its cap (a replay buffer, a memory bank) rises and stays; a leak in stairs rises again
+    within its own period."""
+    bar = th.value("plateau_share") * growth
+    level, highs = points[0][1], [0]
+    for i, p in enumerate(points):
+        if p[1] > level + bar:
+            level = p[1]
+            highs.append(i)
+    waits = [b - a for a, b in zip(highs, highs[1:])] or [0]
+    flat = len(points) - 1 - highs[-1]
+    return flat >= max(th.count("recent_rows"), 2 * max(waits))
 
 
 def _leak_growth(points: Sequence[Point], capacity: int, min_growth: Optional[float]) -> Optional[float]:
@@ -271,6 +340,28 @@ def _short_leak(points: Sequence[Point], capacity: int) -> Optional[float]:
     if not steady or growth < th.value("short_growth_share") * capacity or not _transient_flat(points, growth):
         return None
     return growth
+
+
+def kept_in_window(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[tuple[int, int]]:
+    """Outputs kept through an accumulation window: the memory left after each backward since the last
+    optimizer step (an OOM event's ``backwards_memory`` rows, wire 1.10: ``[backward, time, allocated]``)
+    rose at every backward by a steady amount (the short-series rule: at least ``short_min_rows`` rows,
+    the smallest rise ``short_steady_ratio`` of the largest), by a leak's least growth in all. Each
+    micro-batch's backward frees its activations, so what stays is what the loop keeps of each micro-batch
+    (its logits in a list for a metric). The first backward of a window may allocate the gradients: rows are
+    judged from it on. Returns (the rise, the backwards judged), or None."""
+    try:
+        usable = [float(r[2]) for r in rows if len(r) >= 3]
+        if len(usable) < th.count("short_min_rows"):
+            return None
+        rises = [b - a for a, b in zip(usable, usable[1:])]
+        growth = usable[-1] - usable[0]
+        steady = min(rises) > 0 and min(rises) >= th.value("short_steady_ratio") * max(rises)
+        if not steady or growth < _min_growth(capacity_bytes):
+            return None
+        return int(growth), len(usable)
+    except (ArithmeticError, TypeError, ValueError):
+        return None
 
 
 def outside_leak(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Optional[int]:
@@ -426,6 +517,38 @@ def _falls_back(points: Sequence[tuple[float, float]]) -> bool:
     half = len(values) // 2
     falls = [i for i in range(1, len(values)) if values[i - 1] - values[i] > least]
     return any(i < half for i in falls) and any(i >= half for i in falls) and len(falls) >= th.count("falls_back_count")
+
+
+def demand_rise(rows: Sequence[Sequence[float]], capacity: int) -> Optional[Demand]:
+    """The step's own memory (peak - floor) rising through the rows: the medians of their thirds in order,
+    the least of the last third above the most of the first by ``demand_margin``, the rise by a leak's least
+    growth and by more than the floor rose (inputs of varying size overlap from third to third). A batch ramp
+    or a length curriculum rises in stairs; a routing that concentrates tokens on one
+    expert too. Where the rows know the forwards' input (:data:`INPUT`), whether it rose with it."""
+    if len(rows) < 3:
+        return None
+    third = len(rows) // 3
+    own = [float(r[PEAK] - r[FLOOR]) for r in rows]
+    first, middle, last = (_median(own[:third]), _median(own[third:-third]), _median(own[-third:]))
+    rise = last - first
+    floors = [float(r[FLOOR]) for r in rows]
+    floor_rise = _median(floors[-third:]) - _median(floors[:third])
+    margin = th.value("demand_margin")
+    if not (first <= middle * (1 + margin) and middle <= last * (1 + margin)):
+        return None
+    apart = min(own[-third:]) > max(own[:third]) * (1 + margin)
+    if not apart or rise < _min_growth(capacity) or rise <= floor_rise:
+        return None
+    inputs = [float(r[INPUT]) for r in rows if len(r) > INPUT and r[INPUT] > 0]
+    if len(inputs) < len(rows):
+        return Demand(int(rise), int(first), int(last))
+    early, late = _median(inputs[:third]), _median(inputs[-third:])
+    return Demand(int(rise), int(first), int(last), late > early * (1 + margin), int(early), int(late))
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
 
 
 def _growing(rows: Sequence[Sequence[float]], capacity: int) -> bool:

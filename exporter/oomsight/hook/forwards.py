@@ -62,6 +62,8 @@ state on the device pays for no global hook after these)."""
 IDLE_FORWARDS = 64
 """Forwards in a row without autograd recording after which the hook removes itself: an inference
 process under ``no_grad``/``inference_mode`` has nothing to row and pays for no hook after these."""
+BACKWARD_ROWS = 64
+"""Rows kept of the memory after each backward since the last optimizer step (the latest)."""
 MIN_INTERVAL_SECONDS = 0.01
 """At most 100 reads a second: 0.2 % of the thread's time at 20 µs a read, in the worst case of
 forwards faster than that."""
@@ -116,7 +118,24 @@ class ForwardMemory:
         self._began: tuple[int, Optional[dict[int, int]]] = (-1, None)
         """The forward (its number) whose pre-hook ran last, and the bytes allocated as it began, by
         device (None: it is not read, as the interval or no rows decide)."""
+        self.input_max = -1
+        """The most elements one forward recording a graph took in since the last step row took it."""
+        self._backwards: dict[int, list[list[float]]] = {}
+        """Per device: rows [backward, time, allocated] since the last optimizer step (wire 1.10)."""
+        self._backward_steps = -1
+        self._backward_count = 0
         self._lock = threading.Lock()
+
+    def take_input(self) -> int:
+        """The most elements one forward took in since the last call (-1: none seen), for a step row."""
+        found, self.input_max = self.input_max, -1
+        return found
+
+    def backwards(self, index: int) -> list[list[float]]:
+        """The device's rows after each backward since the last optimizer step, oldest first (copies)."""
+        if self.steps() != self._backward_steps:
+            return []
+        return [list(r) for r in list(self._backwards.get(index, []))]
 
     def stepped(self) -> bool:
         """An optimizer step came since the arming (then the rows are done)."""
@@ -182,7 +201,7 @@ class ForwardMemory:
             self._stop_finding()
             self.root_name = type(module).__name__
             handles = (
-                module.register_forward_pre_hook(BeforeForward(self, module)),
+                module.register_forward_pre_hook(BeforeForward(self, module), with_kwargs=True),
                 module.register_forward_hook(AfterForward(self, module)),
             )
             with self._lock:
@@ -196,12 +215,17 @@ class ForwardMemory:
         rowed: no optimizer step since the arming, or beyond what this job's backwards consume."""
         return not self.stepped() or (self.most_consumed is not None and pending > self._beyond)
 
-    def before(self) -> None:
-        """As a forward of the model begins (its pre-hook, :class:`BeforeForward`): where it will be
-        rowed (and read), the memory it begins with, which earlier forwards left alive."""
+    def before(self, elements: int = -1) -> None:
+        """As a forward of the model begins (its pre-hook, :class:`BeforeForward`): the elements it takes in
+        (``elements``), and where it will be rowed (and read), the memory it begins with, which earlier
+        forwards left alive."""
         try:
             self._began = (self.count + 1, None)
-            if not self.cuda.grad_enabled() or not self._rowed(self.pending + 1):
+            if not self.cuda.grad_enabled():
+                return
+            if elements > self.input_max:
+                self.input_max = elements
+            if not self._rowed(self.pending + 1):
                 return
             now = self.clock()
             if now - self._last_read < self.min_interval:
@@ -263,11 +287,29 @@ class ForwardMemory:
             if task != self._task or (task is None and self._forwarded):
                 self._task, self._window, self._run = task, self.pending, 0
                 self.pending = 0
+                _at_backward_end(self._torch, self._after_backward)
             self._forwarded = False
             self._run = max(self._run, self._window - index + 1)
             if self.most_consumed is None or self._run > self.most_consumed:
                 self.most_consumed = self._run
                 self._beyond = trend.beyond_consumed(self._run)
+        except Exception as exc:
+            self.errors.record("forward_memory", exc)
+
+    def _after_backward(self) -> None:
+        """As a backward that consumed the model's graph ends (autograd's callback): the memory it left,
+        for the rows of this accumulation window (a new window after each optimizer step)."""
+        try:
+            steps = self.steps()
+            if steps != self._backward_steps:
+                self._backward_steps, self._backwards = steps, {}
+            self._backward_count += 1
+            stamp = round(self.wall(), 3)
+            for index, r in self._reads():
+                rows = self._backwards.setdefault(index, [])
+                rows.append([self._backward_count, stamp, r.allocated_bytes])
+                if len(rows) > BACKWARD_ROWS:
+                    del rows[0]
         except Exception as exc:
             self.errors.record("forward_memory", exc)
 
@@ -321,6 +363,27 @@ def _grad_fn(output: Any) -> Any:
         if node is not None:
             return node
     return None
+
+
+def _at_backward_end(torch: Any, callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the running backward ends (autograd's engine callback queue; where torch has
+    none, never)."""
+    engine = getattr(getattr(getattr(torch, "autograd", None), "Variable", None), "_execution_engine", None)
+    queue = getattr(engine, "queue_callback", None)
+    if queue is not None:
+        queue(callback)
+
+
+def input_elements(args: Any, kwargs: Any) -> int:
+    """The elements of the first tensor a forward takes in (its positional arguments, then its keyword
+    arguments: ``input_ids``, ``pixel_values``), a few items looked at; -1 without one."""
+    named = kwargs.values() if isinstance(kwargs, Mapping) else ()
+    items = itertools.chain(args if isinstance(args, tuple) else (), named)
+    for item in itertools.islice(items, OUTPUT_ITEMS):
+        numel = getattr(item, "numel", None)
+        if numel is not None and hasattr(item, "shape"):
+            return int(numel())
+    return -1
 
 
 def _task_id(torch: Any) -> Optional[int]:
@@ -388,8 +451,8 @@ class AfterForward(RootHook):
 
 
 class BeforeForward(RootHook):
-    """The forward pre-hook on the model: the memory a rowed forward begins with."""
+    """The forward pre-hook on the model: what a forward takes in, the memory a rowed forward begins with."""
 
-    def __call__(self, module: Any, _args: Any) -> None:
+    def __call__(self, module: Any, args: Any, kwargs: Any = None) -> None:
         if self._ours(module):
-            self.memory.before()
+            self.memory.before(input_elements(args, kwargs))

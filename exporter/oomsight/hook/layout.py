@@ -38,6 +38,9 @@ FROZEN_CHILD_SHARE = 0.25
 the root's parameter bytes (a teacher kept as an attribute of the student's wrapper, a frozen
 vision tower): smaller frozen pieces (an embedding, a norm) are details, not a second model."""
 ADAPTER_MARKS = ("lora_",)
+EXPERT_MARKS = ("expert",)
+"""A parameter whose qualified name has one of these is an expert's of a mixture of experts (``experts.3.w1``,
+``block_sparse_moe.experts``, ``shared_expert``): its memory follows the routing (wire 1.10)."""
 """Parameter names of adapters (PEFT: lora_A, lora_B, lora_embedding_A/B, lora_magnitude_vector)."""
 QUANTIZED_CLASSES = frozenset(("Params4bit", "Int8Params"))
 """bitsandbytes' quantised parameters: plain storages plus side tensors (``quant_state``, ``SCB``)."""
@@ -79,6 +82,8 @@ class Totals:
     """Gradients of parameters no optimizer trains: a model left with ``requires_grad`` on (waste)."""
     unsharded: int = 0
     """Gathered (all-gathered) parameters alive now, besides their shards."""
+    experts: int = 0
+    """Parameters of a mixture of experts' experts (:data:`EXPERT_MARKS`)."""
 
     def as_states(self) -> dict[str, Any]:
         """The wire's ``ModelStates`` / ``Categories`` keys of these totals."""
@@ -93,6 +98,7 @@ class Totals:
             "gradient_buckets_bytes": self.buckets,
             "untrained_gradients_bytes": self.untrained_grads,
             "unsharded_parameters_bytes": self.unsharded,
+            "expert_parameters_bytes": self.experts,
         }
 
 
@@ -323,6 +329,8 @@ def _count_parameters(
             _bump(counter, device, "frozen", size)
         if size and _quantized(torch, p, wrapper):
             _bump(counter, device, "quantized", size)
+        if size and any(mark in name.lower() for mark in EXPERT_MARKS):
+            _bump(counter, device, "experts", size)
         if p.grad is not None:
             device, size = counter.add(p.grad, GRADS)
             if not trained:
@@ -393,6 +401,34 @@ def _optimizer_states(counter: _Counter, innermost: list[Any], optimizers: list[
             for value in state.values() if isinstance(state, dict) else ():
                 if hasattr(value, "untyped_storage"):
                     counter.add(value, STATE)
+
+
+def state_entries(optimizers: Iterable[Any]) -> int:
+    """How many parameters the optimizers (and those they wrap) hold state for: attribute reads and
+    ``len`` only, so a step row can tell when state appeared (a layer unfrozen, a param group added)."""
+    total = 0
+    for opt in optimizers:
+        for o in delegates(opt):
+            state = getattr(o, "state", None)
+            total += len(state) if isinstance(state, Mapping) else 0
+    return total
+
+
+def held(torch: Any, optimizers: Iterable[Any], device_type: str = "cuda") -> dict[int, int]:
+    """Per device, the bytes of the gradients and the optimizer state the optimizers hold (each storage
+    once): what a step row subtracts from its floor, so state that appears as parameters start to train
+    is not read as something kept from every step. One pass over the optimizers' parameters."""
+    counter = _Counter(torch, device_type)
+    for opt in optimizers:
+        for o in delegates(opt):
+            for group in getattr(o, "param_groups", []):
+                for p in group.get("params", []):
+                    counter.add(getattr(p, "grad", None), GRADS)
+            for state in getattr(o, "state", {}).values():
+                for value in state.values() if isinstance(state, dict) else ():
+                    if hasattr(value, "untyped_storage"):
+                        counter.add(value, STATE)
+    return {index: t.gradients + t.state for index, t in counter.devices.items()}
 
 
 def _will_have_state(opt: Any) -> list[Any]:

@@ -200,11 +200,20 @@ class OomRecorder:
             captured_by=captured_by,
             **self._layout_at_oom(device),  # type: ignore[typeddict-item]
         )
-        forwards = self._guarded("forward_memory", lambda: ctx.forwards_memory(device))
-        if forwards:  # wire 1.7: no optimizer step since they began (none yet, or a training job's pause)
-            event["forwards_memory"] = forwards
-        event.update(self._guarded("forward_memory", ctx.consumption) or {})  # wire 1.8
+        self._rows_at_oom(event, device)
         return cast(OomEvent, event)
+
+    def _rows_at_oom(self, event: OomEvent, device: int) -> None:
+        """The forward rows (wire 1.7: no optimizer step since they began), what the backwards consumed (1.8)
+        and the memory after each backward of the accumulation window so far (1.10)."""
+        ctx = self.context
+        forwards = self._guarded("forward_memory", lambda: ctx.forwards_memory(device))
+        if forwards:
+            event["forwards_memory"] = forwards
+        event.update(self._guarded("forward_memory", ctx.consumption) or {})  # type: ignore[typeddict-item]
+        backwards = self._guarded("forward_memory", lambda: ctx.backwards_memory(device))
+        if backwards:
+            event["backwards_memory"] = backwards
 
     def _layout_at_oom(self, device: int) -> dict[str, Any]:
         """What the failing model and the private pools say (wire 1.6)."""
@@ -429,6 +438,10 @@ class OomContext:
         return []
 
     def forwards_memory(self, device: int) -> list[list[float]]:
+        return []
+
+    def backwards_memory(self, device: int) -> list[list[float]]:
+        """Memory after each backward since the last optimizer step (wire 1.10); none where unknown."""
         return []
 
     def consumption(self) -> dict[str, Optional[int]]:

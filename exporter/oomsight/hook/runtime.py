@@ -70,6 +70,8 @@ class Hook:
             self.steps.peak_devices = lambda: list(self.sampler.devices)
         self.step_memory = StepMemory(cuda, self.sampler, self.errors)
         self.forwards = ForwardMemory(cuda, self.sampler, self.errors, steps=self._steps)
+        self.step_memory.held.steps = self.steps  # wire 1.10: the state held at each row, and the input
+        self.step_memory.inputs = self.forwards.take_input
         self.job = JobProbe(cuda, self.errors, self.process["expandable_segments"])
         self.oom = OomRecorder(
             settings.oom, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self)
@@ -337,6 +339,9 @@ class _Context(OomContext):
 
     def forwards_memory(self, device: int) -> list[list[float]]:
         return self.hook.forwards.series(device)
+
+    def backwards_memory(self, device: int) -> list[list[float]]:
+        return self.hook.forwards.backwards(device)
 
     def consumption(self) -> dict[str, Optional[int]]:
         return self.hook.forwards.consumption()

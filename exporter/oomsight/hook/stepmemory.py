@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Optional, TypeVar
 
 from oomsight.analysis import trend
+from oomsight.hook import layout
 from oomsight.hook.cuda import CudaApi, Reading
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
@@ -108,6 +109,43 @@ class RowBook:
         return [list(rows[-1])] if rows else []
 
 
+HELD_RISE_SHARE = 0.05
+"""Where the optimizers' count of state entries did not change, the gradients and state held are measured
+again when the floor rose by this share since they last were (an optimizer that keeps no state, SGD
+without momentum, gets gradients as parameters start to train) ..."""
+HELD_MIN_SECONDS = 1.0
+"""... at most once a second: one pass over the optimizers' parameters, never every step of a leak."""
+
+
+class Held:
+    """The gradients and optimizer state the job's optimizers hold, per device (``layout.held``), measured
+    again only when the optimizers' count of state entries changed (a layer unfrozen, a param group added)
+    or the floor rose (:data:`HELD_RISE_SHARE`): attribute reads and ``len`` at every other row."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.steps: Any = None
+        """The hook's ``StepTracker``: its torch, optimizers and device type (None: nothing is known)."""
+        self.clock = clock
+        self._entries = -1
+        self._floors: dict[int, int] = {}
+        self._at = -float("inf")
+        self.bytes: dict[int, int] = {}
+
+    def known(self, floors: dict[int, int]) -> Optional[dict[int, int]]:
+        """Per device the bytes held at a row whose floors are ``floors`` (None: unknown)."""
+        steps = self.steps
+        if steps is None or steps.torch is None:
+            return None
+        optimizers = steps.optimizers
+        entries = layout.state_entries(optimizers)
+        now = self.clock()
+        rose = any(f > self._floors.get(i, 0) * (1 + HELD_RISE_SHARE) for i, f in floors.items())
+        if entries != self._entries or (rose and now - self._at >= HELD_MIN_SECONDS):
+            self.bytes = layout.held(steps.torch, optimizers, steps.device_type)
+            self._entries, self._floors, self._at = entries, dict(floors), now
+        return self.bytes
+
+
 class StepMemory:
     def __init__(
         self,
@@ -126,6 +164,10 @@ class StepMemory:
         self.wall = wall
         self.book = RowBook(even=True)
         self._last_read = -float("inf")
+        self.held = Held(clock)
+        """The gradients and optimizer state held (the hook gives it its step tracker)."""
+        self.inputs: Callable[[], int] = lambda: -1
+        """The most elements one forward took in since the last row (the hook's forward rows; -1: unknown)."""
 
     def on_step(self, step: int) -> None:
         """After optimizer step ``step`` (training thread, inside the step hook's guard)."""
@@ -134,17 +176,37 @@ class StepMemory:
             return
         self._last_read = now
         stamp = round(self.wall(), 3)
+        reads = []
         for dev in list(self.sampler.devices.values()):
             try:
-                r = self.cuda.read(dev.index)
+                reads.append((dev, self.cuda.read(dev.index)))
             except Exception as exc:
                 self.errors.record("step_memory", exc)
-                continue
+        held = self._held({dev.index: r.allocated_bytes for dev, r in reads})
+        elements = self._inputs()
+        for dev, r in reads:
             sampled = dev.take_interval_max()
             exact = self.book.new_peak(dev.index, r.peak_allocated_bytes)
             peak = r.peak_allocated_bytes if exact else max(sampled or 0, r.allocated_bytes)
             row = [step, stamp, r.allocated_bytes, peak, r.reserved_bytes, int(exact), outside_bytes(dev.nvml, r)]
+            row += [held.get(dev.index, 0) if held is not None else -1, elements]
             self.book.append(dev.index, row)  # ints encode fast
+
+    def _held(self, floors: dict[int, int]) -> Optional[dict[int, int]]:
+        """The gradients and optimizer state held per device (wire 1.10), None where unknown."""
+        try:
+            return self.held.known(floors)
+        except Exception as exc:
+            self.errors.record("step_memory", exc)
+            self.held.steps = None  # once: a job whose optimizers cannot be walked rows without it
+            return None
+
+    def _inputs(self) -> int:
+        try:
+            return int(self.inputs())
+        except Exception as exc:
+            self.errors.record("step_memory", exc)
+            return -1
 
     def series(self, index: int) -> list[list[float]]:
         return self.book.series(index)

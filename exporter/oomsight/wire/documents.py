@@ -149,6 +149,8 @@ class Categories(TypedDict):
     unsharded_parameters_bytes: NotRequired[int]
     #: of the parameters, adapter (LoRA) weights (since 1.6)
     adapter_parameters_bytes: NotRequired[int]
+    #: of the parameters, a mixture of experts' experts (named expert...) (since 1.10)
+    expert_parameters_bytes: NotRequired[int]
     #: of the gradients, those of parameters no optimizer trains (a model left with requires_grad on) (since
     #: 1.6)
     untrained_gradients_bytes: NotRequired[int]
@@ -235,7 +237,9 @@ class DeviceSnapshot(TypedDict):
     #: rows [time, window_min_allocated_bytes, steps], oldest first, at most 64; since 1.5 none with step_trend
     trend: NotRequired[list[list[float]]]
     #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] and, since 1.6,
-    #: outside_bytes (NVML process memory minus reserved; -1: unknown); since 1.5 only the last row, judged in
+    #: outside_bytes (NVML process memory minus reserved; -1: unknown); since 1.10, held_bytes (gradients and
+    #: optimizer state the optimizers hold; -1: unknown) and input_elements (the most elements one forward of
+    #: the outermost model took in since the row before; -1: unknown); since 1.5 only the last row, judged in
     #: step_trend (since 1.2)
     steps_memory: NotRequired[list[list[float]]]
     #: the job's predicted peak on this device (since 1.3)
@@ -426,6 +430,8 @@ class ModelStates(TypedDict):
     unsharded_parameters_bytes: NotRequired[int]
     #: of the parameters, adapter (LoRA) weights (since 1.6)
     adapter_parameters_bytes: NotRequired[int]
+    #: of the parameters, a mixture of experts' experts (named expert...) (since 1.10)
+    expert_parameters_bytes: NotRequired[int]
     #: of the gradients, those of parameters no optimizer trains (a model left with requires_grad on) (since
     #: 1.6)
     untrained_gradients_bytes: NotRequired[int]
@@ -483,7 +489,9 @@ class OomEvent(TypedDict):
     #: when the outcome was decided
     outcome_time: NotRequired[Optional[float]]
     #: by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact] and, since 1.6,
-    #: outside_bytes (NVML process memory minus reserved; -1: unknown) (since 1.2)
+    #: outside_bytes (NVML process memory minus reserved; -1: unknown); since 1.10, held_bytes (gradients and
+    #: optimizer state the optimizers hold; -1: unknown) and input_elements (the most elements one forward of
+    #: the outermost model took in since the row before; -1: unknown) (since 1.2)
     steps_memory: NotRequired[list[list[float]]]
     #: "forward", "backward", "optimizer" or "unknown" (since 1.2)
     phase: NotRequired[Optional[str]]
@@ -524,6 +532,10 @@ class OomEvent(TypedDict):
     #: the most forwards whose graphs one backward consumed together (null: no backward ran through the model)
     #: (since 1.8)
     most_forwards_per_backward: NotRequired[Optional[int]]
+    #: after each backward through the outermost model since the last optimizer step (an accumulation window),
+    #: oldest first, at most 64: rows [backward, time, allocated_bytes] (backward: its number in the process)
+    #: (since 1.10)
+    backwards_memory: NotRequired[list[list[float]]]
 
 
 class ProfileOp(TypedDict):

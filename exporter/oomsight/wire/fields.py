@@ -25,6 +25,7 @@ from oomsight.wire.fieldtypes import (
     JUDGED,
     LATER,
     LAYOUT,
+    OBSERVED,
     OUTCOME_CHOICES,
     PREDICTED,
     STEP_MEMORY,
@@ -46,10 +47,10 @@ PROCESS = Table(
         opt("world_size", "int", "WORLD_SIZE (1 without it)", default=1),
         req("started_at", "time", "when the hook started, Unix seconds"),
         opt("argv0", "str", "the program's file name", default=""),
-        opt("torch_version", "str", "torch.__version__", default="", label=True),
-        opt("cuda_version", "str", "torch.version.cuda", default="", label=True),
-        opt("oomsight_version", "str", "the hook's oomsight version", default="", label=True),
-        opt("allocator_backend", "str", '"native" or "cudaMallocAsync"', default="", label=True),
+        opt("torch_version", "str", "torch.__version__", default=""),
+        opt("cuda_version", "str", "torch.version.cuda", default=""),
+        opt("oomsight_version", "str", "the hook's oomsight version", default=""),
+        opt("allocator_backend", "str", '"native" or "cudaMallocAsync"', default=""),
         opt("expandable_segments", "bool", "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True", default=False),
     ),
 )
@@ -67,10 +68,10 @@ ALLOCATOR = Table(
         req("window_peak_allocated_bytes", "int", "maximum sampled within the sliding window"),
         req("window_peak_reserved_bytes", "int", "maximum sampled reserved bytes within the window"),
         req("window_min_allocated_bytes", "int", "trough within the window: persistent memory"),
-        req("alloc_retries", "int", "cudaMalloc failures after which the allocator freed its cache", counter=True),
-        req("ooms", "int", "OOMs the allocator counted", counter=True),
-        req("device_allocs", "int", "cudaMalloc calls", counter=True),
-        req("device_frees", "int", "cudaFree calls", counter=True),
+        req("alloc_retries", "int", "cudaMalloc failures after which the allocator freed its cache"),
+        req("ooms", "int", "OOMs the allocator counted"),
+        req("device_allocs", "int", "cudaMalloc calls"),
+        req("device_frees", "int", "cudaFree calls"),
         opt("allocated_total_bytes", "int", "bytes ever allocated (allocated_bytes.all)", default=0, since=JUDGED),
     ),
 )
@@ -106,6 +107,10 @@ STATES_LAYOUT = (
             default=0, since=LAYOUT,
         ),
         opt("adapter_parameters_bytes", "int", "of the parameters, adapter (LoRA) weights", default=0, since=LAYOUT),
+        opt(
+            "expert_parameters_bytes", "int", "of the parameters, a mixture of experts' experts (named expert...)",
+            default=0, since=OBSERVED,
+        ),
         opt(
             "untrained_gradients_bytes", "int",
             "of the gradients, those of parameters no optimizer trains (a model left with requires_grad on)",
@@ -190,15 +195,17 @@ STEP_TREND = Table(
 )
 STEPS_MEMORY_DOC = (
     "by step, oldest first: rows [step, time, floor_bytes, peak_bytes, reserved_bytes, exact]"
-    " and, since 1.6, outside_bytes (NVML process memory minus reserved; -1: unknown)"
+    " and, since 1.6, outside_bytes (NVML process memory minus reserved; -1: unknown); since 1.10, held_bytes"
+    " (gradients and optimizer state the optimizers hold; -1: unknown) and input_elements (the most elements one"
+    " forward of the outermost model took in since the row before; -1: unknown)"
 )
 DEVICE = Table(
     "DeviceSnapshot",
     "One CUDA device the process uses.",
     (
         req("index", "int", "the CUDA device index"),
-        req("uuid", "str", "the GPU's UUID (GPU-...)", label=True),
-        opt("name", "str", "the GPU model", default="", label=True),
+        req("uuid", "str", "the GPU's UUID (GPU-...)"),
+        opt("name", "str", "the GPU model", default=""),
         opt("total_bytes", "int", "capacity as torch sees it (get_device_properties().total_memory)", default=0),
         nullable("limit_bytes", "int", "cap of set_per_process_memory_fraction; null if unset", since=LATER),
         req("allocator", "object", "the caching allocator's statistics", table=ALLOCATOR),
@@ -233,8 +240,8 @@ STEPS = Table(
     "StepInfo",
     "Optimizer steps seen by the global step hook.",
     (
-        req("count", "int", "steps so far", counter=True),
-        req("duration_seconds_total", "number", "sum of the times between consecutive steps", counter=True),
+        req("count", "int", "steps so far"),
+        req("duration_seconds_total", "number", "sum of the times between consecutive steps"),
         nullable("last_duration_seconds", "number", "time between the last two steps"),
         nullable("last_step_time", "time", "when the last step ended"),
     ),
@@ -323,15 +330,12 @@ SNAPSHOT = Table(
         req("time", "time", "Unix time of this snapshot"),
         req("seq", "int", "increases with every snapshot of the process"),
         req("state", "str", "exited: the last snapshot of the process", choices=("running", "exited")),
-        nullable("exit_reason", "str", "normal, exception, oom, stopped", label=True),
+        nullable("exit_reason", "str", "normal, exception, oom, stopped"),
         req("devices", "list", "one object per CUDA device the process uses", table=DEVICE),
         req("steps", "object", "optimizer steps", table=STEPS),
-        opt(
-            "sources", "map", "allocator, nvml, oom_observer, step_hook, history, profiler -> works", items="bool",
-            label=True,
-        ),
-        opt("errors", "map", "component -> count of swallowed errors", items="int", counter=True, label=True),
-        opt("oom_events_unwritten", "int", "OOMs beyond the event-file limit", default=0, counter=True),
+        opt("sources", "map", "allocator, nvml, oom_observer, step_hook, history, profiler -> works", items="bool"),
+        opt("errors", "map", "component -> count of swallowed errors", items="int"),
+        opt("oom_events_unwritten", "int", "OOMs beyond the event-file limit", default=0),
         nullable("leak", "object", "the last leak scan's finding", table=LEAK, since=LATER),
         nullable("batch_advice", "object", "the last batch-size advice", table=BATCH_ADVICE, since=LATER),
         nullable("profiling", "str", "id of the profile request running now", since=LATER),
@@ -343,7 +347,7 @@ PROFILE_OP = Table(
     "ProfileOp",
     "One operator row of a profiling window.",
     (
-        req("op", "str", 'operator name ("other" sums the rest)', label=True),
+        req("op", "str", 'operator name ("other" sums the rest)'),
         req("calls", "int", "calls in the window"),
         req("self_cuda_memory_bytes", "int", "memory the op itself allocated on the device (negative: frees)"),
         req("self_cuda_time_us", "number", "self CUDA time, microseconds"),
@@ -379,7 +383,7 @@ DIAGNOSIS = Table(
     "Diagnosis",
     "Why the OOM happened (docs/diagnosis.md).",
     (
-        req("cause", "str", "the diagnosed cause", label=True),
+        req("cause", "str", "the diagnosed cause"),
         req("summary", "str", "one sentence"),
         req("remedies", "list", "what to try, best first", items="str"),
         opt("facts", "map", "the numbers the diagnosis used", items="any"),
@@ -412,7 +416,7 @@ OOM_EVENT = Table(
         req("seq", "int", "1, 2, ... per process"),
         req("time", "time", "Unix time of the OOM"),
         req("device", "int", "the failing device"),
-        req("gpu_uuid", "str", "its UUID", label=True),
+        req("gpu_uuid", "str", "its UUID"),
         req("requested_bytes", "int", "size of the failing allocation (after the allocator's rounding)"),
         req("device_free_bytes", "int", "what the process could still get, as the allocator's observer saw it"),
         req("device_total_bytes", "int", "the device total (the cap under set_per_process_memory_fraction)"),
@@ -480,6 +484,14 @@ OOM_EVENT = Table(
             "most_forwards_per_backward", "int",
             "the most forwards whose graphs one backward consumed together (null: no backward ran through the model)",
             since=CONSUMED,
+        ),
+        opt(
+            "backwards_memory",
+            "list",
+            "after each backward through the outermost model since the last optimizer step (an accumulation "
+            "window), oldest first, at most 64: rows [backward, time, allocated_bytes] (backward: its number in "
+            "the process)",
+            items="row", since=OBSERVED,
         ),
     ),
     kind="oom_event",
