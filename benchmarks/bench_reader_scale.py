@@ -16,11 +16,14 @@ between scrapes, over HTTP, and its resident memory (VmRSS, VmHWM) is read.
 Budget (issue 25): 8 ranks p99 <= 30 ms, 16 ranks <= 50 ms, 64 ranks <= 250 ms; sidecar RSS <= 40 MiB
 at 16 ranks.
 
-``--unchanged`` (issue 36) measures instead the CPU of a scrape of 64 ranks whose files did not change,
-in interleaved rounds of one process, in three modes (:data:`MODES`): nothing kept (``off``), the reader's
-parsed documents kept (``parsed``: the tree before issue 36's samples), those and the collector's samples of
-each snapshot document (``on``); each part of the scrape apart (the read, the inventory and the families,
-the text), and the samples of each family:
+``--unchanged`` (issues 36 and 44) measures instead the CPU of a scrape of 64 ranks whose files did not
+change, in interleaved rounds of one process, in four modes (:data:`MODES`): nothing kept (``off``), the
+reader's parsed documents kept (``parsed``: the tree before issue 36's samples), those and the collector's
+samples of each snapshot document (``samples``: the tree before issue 44), and those with each process's
+text as the encoder wrote it (``text``: this tree); each part of the scrape apart (the read, the inventory
+and the families, the text), and the samples of each family. Then the wall time of a scrape of 64 ranks
+that all changed, ``samples`` against ``text`` in turns (what keeping the text costs when nothing can be
+reused):
 
     PYTHONPATH=exporter:sidecar python3 benchmarks/bench_reader_scale.py --unchanged --out benchmarks/results
 """
@@ -212,10 +215,13 @@ def measure_tree(tree: str) -> dict[str, Any]:
 
 UNCHANGED_RANKS, UNCHANGED_ROUNDS, UNCHANGED_SCRAPES = 64, 7, 30
 UNCHANGED_BUDGET_CPU_MS = 5.0
-"""Issue 36: an unchanged 64-rank spool costs about a stat per file, at most 5 ms of CPU per scrape."""
-MODES = {"off": (False, False), "parsed": (True, False), "on": (True, True)}
+"""Issues 36 and 44: an unchanged 64-rank spool costs at most 5 ms of CPU per scrape."""
+MODES = {"off": (False, False, False), "parsed": (True, False, False), "samples": (True, True, False)}
+MODES["text"] = (True, True, True)
 """What is kept between scrapes: (the reader's parsed documents, by file identity; the collector's samples
-of each snapshot document, by file identity and state). ``parsed`` is the tree before issue 36's samples."""
+of each snapshot document, by file identity and state; their text, by those and the encoder). ``parsed`` is
+the tree before issue 36's samples, ``samples`` the tree before issue 44's text."""
+CHANGED_ROUNDS, CHANGED_SCRAPES = 5, 12
 
 
 class _Built:
@@ -251,9 +257,9 @@ def measure_unchanged(n: int = UNCHANGED_RANKS) -> dict[str, Any]:
         os.makedirs(os.path.join(root, "snapshots"))
         publish_all(root, doc, n, 0)
         for _ in range(UNCHANGED_ROUNDS):
-            for mode, (parsed, samples) in MODES.items():
+            for mode, (parsed, samples, kept_text) in MODES.items():
                 reader = SpoolReader(root, cache=parsed)
-                collector = SpoolCollector(root, stale_after_seconds=3600, reader=reader, cache=samples)
+                collector = SpoolCollector(root, stale_after_seconds=3600, reader=reader, cache=samples, text=kept_text)
                 collector.exposition(generate_latest)  # fills the caches
                 built = _Built(list(collector.collect()))
                 measured = {
@@ -267,20 +273,49 @@ def measure_unchanged(n: int = UNCHANGED_RANKS) -> dict[str, Any]:
                 for part, ms in measured.items():
                     parts[mode].setdefault(part, []).append(round(ms, 3))
         text = collector.exposition(generate_latest)
+        same = text == SpoolCollector(root, stale_after_seconds=3600, cache=False).exposition(generate_latest)
         profiled = profile_scrape(partial(collector.exposition, generate_latest), UNCHANGED_SCRAPES)
+        changed = measure_changed_modes(root, doc, n)
     median = {c: {p: sorted(v)[len(v) // 2] for p, v in ps.items()} for c, ps in parts.items()}
     count = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    whole = median["text"]["whole_scrape"]
     return {
         "ranks": n,
         "samples": count,
         "samples_by_family": samples_by_family(built.built, n),
-        "text_us_per_sample_median": round(median["on"]["text_of_built_families"] / count * 1000, 2),
+        "text_us_per_sample_median": round(median["samples"]["text_of_built_families"] / count * 1000, 2),
         "bytes": len(text),
+        "text_same_as_nothing_kept": same,
         "cpu_ms_per_scrape_median": median,
         "cpu_ms_per_scrape_rounds": parts,
         "budget_cpu_ms": UNCHANGED_BUDGET_CPU_MS,
+        "met": whole <= UNCHANGED_BUDGET_CPU_MS,
+        "speedup_whole_scrape_text_vs_samples": round(median["samples"]["whole_scrape"] / whole, 1),
         "profile_top_own_time_share": profiled,
+        "changed_wall_ms_per_scrape": changed,
     }
+
+
+def measure_changed_modes(root: str, doc: dict[str, Any], n: int) -> dict[str, Any]:
+    """Wall time of a scrape of ``n`` ranks that all published since the last, ``samples`` against ``text``
+    in turns (:data:`CHANGED_ROUNDS` rounds of :data:`CHANGED_SCRAPES` scrapes each)."""
+    from prometheus_client import generate_latest
+
+    from oomsight.metrics.collector import SpoolCollector
+
+    found: dict[str, list[float]] = {"samples": [], "text": []}
+    seq = 1
+    for _ in range(CHANGED_ROUNDS):
+        for mode in found:
+            collector = SpoolCollector(root, stale_after_seconds=3600, text=mode == "text")
+            collector.exposition(generate_latest)
+            for _ in range(CHANGED_SCRAPES):
+                seq += 1
+                publish_all(root, doc, n, seq)
+                t0 = time.perf_counter()
+                collector.exposition(generate_latest)
+                found[mode].append((time.perf_counter() - t0) * 1000)
+    return {mode: stats(ms) for mode, ms in found.items()}
 
 
 def samples_by_family(built: list[Any], ranks: int) -> dict[str, Any]:
@@ -326,6 +361,7 @@ def main_unchanged(out: str) -> int:
     result = measure_unchanged()
     doc = {
         "benchmark": "bench_reader_scale --unchanged",
+        "commit": _commit(),
         "machine": {
             "cpus": os.cpu_count(),
             "load_average_before": before,
@@ -339,8 +375,16 @@ def main_unchanged(out: str) -> int:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "reader_unchanged.json"), "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
-    print(json.dumps(result["cpu_ms_per_scrape_median"], indent=1))
+    keys = ("cpu_ms_per_scrape_median", "met", "text_same_as_nothing_kept", "changed_wall_ms_per_scrape")
+    print(json.dumps({k: result[k] for k in keys}, indent=1))
     return 0
+
+
+def _commit() -> str:
+    """The commit measured, with ``+changes`` where the tree differs from it."""
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", ROOT, "diff", "--quiet", "HEAD", "--", "exporter", "sidecar"], check=False)
+    return head.stdout.strip() + ("+changes" if dirty.returncode else "")
 
 
 def main() -> int:

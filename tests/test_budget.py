@@ -233,3 +233,82 @@ def test_every_folder_at_its_corner_at_once_keeps_the_sidecar_within_the_chart(t
         assert sample(body, "oomsight_spool_skipped_files_total", reason="too_many_files") > BUDGET.ranks_per_spool
 
     within_the_chart(spool, check)
+
+
+def served_ranks(collector: Any) -> tuple[set[str], dict[tuple[str, str, str], float]]:
+    """The ranks ``collector`` serves (``oomsight_process_up``) and its ``oomsight_spool_hidden_snapshots``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    body = generate_latest(registry).decode()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ranks, hidden = set(), {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            if s.name == "oomsight_process_up":
+                ranks.add(s.labels["rank"])
+            elif s.name == "oomsight_spool_hidden_snapshots":
+                hidden[(s.labels["rank"], s.labels["local_rank"], s.labels["reason"])] = s.value
+    return ranks, hidden
+
+
+def tape_ranks(spool: str, n: int) -> None:
+    """``n`` ranks, each the shipped tape's last snapshot as recorded (20 KB, every step row: costed 206 KB)."""
+    from oomsight.tools import tape
+    from oomsight.tools.demo import TAPE
+
+    _, records = tape.read(TAPE)
+    last = json.dumps(next(r["doc"] for r in reversed(records) if r["doc"]["kind"] == "snapshot"))
+    assert 200_000 < memory_cost(last.encode()) <= BUDGET.rank_memory_bytes
+    for pid in range(1, n + 1):
+        doc = json.loads(last)
+        doc["process"].update(id=f"{pid}-aa", pid=pid, rank=pid - 1, local_rank=pid - 1)
+        doc.update(time=time.time(), state="running", exit_reason=None)
+        path = put(spool, snapshot_path(pid), doc)
+        os.utime(path, (1e9 + pid, 1e9 + pid))
+
+
+def test_64_ranks_of_the_tape_s_snapshot_are_all_served_and_none_is_said_hidden(tmp_path: Any) -> None:
+    """Issue 44: 12 MiB for the parsed snapshots together left 3 of these 64 ranks out, said by a counter alone."""
+    from oomsight.metrics.collector import SpoolCollector
+
+    spool = str(tmp_path)
+    tape_ranks(spool, BUDGET.ranks_per_spool)
+    collector = SpoolCollector(spool, stale_after_seconds=3600)
+    assert served_ranks(collector) == ({str(r) for r in range(BUDGET.ranks_per_spool)}, {})
+
+
+@pytest.mark.parametrize("hostile", ["padded", "dense"])
+def test_a_rank_over_its_share_of_memory_is_left_out_named_and_hides_no_valid_rank(tmp_path: Any, hostile: str) -> None:
+    """The newest file of the spool is a hostile rank's, read first before issue 44: one padded to the largest
+    file (costed 4 MiB), or 100 KB of ``[{}, ...]`` (costed 9.5 MB, no rank named)."""
+    from oomsight.metrics.collector import SpoolCollector
+
+    spool = str(tmp_path)
+    tape_ranks(spool, BUDGET.ranks_per_spool - 1)
+    if hostile == "padded":
+        put(spool, snapshot_path(999), padded(snapshot(pid=999, rank=99, t=time.time())))
+    else:
+        put(spool, snapshot_path(999), b"[" + b"{}," * 34_000 + b"{}]")
+    collector = SpoolCollector(spool, stale_after_seconds=3600)
+    ranks, hidden = served_ranks(collector)
+    assert ranks == {str(r) for r in range(BUDGET.ranks_per_spool - 1)}
+    named = ("99", "99") if hostile == "padded" else ("", "")
+    assert hidden == {(*named, "too_many_files"): 1.0}
+    assert served_ranks(collector) == (ranks, hidden)  # while it stays, unparsed: its claim is remembered
+    assert collector.reader.parsed == BUDGET.ranks_per_spool - 1
+    os.remove(os.path.join(spool, snapshot_path(999)))
+    assert served_ranks(collector) == (ranks, {})  # gone: the series goes
+
+
+def test_the_claim_of_a_file_refused_unparsed_is_its_process_object_or_nothing() -> None:
+    from oomsight.wire.reader import claim
+
+    assert claim(json.dumps(snapshot(pid=3, rank=7)).encode()) == ("7", "7")
+    assert claim(b'{"process": {"rank": 1}}') == ("", "")  # no local rank
+    assert claim(b'{"process": {"rank": "1", "local_rank": 0}}') == ("", "")
+    assert claim(b'{"process": {"rank": 1e400, "local_rank": 0}}') == ("", "")
+    assert claim(b'{"process": {"rank": 2, "local_rank": 0') == ("", "")
+    assert claim(b'{"process": {"rank": 2' + b" " * 5000 + b', "local_rank": 0}}') == ("", "")  # bounded search

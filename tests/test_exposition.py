@@ -94,13 +94,18 @@ def test_every_recorded_state_is_served_byte_for_byte_as_before(name):
         if key.startswith("retained|"):
             expected = without_zero_ooms(expected)
         expected = _LAST_REASON.sub(with_budget_reasons, expected)
-        assert _FORECAST.sub(b"", text) == _FORECAST.sub(b"", expected), key
+        assert _FORECAST.sub(b"", _HIDDEN.sub(b"", text)) == _FORECAST.sub(b"", expected), key
 
 
 _FORECAST = re.compile(rb"^(?:# (?:HELP|TYPE|UNIT) )?(?:U__)?oomsight_+oom_+forecast_+\w*[^\n]*\n", re.M)
 """Issue 37: the time-to-OOM forecast is made by the kind of rise (its numbers moved on purpose) and
 has an earliest time beside it (a new family): both are checked by ``tests/test_forecast.py`` and
 ``benchmarks/bench_forecast.py``, not against the recorded text."""
+
+
+_HIDDEN = re.compile(rb"^(?:# (?:HELP|TYPE|UNIT) )?(?:U__)?oomsight_+spool_+hidden_+snapshots[^\n]*\n", re.M)
+"""Issue 44: a new family, ``oomsight_spool_hidden_snapshots``, without samples in every recorded state (no rank
+left out): its header is not in the recorded text."""
 
 
 _ZERO_OOMS = re.compile(rb"^(?:U__)?oomsight_+oom_+events_+total(\{[^\n]*\}) 0\.0$", re.M)

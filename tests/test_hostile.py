@@ -319,8 +319,6 @@ def test_a_valid_snapshot_listing_more_devices_than_a_document_may_is_refused_wh
 
 
 def test_ranks_past_the_budget_are_refused_the_newest_read_and_each_counted_once(spool):
-
-
     for pid in range(1, 13):
         path = put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
         os.utime(path, (NOW + pid, NOW + pid))
@@ -332,11 +330,11 @@ def test_ranks_past_the_budget_are_refused_the_newest_read_and_each_counted_once
     ranks = sorted(int(v.rank_labels[0]) for v in collector.last_inventory.processes)
     assert ranks == list(range(5, 13))  # the newest eight
     assert reader.parsed == 8
+    hidden = {"rank": "", "local_rank": "", "reason": "too_many_files"}  # never read: they name no rank
+    assert reg.get_sample_value("oomsight_spool_hidden_snapshots", hidden) == 4
 
 
 def test_a_folder_of_many_files_is_listed_only_to_its_budget_and_logged_once_per_interval(spool, caplog):
-
-
     put(spool, snapshot_path(1), snapshot(pid=1, rank=0))
     events = os.path.join(spool, "events")
     os.makedirs(events, exist_ok=True)
@@ -366,8 +364,6 @@ def test_a_file_name_holding_a_newline_cannot_split_a_log_line(spool, caplog):
 
 
 def test_series_past_the_scrape_budget_are_left_out_before_any_text_is_made(spool):
-
-
     for pid in range(1, 9):
         put(spool, snapshot_path(pid), snapshot(pid=pid, rank=pid))
     reader = SpoolReader(spool, budget=Budget(series_per_scrape=300))
@@ -379,6 +375,9 @@ def test_series_past_the_scrape_budget_are_left_out_before_any_text_is_made(spoo
     assert samples <= 300 + 20  # the budget, and the reader's own series
     scrape(collector)
     assert skipped(reg, "too_many_series") == 8 - kept  # counted once while left out
+    for pid in range(kept + 1, 9):  # the lowest ranks first: each rank left out says so
+        hidden = {"rank": str(pid), "local_rank": str(pid), "reason": "too_many_series"}
+        assert reg.get_sample_value("oomsight_spool_hidden_snapshots", hidden) == 1
 
 
 def test_huge_label_values_cannot_blow_up_the_exposition(spool):
@@ -427,7 +426,6 @@ def test_dot_files_and_junk_names_cannot_hide_a_live_rank_from_the_listing(spool
 def test_names_the_hook_makes_are_listed_before_newer_junk_json(spool):
     """Issue 36: junk newer than ranks that stopped publishing hid all 64. The hook's own names come
     first, then the newest; what is left out is counted once."""
-
 
     folder = os.path.join(spool, "snapshots")
     for pid in range(1, 65):

@@ -2,7 +2,8 @@
 
 ``/metrics`` answers a ``GET`` as prometheus_client's own WSGI app does (its content
 negotiation, OpenMetrics, gzip), with the text the spool collector builds on every scrape
-(``oomsight.metrics.collector``: only parsed documents are kept, nothing rendered); anything
+(``oomsight.metrics.collector``: byte for byte what the negotiated encoder writes, each process's
+unchanged document samples written once per snapshot file and encoder); anything
 else on ``/metrics`` (``OPTIONS``, ``name[]`` filters) goes to prometheus_client's app itself.
 The other paths are a few lines of WSGI, served by :mod:`oomsight_server.wsgi`. ``HEAD`` is
 answered on every path with the headers ``GET`` would have.

@@ -3,11 +3,13 @@
 
 Used by the sidecar and by ``oomsight run``; never imported by the in-process hook. As
 ``prometheus_client.multiprocess`` does with its per-process files, the reader keeps what it
-parsed (keyed by each file's identity) and the text is left to prometheus_client's encoders:
-nothing rendered is kept between scrapes, so a family's value is always the one read now. The
+parsed (keyed by each file's identity) and the text is left to prometheus_client's encoders. The
 samples of the rows that read a process's snapshot document and whether it is up, nothing else
-(``DOCUMENT_SCOPES``), are kept by the same key and ``up`` (:class:`Kept`); every other row (ages,
-OOM counters, profiles, the reader's own) is built at every scrape.
+(``DOCUMENT_SCOPES``), are kept by the same key and ``up`` (:class:`Kept`), and with them the lines
+the encoder wrote for them (issue 44, :class:`Text`: a ``Kept`` value is made from those two inputs
+alone, so its text cannot be staler than the document; the served text equals the encoder's for
+every family built now, byte for byte, ``tests/test_exposition_text.py``); every other row (ages,
+OOM counters, profiles, the reader's own) is built and written at every scrape.
 Series of a process vanish by themselves once it is past retention; OOM counters are rebuilt
 from the event files and never go backwards (``oomsight.metrics.ledger``), and leave with
 their files, after the retention.
@@ -15,6 +17,7 @@ their files, after the retention.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,6 +42,7 @@ from oomsight.metrics.family import (
     DEVICE,
     DOCUMENT_SCOPES,
     FAMILIES,
+    HIDDEN,
     OOM,
     PROCESS,
     PROFILE,
@@ -49,7 +53,7 @@ from oomsight.metrics.family import (
     follow_trends,
 )
 from oomsight.metrics.ledger import Ledger
-from oomsight.wire.reader import TOO_MANY_SERIES, Budget, FileKey, SkipLog
+from oomsight.wire.reader import TOO_MANY_FILES, TOO_MANY_SERIES, Budget, Claim, FileKey, SkipLog
 from oomsight.wire.schema import Profile, Snapshot
 from oomsight.wire.spool import SpoolReader
 
@@ -57,6 +61,8 @@ Encoder = Callable[[Any], bytes]
 """One of prometheus_client's encoders (``generate_latest``, or one ``choose_encoder`` gives)."""
 Subjects = dict[str, list[tuple[tuple[str, ...], Any]]]
 """Per scope: (label values, subject) of each of its subjects, in exposition order."""
+Hidden = dict[Claim, dict[str, int]]
+"""(rank, local rank) -> {reason: snapshot files left out of the scrape}: the subjects of ``HIDDEN``."""
 _TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 T = TypeVar("T")
 
@@ -105,6 +111,8 @@ class SpoolCollector(Collector):
         table: Sequence[Family] = FAMILIES,
         ledger_path: Optional[str] = None,
         cache: bool = True,
+        *,
+        text: bool = True,
     ) -> None:
         self.reader = reader or SpoolReader(spool_dir)
         self.retention_seconds = retention_seconds
@@ -118,6 +126,11 @@ class SpoolCollector(Collector):
         """The families, with the samples of each snapshot document kept (``cache=False``: built at every scrape)."""
         self.ledger = Ledger(retention_seconds, ledger_path)
         """OOM counters never go backwards, kept in ``ledger_path`` through restarts (``oomsight.metrics.ledger``)."""
+        self.hidden: Hidden = {}
+        """The ranks the last read left out at the budget (``oomsight_spool_hidden_snapshots``)."""
+        self.text = Text(self.families) if cache and text else None
+        """The text of each process's document samples, kept with them (:class:`Text`); None: the whole text made
+        by the encoder at every scrape (``text=False``, the tree before issue 44)."""
 
     def describe(self) -> list[Metric]:
         return []  # collect() reads files: do not run it at registration
@@ -128,17 +141,38 @@ class SpoolCollector(Collector):
         inv = take_inventory(state, now, self.retention_seconds, self.stale_after_seconds)
         self.ledger.apply(inv, now)
         self.budget.admit(inv)
+        self.hidden = hidden_ranks(state.hidden_snapshots, self.budget.out)
         follow_trends(self.last_inventory, inv)
         self.last_inventory = inv
         return inv
 
     def collect(self) -> Iterator[Metric]:
-        yield from self.families.build(self.inventory())
+        inv = self.inventory()
+        yield from self.families.build(inv, self.hidden)
 
     def exposition(self, encoder: Encoder, fmt: str = "", others: Optional[Collector] = None) -> bytes:
         """What ``encoder`` gives for a registry holding this collector and then ``others`` (the
-        sidecar's ``/metrics`` body). ``fmt``, the content type, is not needed: nothing is kept."""
-        return encoder(_Both(self, others))
+        sidecar's ``/metrics`` body), byte for byte: the families read now, each process's document samples
+        as the encoder wrote them when its file last changed (:class:`Text`). ``fmt``, the content type, is
+        not needed: the encoder itself is the key."""
+        if self.text is None:
+            return encoder(_Both(self, others))
+        inv = self.inventory()
+        mine = self.text.exposition(encoder, inv, self.hidden)
+        if others is None:
+            return mine
+        return mine[: -len(EOF)] + encoder(others) if mine.endswith(EOF) else mine + encoder(others)
+
+
+def hidden_ranks(files: Sequence[Claim], series: Iterable[Claim]) -> Hidden:
+    """The subjects of ``HIDDEN``: the snapshot files the reader left out (by the rank each names) and the
+    processes the series budget left out."""
+    found: Hidden = {}
+    for reason, claims in ((TOO_MANY_FILES, files), (TOO_MANY_SERIES, series)):
+        for rank in claims:
+            reasons = found.setdefault(rank, {})
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return dict(sorted(found.items()))
 
 
 NAME_BYTES = 64
@@ -155,7 +189,8 @@ class BudgetKeeper:
         self.budget = budget
         self.per_scope = {scope: sum(1 for f in table if f.scope == scope and not f.label) for scope in _SCOPES}
         self.refused_total = 0
-        self._out: set[Any] = set()
+        self.out: set[Claim] = set()
+        """The ranks left out of the last scrape."""
         self.log = SkipLog("series left out of a scrape at its budget")
         self.estimates = Kept(lambda s, up: self._snapshot(s), cache)
         """Each snapshot's estimate, kept per file (:meth:`_snapshot`)."""
@@ -202,11 +237,11 @@ class BudgetKeeper:
 
     def _count(self, out: set[tuple[str, str]]) -> None:
         """Each rank left out counted once while it stays out."""
-        for rank, local_rank in sorted(out - self._out):
+        for rank, local_rank in sorted(out - self.out):
             self.refused_total += 1
             limits = f"over {self.budget.series_per_scrape} series or {self.budget.metrics_bytes} bytes"
             self.log.add(TOO_MANY_SERIES, f"rank {rank} local rank {local_rank}", limits)
-        self._out = out
+        self.out = out
         self.log.flush()
 
     def _tally(self, key: tuple[str, ...], tally: OomTally) -> tuple[int, int]:
@@ -245,7 +280,7 @@ class Estimate(NamedTuple):
     """The keys of its devices' OOM series."""
 
 
-_SCOPES = (READER, SOURCE, PROCESS, SNAPSHOT, DEVICE, OOM, PROFILE)
+_SCOPES = (READER, SOURCE, PROCESS, SNAPSHOT, DEVICE, OOM, PROFILE, HIDDEN)
 
 
 class _Both:
@@ -260,9 +295,9 @@ class _Both:
             yield from self.others.collect()
 
 
-def families(inv: Inventory, table: Sequence[Family] = FAMILIES) -> list[Metric]:
-    """Every family of ``table`` with its samples read from ``inv``, every one built now."""
-    subjects = scopes(inv)
+def families(inv: Inventory, table: Sequence[Family] = FAMILIES, hidden: Optional[Hidden] = None) -> list[Metric]:
+    """Every family of ``table`` with its samples read from ``inv`` (and ``hidden``), every one built now."""
+    subjects = scopes(inv, hidden=hidden)
     return [family(row, subjects[row.scope]) for row in table]
 
 
@@ -276,26 +311,178 @@ class Families:
         self.rows = [row for row in table if row.scope in DOCUMENT_SCOPES]
         self.kept = Kept(self._samples, cache)
 
-    def build(self, inv: Inventory) -> list[Metric]:
+    def build(self, inv: Inventory, hidden: Optional[Hidden] = None) -> list[Metric]:
         if not self.kept.enabled:  # every family built now, as before issue 36
-            return families(inv, self.table)
-        kept = [self.kept.get(v) for v in inv.processes]
-        self.kept.turn()
-        per_row = iter(zip(*kept) if kept else [() for _ in self.rows])  # each row's samples of each process
-        subjects = scopes(inv, documents=False)
-        found = []
-        for row in self.table:
-            fam = family(row, subjects[row.scope])
+            return families(inv, self.table, hidden)
+        return self.joined(*self.parts(inv, hidden))
+
+    def joined(self, live: list[Metric], blocks: list[Block]) -> list[Metric]:
+        """``live`` (:meth:`parts`) with each document row's samples of each process after its own."""
+        per_row = iter(zip(*(b.samples for b in blocks)) if blocks else [() for _ in self.rows])
+        for row, fam in zip(self.table, live):
             if row.scope in DOCUMENT_SCOPES:
                 fam.samples.extend(itertools.chain.from_iterable(next(per_row)))
-            found.append(fam)
-        return found
+        return live
 
-    def _samples(self, s: Snapshot, up: bool) -> list[list[Sample]]:
+    def parts(self, inv: Inventory, hidden: Optional[Hidden] = None) -> tuple[list[Metric], list[Block]]:
+        """Every family with the samples read now alone (a row of ``DOCUMENT_SCOPES``: those not of a process),
+        and the kept :class:`Block` of each process, in exposition order."""
+        blocks = [self.kept.get(v) for v in inv.processes]
+        self.kept.turn()
+        subjects = scopes(inv, documents=False, hidden=hidden)
+        return [family(row, subjects[row.scope]) for row in self.table], blocks
+
+    def _samples(self, s: Snapshot, up: bool) -> Block:
         """The samples of every row of :attr:`rows` in one process, in the order of the rows."""
         subjects = document_scopes(s, up)
-        found: list[list[Sample]] = [family(row, subjects[row.scope]).samples for row in self.rows]
+        return Block([family(row, subjects[row.scope]).samples for row in self.rows])
+
+
+class Block:
+    """The samples of the rows of ``DOCUMENT_SCOPES`` in one process (one list a row), and their text as each
+    encoder writes them (:class:`Text`): both made from the process's snapshot document and whether it is up
+    alone, and kept by those (:class:`Kept`)."""
+
+    def __init__(self, samples: list[list[Sample]]) -> None:
+        self.samples = samples
+        self.texts: dict[Any, Optional[list[bytes]]] = {}
+        """Encoder key (:func:`encoder_key`) -> the sample lines of each row; None where they cannot be cut out."""
+
+
+EOF = b"# EOF\n"
+"""The end of an OpenMetrics text."""
+
+
+def encoder_key(encoder: Encoder) -> Any:
+    """What decides ``encoder``'s text: the function and its arguments (``choose_encoder`` makes a new partial
+    at each request, with the escaping and version of its Accept header); None where that is not hashable."""
+    key: Any = encoder
+    if isinstance(encoder, functools.partial):
+        key = (encoder.func, encoder.args, tuple(sorted(encoder.keywords.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Listed:
+    """Families already built, as a registry gives them."""
+
+    def __init__(self, found: Sequence[Metric]) -> None:
+        self.found = found
+
+    def collect(self) -> Sequence[Metric]:
+        return self.found
+
+
+class Text:
+    """The exposition of a scrape (issue 44), byte for byte what the encoder gives for every family built
+    now (:meth:`Families.build`), at a fraction of its cost when files did not change: the encoder writes
+    the families' samples read now, and each process's samples of ``DOCUMENT_SCOPES`` once per snapshot
+    file, state and encoder, kept in its :class:`Block` (what ``Kept`` keeps: nothing in it can depend on
+    anything but the document and ``up``). Each part is cut at the families' headers (``# HELP``, as the same
+    encoder writes them for an empty family) and the parts are put together in exposition order. A part
+    that cannot be cut so (a header missing, a second header in a row's samples: a counter's ``_created``
+    in the text format) makes the whole text by the encoder instead."""
+
+    def __init__(self, families: Families) -> None:
+        self.families = families
+        self.whole = 0
+        """Texts made whole by the encoder (a part that could not be cut), for tests."""
+        self._headers: dict[Any, tuple[list[bytes], list[bytes]]] = {}
+
+    def exposition(self, encoder: Encoder, inv: Inventory, hidden: Hidden) -> bytes:
+        live, blocks = self.families.parts(inv, hidden)
+        key = encoder_key(encoder)
+        found = None if key is None else self._compose(encoder, key, live, blocks)
+        if found is not None:
+            return found
+        self.whole += 1
+        return encoder(_Listed(self.families.joined(live, blocks)))
+
+    def _compose(self, encoder: Encoder, key: Any, live: list[Metric], blocks: list[Block]) -> Optional[bytes]:
+        every, documents = self._header(encoder, key)
+        text = encoder(_Listed(live))
+        end = EOF if text.endswith(EOF) else b""
+        parts = cut(text[: len(text) - len(end)], every)
+        self._fill(encoder, key, [b for b in blocks if key not in b.texts], documents)
+        bodies = [b.texts[key] for b in blocks]
+        if parts is None or any(b is None for b in bodies):
+            return None
+        out: list[bytes] = []
+        per_row = iter(zip(*bodies) if bodies else [() for _ in documents])
+        for row, part, header in zip(self.families.table, parts, every):
+            out.append(part)
+            if row.scope in DOCUMENT_SCOPES:
+                if not _samples_only(part[len(header) :]):
+                    return None
+                out.extend(next(per_row))
+        out.append(end)
+        return b"".join(out)
+
+    def _fill(self, encoder: Encoder, key: Any, blocks: list[Block], headers: list[bytes]) -> None:
+        """Give each of ``blocks`` the sample lines of each of its document rows as ``encoder`` writes them, all
+        in one text (one header a row): a sample is one line in both formats, so each row's lines are dealt
+        out by the blocks' sample counts. Where they are not (a second header, another count), None."""
+        if not blocks:
+            return
+        built = [_empty(row) for row in self.families.rows]
+        for i, fam in enumerate(built):
+            fam.samples.extend(itertools.chain.from_iterable(b.samples[i] for b in blocks))
+        text = encoder(_Listed(built))
+        parts = cut(text[: -len(EOF)] if text.endswith(EOF) else text, headers)
+        rows: list[Optional[list[bytes]]] = [None] * len(blocks)
+        if parts is not None:
+            rows = [[] for _ in blocks]
+            for i, (part, header) in enumerate(zip(parts, headers)):
+                lines = [line + b"\n" for line in part[len(header) :].split(b"\n")[:-1]]
+                counts = [len(b.samples[i]) for b in blocks]
+                if not _samples_only(part[len(header) :]) or len(lines) != sum(counts):
+                    rows = [None] * len(blocks)
+                    break
+                at = 0
+                for found, n in zip(rows, counts):
+                    assert found is not None
+                    found.append(b"".join(lines[at : at + n]))
+                    at += n
+        for block, found in zip(blocks, rows):
+            block.texts[key] = found
+
+    def _header(self, encoder: Encoder, key: Any) -> tuple[list[bytes], list[bytes]]:
+        """The header of every family and of those of ``DOCUMENT_SCOPES``, as ``encoder`` writes them."""
+        found = self._headers.get(key)
+        if found is None:
+            every = []
+            for row in self.families.table:
+                text = encoder(_Listed([_empty(row)]))
+                every.append(text[: -len(EOF)] if text.endswith(EOF) else text)
+            rows = self.families.table
+            found = every, [h for row, h in zip(rows, every) if row.scope in DOCUMENT_SCOPES]
+            self._headers[key] = found
         return found
+
+
+def _empty(row: Family) -> Metric:
+    return family(row, ())
+
+
+def _samples_only(text: bytes) -> bool:
+    return not text.startswith(b"#") and b"\n#" not in text
+
+
+def cut(text: bytes, headers: Sequence[bytes]) -> Optional[list[bytes]]:
+    """``text`` cut before each of ``headers`` in turn, each at the start of a line: one part a header, the
+    first at the start; None where one is not found."""
+    if not headers or not text.startswith(headers[0]):
+        return None
+    starts = [0]
+    for header in headers[1:]:
+        at = text.find(b"\n" + header, starts[-1] + len(headers[len(starts) - 1]) - 1)
+        if at < 0:
+            return None
+        starts.append(at + 1)
+    return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
 
 
 def family(row: Family, subjects: Iterable[tuple[tuple[str, ...], Any]]) -> Metric:
@@ -324,9 +511,9 @@ def family(row: Family, subjects: Iterable[tuple[tuple[str, ...], Any]]) -> Metr
     return found
 
 
-def scopes(inv: Inventory, documents: bool = True) -> Subjects:
+def scopes(inv: Inventory, documents: bool = True, hidden: Optional[Hidden] = None) -> Subjects:
     """The subjects of every scope of a read; in ``DOCUMENT_SCOPES``, those of its processes only if
-    ``documents`` (:func:`document_scopes`)."""
+    ``documents`` (:func:`document_scopes`); in ``HIDDEN``, those of ``hidden``."""
     subjects: Subjects = {
         READER: [((), inv)],
         SOURCE: [(("", ""), {"spool": float(inv.readable and not inv.error)})],
@@ -335,6 +522,7 @@ def scopes(inv: Inventory, documents: bool = True) -> Subjects:
         DEVICE: [],
         OOM: sorted(inv.ooms.items()),
         PROFILE: sorted(latest_profiles(inv).items()),
+        HIDDEN: list((hidden or {}).items()),
     }
     for v in inv.processes if documents else ():
         for scope, found in document_scopes(v.snapshot, v.up).items():

@@ -26,20 +26,21 @@ DEV = ["rank", "local_rank", "device", "gpu_uuid"]
 _SRC = "torch.cuda.memory_stats()"
 
 READER, SOURCE, PROCESS, SNAPSHOT = "reader", "source", "process", "snapshot"
-DEVICE, OOM, PROFILE = "device", "oom", "profile"
+DEVICE, OOM, PROFILE, HIDDEN = "device", "oom", "profile", "hidden"
 """Scopes: what a row's value reads. READER: the whole read (an ``Inventory``), no labels. SOURCE: the
 data sources as {name: up}, the reader's own (no rank) and then each process's (those of its snapshot,
 up while the process is). PROCESS: a ``ProcessView``, the process as this scrape sees it (up, age, exit
 reason: from the time now). SNAPSHOT: a process's ``Snapshot`` document alone; DEVICE: a
 ``DeviceSnapshot`` of that document. OOM: an ``OomTally`` of a (rank, GPU); PROFILE: a process's latest
-``Profile``. The subjects of :data:`DOCUMENT_SCOPES` in one process are read from its snapshot document
+``Profile``. HIDDEN: the snapshot files of a (rank, local rank) left out of the scrape at the budget, as
+{reason: files}. The subjects of :data:`DOCUMENT_SCOPES` in one process are read from its snapshot document
 and whether it is up, nothing else: the collector builds their samples once per snapshot file and
 state; every other subject is built at every scrape."""
 DOCUMENT_SCOPES = (SOURCE, SNAPSHOT, DEVICE)
 """Scopes whose subjects in a process are read from its snapshot document alone (and, for SOURCE,
 whether the process is up): the collector keeps their samples by the document's file
 (``oomsight.metrics.collector.Kept``)."""
-LABELS = {READER: [], SOURCE: PROC, PROCESS: PROC, SNAPSHOT: PROC, DEVICE: DEV, OOM: DEV, PROFILE: PROC}
+LABELS = {READER: [], SOURCE: PROC, PROCESS: PROC, SNAPSHOT: PROC, DEVICE: DEV, OOM: DEV, PROFILE: PROC, HIDDEN: PROC}
 """The labels of each scope's subjects."""
 
 STABLE, ALPHA = "STABLE", "ALPHA"
@@ -342,6 +343,15 @@ FAMILIES: tuple[Family, ...] = (
         lambda inv: [(reason, inv.skipped_total.get(reason, 0)) for reason in SKIP_REASONS],
         "reason",
         stability=STABLE,
+    ),
+    gauge(
+        "oomsight_spool_hidden_snapshots",
+        "Snapshot files left out of this scrape at the reader's budget, by the rank each names and why: "
+        'too_many_files (past the ranks or the memory a spool may hold; rank "" where the file was not read or '
+        "names none), too_many_series (past a scrape's series or bytes). Absent while every rank is served.",
+        HIDDEN,
+        lambda reasons: sorted(reasons.items()),
+        "reason",
     ),
     gauge(
         "oomsight_source_up",

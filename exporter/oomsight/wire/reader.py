@@ -1,5 +1,5 @@
 """The spool's reader: every process's snapshot, every OOM event and every profile, each
-file parsed again only when its identity (inode, size, ``mtime_ns``) changed.
+file parsed again only when its identity (inode, size, ``mtime_ns``, ``ctime_ns``) changed.
 
 Every file is untrusted (``oomsight.wire.decoding``): an unusable one is a counted skip, and
 nothing is deleted but, when asked, the old temp files of writers killed mid-write. What a spool
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import json
 import logging
 import os
 import re
@@ -25,6 +26,8 @@ from oomsight.wire import decoding
 from oomsight.wire.layout import EVENTS, MAX_FILE_BYTES, PROFILES, SNAPSHOTS, SUBDIRS
 from oomsight.wire.layout import SKIP_REASONS as FILE_REASONS
 from oomsight.wire.schema import (
+    INT_MAX,
+    INT_MIN,
     KIND_OOM_EVENT,
     KIND_PROFILE,
     KIND_SNAPSHOT,
@@ -65,14 +68,21 @@ class Budget:
     """Directory entries looked at per folder, junk included; past it the folder is cut (counted once)."""
     ranks_per_spool: int = 64
     """Snapshots read, the newest first (a live rank publishes every second): 4x a pod's largest."""
+    rank_memory_bytes: int = 256 * 1024
+    """Memory every rank's parsed snapshot may hold, as :func:`memory_cost` bounds it, whatever the other ranks'
+    snapshots hold (issue 44): snapshots are parsed the cheapest first, so each of ``n`` ranks gets at least
+    ``snapshot_memory_bytes / n``, which is this at the most ranks. The shipped tape's snapshot with all its step
+    rows (a writer before wire 1.5) costs 206 KB, a 1.5 writer's 24 KB a device."""
     events_per_spool: int = 256
     """OOM event files read, the newest first (the hook writes at most OOMSIGHT_MAX_OOM_EVENTS, 100, per process;
     an OOM usually ends its process). Events of the tape's size reach :attr:`event_memory_bytes` first."""
     profiles_per_spool: int = 256
     """Profile files read, the newest first."""
-    snapshot_memory_bytes: int = 12 * 1024 * 1024
+    snapshot_memory_bytes: int = ranks_per_spool * rank_memory_bytes
     """Memory the parsed snapshots may hold together, as :func:`memory_cost` bounds it from their bytes before
-    they are parsed (an H200 tape snapshot: 3.7 KB, costed 24 KB, holds 12 KB; 64 ranks of 16 devices fit)."""
+    they are parsed: :attr:`rank_memory_bytes` for each of the most ranks (16 MiB; 12 MiB before issue 44, where
+    64 ranks of the tape's snapshot as recorded left 3 out). A 1.5 writer's snapshot (3.7 KB a device, costed
+    24 KB, holds 12 KB): 64 ranks of 10 devices fit."""
     event_memory_bytes: int = 8 * 1024 * 1024
     """Memory the parsed OOM events may hold together, costed the same way (the tape's 24 KB event is costed
     212 KB and holds 78 KB: the newest 39 such events are read; 1,024 of them held 100 MB before). The Event
@@ -152,10 +162,15 @@ class SpoolState:
     snapshot_keys: list[FileKey | None] = dataclasses.field(default_factory=list)
     """The file each of ``snapshots`` was parsed from, in the same order (empty where not known): what is
     built from one snapshot document alone is kept by it (``oomsight.metrics.collector.Kept``)."""
+    hidden_snapshots: list[Claim] = dataclasses.field(default_factory=list)
+    """The (rank, local rank) each snapshot file refused at the budget now names (:func:`claim`; ("", "")
+    where it was not read or does not say): a rank left out is never silent (issue 44)."""
 
 
-Identity = tuple[int, int, int, int]
-"""(device, inode, size, ``mtime_ns``) of a file (:func:`identity`)."""
+Claim = tuple[str, str]
+"""(rank, local rank) as label values."""
+Identity = tuple[int, int, int, int, int]
+"""(device, inode, size, ``mtime_ns``, ``ctime_ns``) of a file (:func:`identity`)."""
 FileKey = tuple[str, Identity]
 """A file's path and identity: the reader's key of what it parsed (parsed again when the identity changes)."""
 
@@ -164,11 +179,13 @@ class _Seen(NamedTuple):
     """A file as last read: its identity and what it gave."""
 
     identity: Identity
-    """(device, inode, size, ``mtime_ns``): the file is parsed again only when one of these changed."""
+    """(device, inode, size, ``mtime_ns``, ``ctime_ns``): the file is parsed again only when one of these changed."""
     doc: Document | None
     reason: str | None
     cost: int
     """What its parsed document holds at most (:func:`memory_cost`); 0 when it was not read."""
+    claim: Claim = ("", "")
+    """The rank it names, for a file refused at the memory budget (:func:`claim`)."""
 
 
 TEMP_MAX_AGE_SECONDS = 600.0
@@ -179,7 +196,31 @@ listed before other ``*.json`` names when a folder holds more than its budget.""
 
 
 def identity(st: os.stat_result) -> Identity:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    """What says a file changed: a writer's rename gives a new inode; a write in place moves the size or
+    ``mtime_ns``, and ``ctime_ns`` too, which no writer can set back (``os.utime`` moves it again; issue 44).
+    Limit: two writes of the same size in place within one tick of the filesystem's clock (a jiffy where
+    timestamps are coarse), the first of them read between the two, leave the second unseen until the
+    file changes again; the hook never writes in place."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_PROCESS = re.compile(rb'"process"\s*:\s*(\{[^{}]{0,4096}\})')
+"""A document's flat ``process`` object, found in its bytes without parsing the rest."""
+
+
+def claim(raw: bytes) -> Claim:
+    """The (rank, local rank) the first ``process`` object of ``raw`` names, as label values, read off its bytes
+    alone (a bounded search, one small parse): what a snapshot refused unparsed says it is; ("", "") where it
+    says nothing readable. A hostile file can name any rank: the claim is only ever shown as a refusal's."""
+    found = _PROCESS.search(raw)
+    try:
+        process = json.loads(found.group(1)) if found else {}
+    except ValueError:
+        return ("", "")
+    ranks = [process.get(k) for k in ("rank", "local_rank")]
+    if all(type(r) is int and INT_MIN <= r <= INT_MAX for r in ranks):
+        return (str(ranks[0]), str(ranks[1]))
+    return ("", "")
 
 
 class SpoolReader:
@@ -249,6 +290,8 @@ class SpoolReader:
             for gone in set(self._seen) - present:
                 del self._seen[gone]
             self._refused = refused
+            snapshots = os.path.join(self.root, SNAPSHOTS)
+            hidden = [self._claim(p) for p in sorted(refused) if os.path.dirname(p) == snapshots]
             self._sweep_all()
             self.log.flush()
             docs = {kind: [doc for doc, _ in found] for kind, found in out.items()}
@@ -262,6 +305,7 @@ class SpoolReader:
                 self.root,
                 unreadable,
                 [key for _, key in out[KIND_SNAPSHOT]],
+                hidden,
             )
 
     def _read_folder(
@@ -281,18 +325,19 @@ class SpoolReader:
                 stats[path] = exc
         newest = sorted(stats, key=lambda p: (WRITER_NAME.fullmatch(os.path.basename(p)) is None, -_mtime(stats[p]), p))
         most, memory = self.budget.documents(sub), self.budget.memory(sub)
+        for path in newest[most:]:
+            self._refuse(path, refused, f"more than {most} documents in its folder (the newest are read)")
+        chosen = newest[:most]
+        if sub == SNAPSHOTS:  # one rank each: the cheapest first, so no rank's size can hide another (issue 44)
+            chosen.sort(key=lambda p: self._cost(p, stats[p]))
         found: dict[str, Any] = {}
-        taken = 0
-        for path in newest:
-            if taken >= most:
-                self._refuse(path, refused, f"more than {most} documents in its folder (the newest are read)")
-                continue
+        for path in chosen:
             st = stats[path]
             doc, cost = self._load(path, kind, st, memory) if isinstance(st, os.stat_result) else self._failed(path, st)
             if doc is None and cost > memory:
                 self._refuse(path, refused, f"its document would hold {cost} bytes, over the {memory} left")
                 continue
-            memory, taken = memory - cost, taken + 1
+            memory -= cost
             if doc is not None:
                 found[path] = doc
         return [(found[p], self._key_of(p, found[p])) for p in sorted(found)]
@@ -302,6 +347,36 @@ class SpoolReader:
         file that cannot be read now (its last good document given) has not replaced; None if not kept."""
         seen = self._seen.get(path)
         return (path, seen.identity) if seen is not None and seen.doc is doc else None
+
+    def _cost(self, path: str, st: os.stat_result | OSError) -> int:
+        """What the document at ``path`` would hold (:func:`memory_cost`): its last cost while its identity stands,
+        else read off its bytes now (read again if it is parsed); 0 for a file that cannot be read."""
+        if not isinstance(st, os.stat_result):
+            return 0
+        seen = self._seen.get(path)
+        if self.cache and seen is not None and seen.identity == identity(st):
+            return seen.cost
+        if not stat_mod.S_ISREG(st.st_mode) or st.st_size > self.max_file_bytes:
+            return 0
+        try:
+            return memory_cost(decoding.read_file(path, self.max_file_bytes)[0])
+        except (OSError, decoding.Unusable):
+            return 0
+
+    def _claim(self, path: str) -> Claim:
+        """The rank the file at ``path`` names: its document's, where it was parsed, else its claim."""
+        seen = self._seen.get(path)
+        if seen is not None and seen.doc is not None:
+            p = seen.doc["process"]
+            return (str(p["rank"]), str(p["local_rank"]))
+        return seen.claim if seen is not None else ("", "")
+
+    def _read_claim(self, path: str) -> Claim:
+        """The rank a file refused unparsed names (:func:`claim`): read once per identity, a hostile file's cost."""
+        try:
+            return claim(decoding.read_file(path, self.max_file_bytes)[0])
+        except (OSError, decoding.Unusable):
+            return ("", "")
 
     def _refuse(self, path: str, refused: set[str], detail: str) -> None:
         refused.add(path)
@@ -409,8 +484,8 @@ class SpoolReader:
         except Exception as exc:  # a file never fails a read: a defect of ours, counted like a bad file
             doc, reason, detail, cost = None, "corrupt", f"{type(exc).__name__}: {exc}", 0
         self._transient.discard(path)
-        if reason == TOO_MANY_FILES:  # over the memory left: not parsed, its cost remembered
-            self._seen[path] = _Seen(identity(st), None, None, cost)
+        if reason == TOO_MANY_FILES:  # over the memory left: not parsed, its cost and claim remembered
+            self._seen[path] = _Seen(identity(st), None, None, cost, self._read_claim(path))
             return None, cost
         self._seen[path] = _Seen(identity(st), doc, reason, cost if doc is not None else 0)
         if reason is not None:
