@@ -35,3 +35,28 @@ def make_hook(spool: str) -> Callable[..., Hook]:
     yield build
     for hook in made:
         hook.sampler.stop_thread()
+
+
+@pytest.fixture
+def cpu_hook(spool: str) -> Any:
+    """Build a real Hook over the real torch for a model on the CPU (its tensors counted as device 0's),
+    its forward rows read at every forward, its sampler thread stopped; stop it after the test."""
+    import torch
+
+    made: list[Hook] = []
+
+    def build(cuda: FakeCuda) -> Hook:
+        settings = Settings().replace(spool_dir=spool, termination_message_path="")
+        hook = Hook(settings, cuda, None, torch=torch)
+        hook.forwards.device_type = "cpu"
+        assert hook.steps is not None
+        hook.steps.device_type = "cpu"
+        hook.forwards.min_interval = 0.0
+        made.append(hook)
+        hook.start()
+        hook.sampler.stop_thread()
+        return hook
+
+    yield build
+    for hook in made:
+        hook.stop()

@@ -11,9 +11,7 @@ import os
 import pytest
 
 from oomsight.analysis import trend
-from oomsight.config import Settings
 from oomsight.hook.forwards import FIND_CALLS, IDLE_FORWARDS
-from oomsight.hook.runtime import Hook
 
 from fakes import GIB, MIB, FakeCuda
 
@@ -24,23 +22,8 @@ CAPACITY = 24 * GIB
 
 
 @pytest.fixture
-def hook_on(spool):
-    made = []
-
-    def build(cuda):
-        settings = Settings().replace(spool_dir=spool, termination_message_path="")
-        hook = Hook(settings, cuda, None, torch=torch)
-        hook.forwards.device_type = "cpu"  # the model of these tests lives on the CPU
-        hook.steps.device_type = "cpu"  # (its tensors counted as device 0's)
-        hook.forwards.min_interval = 0.0
-        made.append(hook)
-        hook.start()
-        hook.sampler.stop_thread()
-        return hook
-
-    yield build
-    for hook in made:
-        hook.stop()
+def hook_on(cpu_hook):
+    return cpu_hook
 
 
 def _evaluate(cuda, model, batches, kept_per_forward, oom_at=None, base=4 * GIB, keep=True):

@@ -21,21 +21,16 @@ CAPACITY = 24 * GIB
 
 
 @pytest.fixture
-def hook_on(spool):
-    """test_forwards' hook on a CPU model, its step rows taken at every step, its devices known."""
-    from test_forwards import hook_on as forwards_hook
-
-    build = forwards_hook.__wrapped__(spool)
-    make = next(build)
+def hook_on(cpu_hook):
+    """The real hook on a CPU model, its step rows taken at every step, its devices known."""
 
     def made(cuda):
-        hook = make(cuda)
+        hook = cpu_hook(cuda)
         hook.step_memory.min_interval = 0.0
         hook.sampler.tick()
         return hook
 
-    yield made
-    next(build, None)
+    return made
 
 
 class Net(nn.Module):

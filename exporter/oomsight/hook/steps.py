@@ -89,6 +89,7 @@ class StepTracker:
             if handle is not None:
                 handle.remove()
         self._handle = self._pre_handle = None
+        self._last_optimizer = None  # a stopped hook keeps none of the job's objects alive
 
     def pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The global pre-step hook: one attribute write; the first time, learn the optimizer."""
