@@ -1,5 +1,7 @@
 """Judge the labelled corpus from its tapes (CPU): the diagnosis of every OOM, the leak flag
-over time, and the remedy verification runs.
+over time, and the remedy verification runs. The live flag is also read as exported
+(``oomsight_leak_suspected``: the step rows' verdict or a forward pile): per run its max over the
+tape's snapshots and its value in the last one (``live_flag_max`` / ``live_flag_final``).
 
     PYTHONPATH=exporter python3 benchmarks/corpus/evaluate.py TAPES_DIR [--json OUT]
 
@@ -18,6 +20,7 @@ from typing import Any
 
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import CAUSES, diagnose, facts_from_event
+from oomsight.metrics.family import leak_suspected
 from oomsight.tools import tape
 
 LABELS = {
@@ -67,18 +70,22 @@ def judge_tape(path: str) -> dict[str, Any]:
     events: dict[str, dict[str, Any]] = {}
     first_flag = None
     flagged_rows = 0
+    live: list[int] = []  # per snapshot: the exported oomsight_leak_suspected, any device
     for rec in records:
         doc = rec["doc"]
         if doc.get("kind") == "oom_event":
             events[rec["path"]] = doc  # the last write of each event (outcome settled)
         elif doc.get("kind") == "snapshot":
+            live.append(max((int(leak_suspected(dev)) for dev in doc.get("devices", [])), default=0))
             for dev in doc.get("devices", []):
                 flag = leak_flag(dev)
                 if flag is not None:
                     flagged_rows += 1
                     first_flag = flag if first_flag is None else first_flag
     first = sorted(events.values(), key=lambda e: e["seq"])[:1]
-    out: dict[str, Any] = {"ooms": len(events), "leak_flag_snapshots": flagged_rows, "leak_first_step": first_flag}
+    out: dict[str, Any] = {"ooms": len(events), "leak_flag_snapshots": flagged_rows, "leak_first_step": first_flag,
+                           "live_flag_max": max(live, default=None), "live_flag_final": live[-1] if live else None,
+                           "live_flag_snapshots": sum(live)}
     if first:
         ev = first[0]
         d = diagnose(facts_from_event(ev))
@@ -141,6 +148,8 @@ def evaluate(folder: str) -> dict[str, Any]:
         "remedy_first_and_fits": sum(bool(r["remedy_fits"]) for r in verified),
         "remedy_first_verified": len(verified),
         "false_leak_flags": sum(1 for r in rows if r["label"] != "leak" and r["leak_flag_snapshots"]),
+        "false_live_flags_any": sum(1 for r in rows if r["label"] != "leak" and r["live_flag_max"]),
+        "false_live_flags_final": sum(1 for r in rows if r["label"] != "leak" and r["live_flag_final"]),
     }
 
 
@@ -155,11 +164,13 @@ def main() -> int:
         print(
             f"{mark} {r['scenario']:36s} label={r['label']:20s} got={r['cause']:20s} "
             f"first={r.get('first_remedy')!s:16s} fits={r.get('remedy_fits')!s:5s} "
-            f"leak_first_step={r['leak_first_step']} flags={r['leak_flag_snapshots']}"
+            f"leak_first_step={r['leak_first_step']} flags={r['leak_flag_snapshots']} "
+            f"live_flag max={r['live_flag_max']} final={r['live_flag_final']}"
         )
     print(f"correct {result['correct']}/{result['total']}; first remedy verified to fit "
           f"{result['remedy_first_and_fits']}/{result['remedy_first_verified']}; "
-          f"false leak flags {result['false_leak_flags']}")
+          f"false leak flags {result['false_leak_flags']}; live flag (oomsight_leak_suspected) up on a non-leak "
+          f"job at any snapshot {result['false_live_flags_any']}, at the last {result['false_live_flags_final']}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -25,6 +25,7 @@ import wl_fits  # noqa: F401
 import wl_leaks  # noqa: F401
 import wl_memory  # noqa: F401
 import wl_piles  # noqa: F401
+import wl_unseen  # noqa: F401
 from common import DRY, WORKLOADS
 
 FULL_DEVICE_LABELS = ("other_process", "non_pytorch_memory")

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 43 on one GPU machine (device tool, repo root as cwd): the seven fresh held-out workloads
+# (benchmarks/heldout/wl_unseen.py) under `oomsight run --tape`, their remedy runs, the judgement of
+# the tapes (benchmarks/corpus/evaluate.py: diagnosis, remedy fits, the live leak flag), then the
+# GPU tests with whatever time is left. Under 9 minutes wall; results under $OUT:
+#   $OUT/heldout/            tapes, labels.json, runs.json (spools packed into spools.tgz)
+#   $OUT/issue43-judged.json evaluate.py's JSON;  $OUT/*.log the stages' output
+#   GPU_TESTS=0              skip the GPU tests;  PYTHON=python3 (default)
+set -u
+export PYTHONPATH=exporter:sidecar:webhook PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+NAMES=gpt2_batch_size_doubling,gpt2_accum_keeps_microbatch_logits,gpt2_progressive_unfreezing_adamw,dqn_replay_buffer_fills_then_flat,classifier_epoch_metric_buffers_fits,gpt2_frozen_base_lora_no_room,moe_router_collapse_padded_dispatch
+BUDGET=530  # seconds for the whole script
+stage() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "rc=$rc seconds=$((SECONDS - t0))" | tee -a "$OUT/$name.log"; }
+
+stage env 30 bash -c "nvidia-smi --query-gpu=name,memory.total --format=csv; $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'; $PY -c 'import bitsandbytes as b; print(\"bitsandbytes\", b.__version__)' || echo 'no bitsandbytes (the LoRA remedy takes its bf16 base)'"
+# 7 plain runs (4 at a time) + 5 remedy runs (the two `none` jobs have none): two waves each
+stage heldout 400 "$PY" benchmarks/heldout/run.py --out "$OUT/heldout" --only "$NAMES" --jobs 4 --timeout 170
+stage judge 60 "$PY" benchmarks/corpus/evaluate.py "$OUT/heldout" --json "$OUT/issue43-judged.json"
+[ -d "$OUT/heldout/spools" ] && tar czf "$OUT/heldout/spools.tgz" -C "$OUT/heldout" spools && rm -rf "$OUT/heldout/spools"
+
+left=$((BUDGET - SECONDS))
+if [ "${GPU_TESTS:-1}" != "0" ] && [ "$left" -ge 60 ]; then
+  lim=$(( left < 240 ? left : 240 ))
+  stage gpu-tests "$lim" env PYTHONPATH=exporter:server:sidecar:webhook "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/
+else
+  echo "== gpu-tests skipped (GPU_TESTS=${GPU_TESTS:-1}, ${left}s left)"
+fi
+
+echo "== summary (${SECONDS}s wall)"
+"$PY" - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+try:
+    runs = json.load(open(os.path.join(out, "heldout", "runs.json")))
+except (OSError, ValueError) as exc:
+    runs = []
+    print("no runs.json:", exc)
+for r in runs:
+    tag = r["scenario"] + (" --remedy" if r["remedy"] else "")
+    print(f"run {tag:50s} label={r['label']:15s} rc={r['rc']} fits={r['fits']} {r['seconds']}s")
+try:
+    j = json.load(open(os.path.join(out, "issue43-judged.json")))
+except (OSError, ValueError) as exc:
+    sys.exit(f"no judgement: {exc}")
+for r in j["scenarios"]:
+    print(f"{'ok ' if r['correct'] else 'BAD'} {r['scenario']:40s} label={r['label']:15s} got={r['cause']:15s} "
+          f"first={r.get('first_remedy')!s:16s} applied={r.get('remedy_applied')!s:16s} fits={r.get('remedy_fits')!s:5s} "
+          f"live_flag max={r['live_flag_max']} final={r['live_flag_final']}")
+print(f"correct {j['correct']}/{j['total']}; first remedy verified to fit {j['remedy_first_and_fits']}/"
+      f"{j['remedy_first_verified']}; false live leak flags: any snapshot {j['false_live_flags_any']}, "
+      f"last snapshot {j['false_live_flags_final']}")
+EOF
+tail -n 3 "$OUT/gpu-tests.log" 2>/dev/null
