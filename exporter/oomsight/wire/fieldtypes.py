@@ -60,6 +60,11 @@ KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
 ``map`` an object of arbitrary keys whose values are ``items``; ``list`` of ``items``."""
 ITEM_KINDS = ("int", "number", "str", "bool", "any", "row")
 """``row``: a list of finite numbers (booleans allowed), one row of a table of samples."""
+LABEL_MAX_CHARS = 512
+"""The most characters of a string the sidecar serves as a label value (issue 44). 512 characters are at
+most 2,048 bytes of UTF-8: within the 2,048 bytes Mimir and Cortex accept by default
+(``-validation.max-length-label-value``), and many times a GPU UUID (40), a MIG UUID (44) or a version; a
+profiler's templated CUDA kernel name can pass it, and then its profile is refused (docs/scale.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +84,12 @@ class Field:
     """What a reader sees when an optional key is absent (a fresh copy for lists and maps)."""
     choices: tuple[str, ...] = ()
     """The only values a reader accepts (closed sets only; open ones are listed in ``doc``)."""
+    counter: bool = False
+    """Served by a counter family (an ``int`` or ``number``, or the values of a ``map``): a reader accepts
+    only values >= 0 (issue 44: a counter is never negative, and every number of the table is finite)."""
+    label: bool = False
+    """Served as a label value (a ``str``, or the keys of a ``map``): a reader accepts at most
+    :data:`LABEL_MAX_CHARS` characters."""
 
 
 @dataclasses.dataclass(frozen=True)
