@@ -62,8 +62,8 @@ def signature(invariant: str, text: str) -> str:
         return "bytes: " + ", ".join(sorted(part.split(" counted")[0] for part in text.split("; ")))
     if invariant == "cause":
         return "cause: " + text.split(" ")[0]
-    if invariant == "first_remedy":
-        return "first_remedy: " + text.split(" ")[0]
+    if invariant in ("first_remedy", "first_fix"):
+        return f"{invariant}: " + text.split(" ")[0]
     if invariant == "harness":
         return "harness: " + text.split(":")[0]
     return invariant
@@ -118,16 +118,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--per-group", type=int, default=12)
     parser.add_argument("--compiled-at-most", type=int, default=None)
+    parser.add_argument("--slow-at-most", type=int, default=None, help="jobs of each slow shape at most")
     parser.add_argument("--out", default=RESULT)
     args = parser.parse_args()
     space = jobspace.space()
     single = (
-        jobspace.sample(args.single, args.seed, False, args.compiled_at_most)
+        jobspace.sample(args.single, args.seed, False, args.compiled_at_most, slow_at_most=args.slow_at_most)
         if args.single
         else [j for j in space if not j.distributed]
     )
     dist = (
-        jobspace.sample(args.distributed, args.seed, True, args.compiled_at_most)
+        jobspace.sample(args.distributed, args.seed, True, args.compiled_at_most, slow_at_most=args.slow_at_most)
         if args.distributed
         else [j for j in space if j.distributed]
     )

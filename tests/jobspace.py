@@ -22,13 +22,20 @@ Invariants (:func:`violations`), on every job:
 ``bytes``       the model states the OOM event counts equal the storage truth per category
                 (parameters, frozen parameters, gradients, optimizer state, DDP buckets), exactly
 ``cause``       the cause is one the job's construction allows (``leak`` only for the true leaks: the
-                evaluation that keeps its outputs, the loop that keeps its losses with their graphs)
+                evaluation that keeps its outputs, the loop that keeps its losses with their graphs, the
+                window that keeps its micro-batches' outputs; ``growing_demand`` alone for the ramp and
+                the MoE's collapsing routing)
 ``first_remedy`` no remedy that changes the result first on a forward that may train (only the
-                evaluation and the inference job train nothing)
-``leak_fix``    a leak's diagnosis names its fix (``leak``: keep nothing alive) among its first two remedies
-``live_flag``   the live leak flag (the snapshot's ``forward_pile_bytes``: forwards piling with no
-                backward to consume them) down on every job that piles none, up before the OOM of the
-                evaluation that keeps its outputs
+                evaluation and the inference job train nothing; the MoE's own fix, a capacity, excepted)
+``first_fix``   the shape's fix first: ``bound_input`` for the ramp, ``kept_outputs`` for the kept outputs,
+                ``expert_capacity`` for the collapsing routing
+``leak_fix``    a leak's diagnosis names its fix (``leak``: keep nothing alive; for kept outputs, or
+                ``kept_outputs``) among its first two remedies
+``live_flag``   the live leak flags: the forward pile (the snapshot's ``forward_pile_bytes``: forwards
+                piling with no backward to consume them) down on every job that piles none, up before the
+                OOM of the evaluation that keeps its outputs; the step rows' flag (a device's
+                ``step_trend.leak``) never up on a job that keeps nothing, and on one whose buffer fills
+                and stays (a replay ring, an epoch's metric, a memory bank) down over its last publishes
 ``in_use``      no remedy the job already uses (autocast under a bf16 policy, sharding under FSDP,
                 checkpointing under checkpoint, ...)
 """
@@ -72,7 +79,20 @@ AXES: dict[str, tuple[str, ...]] = {
     "optimizer": ("adamw_fused", "adamw_foreach", "sgd", "zero", "adam8bit"),
     "precision": ("fp32", "autocast_bf16", "bf16_params", "mixed_policy"),
     "phase": ("train", "checkpoint_pause", "no_grad_validation", "eval_leak", "inference_only"),
-    "shape": ("batches", "rl", "tbptt", "growing", "loss_history_leak", "memory_bank"),
+    "shape": (
+        "batches",
+        "rl",
+        "tbptt",
+        "growing",
+        "loss_history_leak",
+        "memory_bank",
+        "ramped",
+        "kept_outputs",
+        "unfreezing",
+        "replay_buffer",
+        "metric_reset",
+        "moe_collapse",
+    ),
 }
 """Each axis and its values. ``wrapper``: compile_ddp is torch.compile(DDP(m)), ddp_compile is
 DDP(torch.compile(m)) (backend "eager": what is compiled matters to the accounting, not the kernels);
@@ -89,7 +109,16 @@ trains nothing). ``shape``: a micro-batch is a batch, a REINFORCE episode (one f
 episode, one loss), a truncated-BPTT window of 4 forwards, a sequence that grows step by step, a batch
 whose loss the loop keeps in a history with its graph (``backward(retain_graph=True)``: the training
 leak, whose fix, ``.item()`` on what is kept, changes nothing computed), or a batch contrasted against a
-memory bank of earlier batches' detached embeddings that grows to ``BANK_ROWS`` and then stays."""
+memory bank of earlier batches' detached embeddings that grows to ``BANK_ROWS`` and then stays (issue 43,
+item 3:) or a batch that doubles every 2 steps (``RAMP``), failing at the next doubling; a gradient
+accumulation that keeps every micro-batch's output as returned (with its ``grad_fn``, for a metric) until
+the optimizer step, failing in a window of more micro-batches (the training leak of kept outputs); a
+deeper model unfrozen layer by layer from the last (``UNFREEZE_EVERY``) under an optimizer built over all
+its parameters, so its state comes in stairs; a DQN-like loop training on batches drawn from a ring
+buffer of detached transitions (``REPLAY_CAP`` entries: it fills, then stays); a metric's buffer of
+detached outputs cleared every ``EPOCH`` steps; or a mixture-of-experts layer whose dispatch pads every
+expert to the most-loaded one's tokens while its routing collapses onto one expert at a constant batch,
+failing at full collapse."""
 
 DISTRIBUTED_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "fsdp1", "fsdp2", "compile_ddp", "ddp_compile"))
 DDP_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "compile_ddp", "ddp_compile"))
@@ -113,6 +142,32 @@ LEAK_MULTIPLE = 8
 """The leak keeps at least this many times the forwards one backward of the job consumes (plus 16)
 before it runs out: a pile no larger cannot be told from the job's own steps by anyone."""
 D, H = 32, 192
+RAMP = (1, 1, 2, 2, 4, 4, 8, 8, 16, 16)
+"""ramped: the warm-up's batch sizes (8 step rows after the hook's 2 warm-up steps); the failing step is
+the next doubling (``RAMP_ESCALATIONS`` of the largest)."""
+RAMP_ESCALATIONS = {3: 2, 8: 4, 24: 8}
+UNFREEZE_DEPTH = 5
+"""unfreezing: the Linear layers of its model (the last trains from the start)."""
+UNFREEZE_EVERY = 2
+"""unfreezing: steps between two layers unfrozen (all trained from step ``2 * (UNFREEZE_DEPTH - 1)``)."""
+UNFREEZE_STEPS = 12
+REPLAY_CAP, REPLAY_ROWS = 8, 64
+"""replay_buffer: the ring's entries (one a step) and the transitions of each (observations, next ones)."""
+REPLAY_STEPS = 20
+"""replay_buffer: the warm-up: the ring fills over its first ``REPLAY_CAP`` steps and stays for the rest."""
+EPOCH, EPOCHS = 5, 3
+"""metric_reset: steps an epoch (the metric's buffer cleared after each) and the epochs before the failing step."""
+CLASSES, KEPT_BATCH = 512, 64
+"""kept_outputs: its model's classes and a micro-batch's samples (the logits kept: 64 x 512 a micro-batch)."""
+KEPT_ROOM = 1.3
+"""kept_outputs: the failing window keeps outputs of at least 30% of the warm-up's peak: a pile of kept
+outputs no larger is a few micro-batches' worth of the job's own steps."""
+EXPERTS, TOKENS = 4, 64
+"""moe_collapse: the experts (each an ``nn.Linear(H, H)``) and the tokens of a sequence (4 sequences a batch)."""
+MOE_STEPS = 6
+TILT = 0.04
+"""moe_collapse: the router's bias towards expert 0 grows by this much a step; the failing step routes
+every token there."""
 
 CHANGES_FALLBACK = frozenset(
     (
@@ -173,6 +228,12 @@ class Job:
 
     @property
     def leaks(self) -> bool:
+        return self.piles_to_oom or self.shape == "kept_outputs"
+
+    @property
+    def piles_to_oom(self) -> bool:
+        """The leak runs on until it runs out (the evaluation that keeps its outputs, the loop that keeps
+        its losses): no escalated step."""
         return self.phase == "eval_leak" or self.shape == "loss_history_leak"
 
     @property
@@ -210,6 +271,18 @@ def invalid(job: Job) -> Optional[str]:
         return "one leak a job"
     if job.shape == "loss_history_leak" and w in SHARDED:
         return "FSDP frees the gathered parameters a retained graph saved: a second backward fails"
+    if job.shape == "kept_outputs" and job.accumulation not in ("each", "no_sync"):
+        return "kept outputs are a window's of micro-batches, each with its own backward"
+    if job.shape == "kept_outputs" and job.phase == "eval_leak":
+        return "one leak a job"
+    if job.shape == "ramped" and job.phase == "eval_leak":
+        return "a single-batch evaluation's leak takes too long to outgrow a ramp's largest batch"
+    if job.shape == "unfreezing" and job.optimizer not in ("adamw_fused", "adamw_foreach", "sgd"):
+        return "progressive unfreezing here steps an AdamW or SGD-momentum optimizer built over every parameter"
+    if job.shape == "moe_collapse" and job.models == "gan":
+        return "a GAN's discriminator over every token needs more than the collapsing experts: no OOM of theirs"
+    if job.shape == "unfreezing" and job.distributed:
+        return "DDP and FSDP fix the parameters they reduce at construction: unfreezing later is not theirs"
     return None
 
 
@@ -218,29 +291,39 @@ def space() -> list[Job]:
     return [j for j in (Job(*values) for values in itertools.product(*AXES.values())) if invalid(j) is None]
 
 
+SLOW_SHAPES = frozenset(("ramped", "kept_outputs", "unfreezing", "replay_buffer", "metric_reset", "moe_collapse"))
+"""Shapes of longer warm-ups (10 to 20 steps: a ramp, stairs, a ring that fills and stays, epochs) or
+heavier steps (a window of many micro-batches, an MoE dispatch): a second or two each."""
+
+
 def sample(
     count: int,
     seed: int,
     distributed: bool,
     compiled_at_most: Optional[int] = None,
     history_leaks_at_most: Optional[int] = None,
+    slow_at_most: Optional[int] = None,
+    without: frozenset[str] = frozenset(),
 ) -> list[Job]:
     """``count`` valid jobs, single-process or distributed, deterministic for ``seed``: each value of
     every axis first (where the kind of job allows it), then jobs drawn at random; at most
-    ``compiled_at_most`` of them compiled (a compiled job takes seconds) and ``history_leaks_at_most``
-    of them the loop that keeps its losses (tens of steps before it runs out: seconds too)."""
+    ``compiled_at_most`` of them compiled (a compiled job takes seconds), ``history_leaks_at_most``
+    of them the loop that keeps its losses (tens of steps before it runs out: seconds too), and
+    ``slow_at_most`` of each of the ``SLOW_SHAPES``; none of the shapes ``without``."""
     rng = random.Random(seed)
-    pool = [j for j in space() if j.distributed == distributed]
+    pool = [j for j in space() if j.distributed == distributed and j.shape not in without]
     rng.shuffle(pool)
     picked: dict[str, Job] = {}
 
     def room(job: Job) -> bool:
         compiled = sum(j.wrapper in COMPILED for j in picked.values())
         leaks = sum(j.shape == "loss_history_leak" for j in picked.values())
+        slow = sum(j.shape == job.shape for j in picked.values()) if job.shape in SLOW_SHAPES else 0
         return (
             job.id not in picked
             and (compiled_at_most is None or job.wrapper not in COMPILED or compiled < compiled_at_most)
             and (history_leaks_at_most is None or job.shape != "loss_history_leak" or leaks < history_leaks_at_most)
+            and (slow_at_most is None or job.shape not in SLOW_SHAPES or slow < slow_at_most)
         )
 
     for axis, values in AXES.items():
@@ -466,7 +549,8 @@ class Device:
         self._marked = 0
 
     def arm(self) -> None:
-        self.armed, self.warm = True, max(self.needs, default=0)
+        # the most the warm-up needed: in a forward, or where it held most (a backward, an optimizer step)
+        self.armed, self.warm = True, max(max(self.needs, default=0), self.peak)
         self.armed_at = self._marked = len(self.needs)
 
     def mark(self) -> None:
@@ -544,10 +628,54 @@ class Checkpointed(nn.Module):
         return layers[-1](x)
 
 
-def mlp(d_in: int, d_out: int, hidden: int = H) -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, d_out)
-    )
+def mlp(d_in: int, d_out: int, hidden: int = H, depth: int = 3) -> nn.Module:
+    """``depth`` Linear layers, a ReLU between two."""
+    layers: list[nn.Module] = [nn.Linear(d_in, hidden)]
+    for _ in range(depth - 2):
+        layers += [nn.ReLU(), nn.Linear(hidden, hidden)]
+    return nn.Sequential(*layers, nn.ReLU(), nn.Linear(hidden, d_out))
+
+
+class MoE(nn.Module):
+    """A mixture-of-experts layer as simple implementations write it: a router picks one expert a
+    token (top-1, its probability the gate), and the dispatch pads every expert to the most-loaded
+    expert's token count (one ``[experts, max_load, width]`` buffer through the experts). ``tilt`` is the
+    router's bias towards expert 0 (its collapse, set by the loop)."""
+
+    def __init__(self, width: int, experts: int) -> None:
+        super().__init__()
+        self.router = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(nn.Linear(width, width) for _ in range(experts))
+        self.tilt = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        logits = self.router(tokens).float()
+        logits = torch.cat([logits[:, :1] + self.tilt, logits[:, 1:]], dim=1)
+        gate, chosen = logits.softmax(-1).max(-1)
+        count = len(self.experts)
+        picks = nn.functional.one_hot(chosen, count)
+        slot = (picks.cumsum(0) - 1).gather(1, chosen[:, None]).squeeze(1)  # a token's place in its expert
+        most = int(picks.sum(0).max())
+        buffer = tokens.new_zeros(count, most, tokens.shape[-1])
+        buffer[chosen, slot] = tokens
+        y = torch.stack([expert(buffer[e]) for e, expert in enumerate(self.experts)])[chosen, slot]
+        return (y * gate.to(y.dtype)[:, None]).reshape(x.shape)
+
+
+def model_of(job: Job) -> nn.Module:
+    """The trained model: an ``mlp``; deeper for progressive unfreezing (its Linear layers frozen but
+    the last); its middle Linear a mixture of experts for the MoE job."""
+    if job.shape == "unfreezing":
+        model = mlp(D, D, depth=UNFREEZE_DEPTH)
+        for layer in [c for c in model.children() if isinstance(c, nn.Linear)][:-1]:
+            layer.requires_grad_(False)
+        return model
+    if job.shape == "moe_collapse":
+        return nn.Sequential(nn.Linear(D, H), nn.ReLU(), MoE(H, EXPERTS), nn.ReLU(), nn.Linear(H, D))
+    if job.shape == "kept_outputs":
+        return mlp(D, CLASSES)  # a classifier: its logits, the largest output, are what the metric keeps
+    return mlp(D, D)
 
 
 class Program:
@@ -559,14 +687,15 @@ class Program:
         self.group = group
         self.dtype = torch.bfloat16 if job.precision == "bf16_params" else torch.float32
         torch.manual_seed(0)
-        self.raw = mlp(D, D)
+        self.raw = model_of(job)
         self.second: Optional[nn.Module] = None  # the GAN's discriminator
         self.teacher: Optional[nn.Module] = None
         self.ema: Optional[nn.Module] = None
+        width = CLASSES if job.shape == "kept_outputs" else D  # the trained model's output
         if job.models == "gan":
-            self.second = mlp(D, 1)
+            self.second = mlp(width, 1)
         if job.models == "teacher":
-            self.teacher = mlp(D, D, 2 * H).requires_grad_(False).eval()
+            self.teacher = mlp(D, width, 2 * H).requires_grad_(False).eval()
         for m in (self.raw, self.second, self.teacher):
             if m is not None:
                 m.to(self.dtype)
@@ -587,6 +716,14 @@ class Program:
         """loss_history_leak: every loss, kept with its graph."""
         self.bank: list[torch.Tensor] = []
         """memory_bank: earlier batches' detached embeddings, at most ``BANK_ROWS``."""
+        self.kept: list[torch.Tensor] = []
+        """kept_outputs: this window's outputs, as returned (with their ``grad_fn``)."""
+        self.replay: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """replay_buffer: a ring of ``REPLAY_CAP`` transitions (observations, next observations), detached."""
+        self.metric: list[torch.Tensor] = []
+        """metric_reset: this epoch's detached outputs."""
+        self.collapsed = False
+        """moe_collapse: the failing step routes every token to one expert."""
 
     # -------------------------------------------------------------- construction
     def wrap(self, raw: nn.Module) -> nn.Module:
@@ -646,7 +783,9 @@ class Program:
 
     def optimizer(self, m: nn.Module) -> Any:
         o = self.job.optimizer
-        params = [p for p in m.parameters() if p.requires_grad]
+        # progressive unfreezing: an optimizer over every parameter, the frozen ones stepped once unfrozen
+        everything = self.job.shape == "unfreezing" and m is self.model
+        params = [p for p in m.parameters() if p.requires_grad or everything]
         if o == "sgd":
             return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
         if o == "zero":
@@ -665,6 +804,10 @@ class Program:
         dtype = self.dtype
         if self.job.shape == "growing":
             return torch.randn(4, 2 + 2 * size, D, dtype=dtype)
+        if self.job.shape == "moe_collapse":
+            return torch.randn(4 * size, TOKENS, D, dtype=dtype)
+        if self.job.shape == "kept_outputs":
+            batch = KEPT_BATCH
         return torch.randn(batch * size, D, dtype=dtype)
 
     def context(self) -> Any:
@@ -706,8 +849,14 @@ class Program:
                     total = total + h.float().square().mean() + extra
                 self.hidden = h.detach()
                 return total
+            if shape == "replay_buffer":
+                return self._replayed(size)
             out, extra = self.forward(self.inputs(size))
             loss = out.float().square().mean() + extra
+            if shape == "kept_outputs":
+                self.kept.append(out)  # for a metric after the step: the output as returned, graph node and all
+            if shape == "metric_reset":
+                self.metric.append(out.detach())
             if shape == "memory_bank":
                 if self.bank:
                     bank = torch.cat(self.bank).float()
@@ -717,10 +866,57 @@ class Program:
                     self.bank.pop(0)
             return loss
 
-    def step(self, size: int) -> None:
-        """One optimizer step of the job's accumulation, ``size`` the micro-batches' size."""
+    def _replayed(self, size: int) -> torch.Tensor:
+        """A DQN-like loss on a batch of transitions drawn from the replay ring: the temporal-difference
+        error against the model's own estimate of the next observations, under ``no_grad``."""
+        at = torch.randint(len(self.replay), ()).item()
+        obs, following = self.replay[int(at)]
+        rows = torch.randint(REPLAY_ROWS, (16 * size,))
+        q, extra = self.forward(obs[rows])
+        with torch.no_grad():
+            target = self.model(following[rows])
+        return (q.float() - 0.99 * target.float()).square().mean() + extra
+
+    def _collect(self) -> None:
+        """replay_buffer: the step's transitions from the environment, into the ring (once full, the
+        oldest entry replaced)."""
+        entry = (
+            torch.randn(REPLAY_ROWS, D, dtype=self.dtype),
+            torch.randn(REPLAY_ROWS, D, dtype=self.dtype),
+        )
+        if len(self.replay) < REPLAY_CAP:
+            self.replay.append(entry)
+        else:
+            self.replay[self.step_count % REPLAY_CAP] = entry
+
+    def _unfreeze(self) -> None:
+        """unfreezing: one more Linear layer trained every ``UNFREEZE_EVERY`` steps, from the last down."""
+        layers = [m for m in self.raw.children() if isinstance(m, nn.Linear)]
+        trained = min(len(layers), 1 + self.step_count // UNFREEZE_EVERY)
+        for layer in layers[len(layers) - trained :]:
+            if not layer.weight.requires_grad:
+                layer.requires_grad_(True)
+        self.device.truth.settle()
+
+    def _route(self) -> None:
+        """moe_collapse: the router's bias towards expert 0, one more ``TILT`` each step; every token at
+        the failing step."""
+        for m in self.raw.modules():
+            if isinstance(m, MoE):
+                m.tilt = 1e4 if self.collapsed else TILT * self.step_count
+
+    def step(self, size: int, micro: Optional[int] = None) -> None:
+        """One optimizer step of the job's accumulation, ``size`` the micro-batches' size (``micro`` of
+        them where given, else the accumulation's)."""
         acc = self.job.accumulation
-        count = 1 if acc == "single" else MICRO
+        count = micro or (1 if acc == "single" else MICRO)
+        shape = self.job.shape
+        if shape == "unfreezing":
+            self._unfreeze()
+        elif shape == "replay_buffer":
+            self._collect()
+        elif shape == "moe_collapse":
+            self._route()
         if self.critic is not None:
             self._critic_step(size)
         keep = self.job.shape == "loss_history_leak"  # kept with its graph, which backward must leave
@@ -738,7 +934,11 @@ class Program:
         self.device.feed()
         self.optimizers[0].step()
         self.optimizers[0].zero_grad()
+        self.kept.clear()  # kept_outputs: the metric read them after the step
         self._after_step()
+        if shape == "metric_reset" and self.step_count % EPOCH == 0:
+            self.metric.clear()  # the epoch's metric computed and reset
+            self.device.feed()
 
     def _critic_step(self, size: int) -> None:
         assert self.critic is not None
@@ -807,8 +1007,29 @@ WARM_SIZES = {"growing": [1, 2, 3, 4, 5, 6], "rl": [2, 1, 2, 1, 2, 1]}
 """The warm-up steps' sizes (sequences grow; episodes vary); the rest use size 1."""
 
 
+WARM_STEPS = {
+    "unfreezing": UNFREEZE_STEPS,
+    "replay_buffer": REPLAY_STEPS,
+    "metric_reset": EPOCH * EPOCHS,
+    "moe_collapse": MOE_STEPS,
+}
+"""The warm-up's length where a shape needs more than ``WARMUP_STEPS`` (each step a size-1 step)."""
+
+
 def warm_sizes(job: Job) -> list[int]:
-    return WARM_SIZES.get(job.shape, [1] * WARMUP_STEPS)
+    if job.shape == "ramped":
+        return list(RAMP)
+    return WARM_SIZES.get(job.shape, [1] * WARM_STEPS.get(job.shape, WARMUP_STEPS))
+
+
+def failing_size(job: Job, grow: int) -> int:
+    """The escalated step's size: ``grow`` times the warm-up's largest (a ramp: its next doublings; the
+    MoE job: the same batch, the routing collapsed)."""
+    if job.shape == "moe_collapse":
+        return 1
+    if job.shape == "ramped":
+        return RAMP_ESCALATIONS[grow] * max(RAMP)
+    return grow * max(warm_sizes(job))
 
 
 @dataclasses.dataclass
@@ -824,6 +1045,11 @@ class Outcome:
     summary: str = ""
     flag_max: int = 0
     flag_before_oom: int = 0
+    flags: list[bool] = dataclasses.field(default_factory=list)
+    """Per publish, oldest first: either live leak flag up (the forward pile, a device's ``step_trend.leak``).
+    The last is the flag at the OOM: no step row comes between it and the OOM."""
+    step_flags: list[bool] = dataclasses.field(default_factory=list)
+    """Per publish: the step rows' leak flag (a device's ``step_trend.leak``) alone."""
     module_training: Optional[bool] = None
     error: Optional[str] = None
     seconds: float = 0.0
@@ -847,7 +1073,7 @@ def _schedule(
             program.infer(size)
             publish()
         device.arm()
-        program.infer(grow * max(warm_sizes(job)))
+        program.infer(failing_size(job, grow))
         return
     for size in warm_sizes(job):
         program.step(size)
@@ -861,7 +1087,7 @@ def _schedule(
         program.validate()
         publish()
     device.arm()
-    if job.leaks:
+    if job.piles_to_oom:
         kept: list[Any] = []
         least = LEAK_MULTIPLE * program.forwards_per_backward() + 16
         if job.phase == "eval_leak":
@@ -876,7 +1102,11 @@ def _schedule(
             if device.capacity is None and len(device.marks) >= least + 1 and device.marks[-1] > device.warm * 1.2:
                 return  # a dry run: enough seen to place the capacity
         return
-    program.step(grow * max(warm_sizes(job)))
+    if job.shape == "kept_outputs":  # one window of more micro-batches, each keeping its output
+        program.step(1, micro=MICRO * grow)
+        return
+    program.collapsed = job.shape == "moe_collapse"
+    program.step(failing_size(job, grow))
 
 
 def _capacity(job: Job, device: Device, program: Program) -> tuple[int, int]:
@@ -884,14 +1114,14 @@ def _capacity(job: Job, device: Device, program: Program) -> tuple[int, int]:
     needs; for the leak, crossed once it kept ``LEAK_MULTIPLE`` times the forwards one backward of the
     job consumes (and outgrew the warm-up); and how many evaluation forwards the leak may run."""
     warm = device.warm
-    if job.leaks:
+    if job.piles_to_oom:
         least = LEAK_MULTIPLE * program.forwards_per_backward() + 16
         for i, need in enumerate(device.marks):
             if i + 1 >= least and need > warm * 1.1:
                 return (device.marks[i - 1] + need) // 2, i + 8
         raise RuntimeError(f"the leak never outgrew the warm-up in {len(device.marks)} forwards")
     top = max(device.failing, default=0)
-    if top <= warm * 1.05:
+    if top <= warm * (KEPT_ROOM if job.shape == "kept_outputs" else 1.05):
         raise NoRoom(f"the failing step needs {top}, the warm-up {warm}: no room for an OOM between")
     return (warm + top) // 2, 0
 
@@ -984,8 +1214,12 @@ def _real(job: Job, group: Any, capacity: int, leak: int, grow: int, spool: str,
         hook.sampler.publish()
         with open(hook.writer.snapshot_path) as fh:
             doc = json.load(fh)
-        pile = max((int(d.get("forward_pile_bytes") or 0) for d in doc.get("devices", [])), default=0)
+        devices = doc.get("devices", [])
+        pile = max((int(d.get("forward_pile_bytes") or 0) for d in devices), default=0)
         out.flag_max = max(out.flag_max, pile)
+        step = any(bool((d.get("step_trend") or {}).get("leak")) for d in devices)
+        out.step_flags.append(step)
+        out.flags.append(step or pile > 0)
 
     def pause() -> None:
         if hook.steps is not None and hook.steps.last_step_wall is not None:
@@ -1024,6 +1258,27 @@ states filling the device, its demand outgrowing the earlier steps', or activati
 No other process, no memory outside the allocator, one request no larger than a module's output,
 reserved never above allocated at the OOM (no fragmentation), steps and optimizers known."""
 ALLOWED_LEAK = frozenset(("leak",))
+ALLOWED_BY_SHAPE = {"ramped": frozenset(("growing_demand",)), "moe_collapse": frozenset(("growing_demand",))}
+"""Shapes whose failing step has one cause: the ramp's next doubling, the MoE's collapsed routing (at the
+same batch: its demand grew, its states did not)."""
+FIRST_FIX = {"ramped": "bound_input", "kept_outputs": "kept_outputs", "moe_collapse": "expert_capacity"}
+"""The remedy a shape's failing step must name first (where its own failing part runs out)."""
+FILLING = {"replay_buffer": 8, "metric_reset": 8, "memory_bank": 1}
+"""Shapes whose buffers fill and then stay (a ring, a bank) or are reset (an epoch's metric): while filling
+the step rows may look like a leak (memory cannot tell a buffer that will stop from one that will not),
+but the step-row flag is down over this many last publishes (the last: the flag at the OOM, no step row
+comes between)."""
+
+
+def allowed_causes(job: Job) -> frozenset[str]:
+    if job.leaks:
+        return ALLOWED_LEAK
+    return ALLOWED_BY_SHAPE.get(job.shape, ALLOWED_TRAINING)
+
+
+def first_fix(job: Job) -> Optional[str]:
+    """The remedy the job's failing part must name first (None: no one remedy)."""
+    return None if job.piles_to_oom else FIRST_FIX.get(job.shape)
 
 
 def in_use(job: Job) -> set[str]:
@@ -1056,19 +1311,34 @@ def violations(job: Job, out: Outcome) -> dict[str, str]:
         found["bytes"] = "; ".join(f"{k} counted {c} truth {t}" for k, (c, t) in wrong.items())
     if not out.crossed:
         return found  # another rank ran out: this one's diagnosis judges an OOM it did not have
-    allowed = ALLOWED_LEAK if job.leaks else ALLOWED_TRAINING
+    allowed = allowed_causes(job)
     if out.cause not in allowed:
         found["cause"] = f"{out.cause} (allowed {sorted(allowed)}): {out.summary}"
     first = out.remedies[0] if out.remedies else None
-    if not job.trains_nothing and first in result_changing():
+    expected = first_fix(job)
+    # a result-changing remedy first only where the job's construction asks for it (the MoE's capacity)
+    if not job.trains_nothing and first in result_changing() and first != expected:
         found["first_remedy"] = f"{first} first on a training forward: {out.remedies}"
-    if job.leaks and "leak" not in out.remedies[:2]:
+    if expected is not None and first != expected:
+        found["first_fix"] = f"{first} first, not {expected}: {out.remedies}: {out.summary}"
+    fixes = {"leak", "kept_outputs"} if job.shape == "kept_outputs" else {"leak"}
+    if job.leaks and not fixes & set(out.remedies[:2]):
         found["leak_fix"] = f"the leak's fix is not among the first two remedies: {out.remedies}"
     piles = job.phase == "eval_leak"  # the live flag is the pile of forwards that no backward consumes
     if not piles and out.flag_max:
         found["live_flag"] = f"forward_pile_bytes {out.flag_max} on a job that piles no forwards"
     if piles and not out.flag_before_oom:
         found["live_flag"] = "the leak's live flag never rose before its OOM"
+    steps = "".join("1" if f else "0" for f in out.step_flags)
+    if job.shape not in ("loss_history_leak", "kept_outputs"):  # the step rows of a job that does not leak
+        last = FILLING.get(job.shape)
+        if last is None and any(out.step_flags):
+            found["live_flag"] = f"the step rows' leak flag up on a job that keeps nothing (per publish: {steps})"
+        if last is not None and any(out.step_flags[-last:]):
+            found["live_flag"] = (
+                f"the step rows' leak flag up in the last {last} publishes of a buffer that stays "
+                f"(per publish: {steps})"
+            )
     used = sorted(in_use(job) & set(out.remedies))
     if used:
         found["in_use"] = f"advised {used}, which the job already does: {out.remedies}"
