@@ -381,15 +381,11 @@ def _at_backward_end(torch: Any, callback: Callable[[], None]) -> None:
 
 
 def input_elements(args: Any, kwargs: Any) -> int:
-    """The elements of the first tensor a forward takes in (its positional arguments, then its keyword
-    arguments: ``input_ids``, ``pixel_values``), a few items looked at; -1 without one."""
-    named = kwargs.values() if isinstance(kwargs, Mapping) else ()
-    items = itertools.chain(args if isinstance(args, tuple) else (), named)
-    for item in itertools.islice(items, OUTPUT_ITEMS):
-        numel = getattr(item, "numel", None)
-        if numel is not None and hasattr(item, "shape"):
-            return int(numel())
-    return -1
+    """The elements of what a forward takes in first: its first positional argument, else its first keyword
+    argument (``input_ids``, ``pixel_values``); -1 where that is no tensor. One look: this runs every forward."""
+    first = args[0] if args else next(iter(kwargs.values()), None) if kwargs else None
+    numel = getattr(first, "numel", None)
+    return int(numel()) if numel is not None and hasattr(first, "shape") else -1
 
 
 def _task_id(torch: Any) -> Optional[int]:
