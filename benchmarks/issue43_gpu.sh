@@ -11,7 +11,7 @@ export PYTHONPATH=exporter:sidecar:webhook PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
-NAMES=gpt2_batch_size_doubling,gpt2_accum_keeps_microbatch_logits,gpt2_progressive_unfreezing_adamw,dqn_replay_buffer_fills_then_flat,classifier_epoch_metric_buffers_fits,gpt2_frozen_base_lora_no_room,moe_router_collapse_padded_dispatch
+NAMES=gpt2_batch_size_doubling,gpt2_accum_keeps_microbatch_logits,gpt2_accum_window_keeps_logits,gpt2_progressive_unfreezing_adamw,dqn_replay_buffer_fills_then_flat,classifier_epoch_metric_buffers_fits,gpt2_frozen_base_lora_no_room,moe_router_collapse_padded_dispatch
 BUDGET=530  # seconds for the whole script
 stage() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"; local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?

@@ -87,6 +87,43 @@ def gpt2_accum_keeps_microbatch_logits(remedy: bool) -> None:
         print(f"step {step} train acc {correct.item() / seen:.5f}", flush=True)
 
 
+@workload("leak", "kept_outputs")
+def gpt2_accum_window_keeps_logits(remedy: bool) -> None:
+    """GPT-2 (4 layers, fp32), micro-batches each with its own backward; every micro-batch's logits (as
+    returned, with their grad_fn) go into a list for the step's train accuracy, computed and cleared right
+    after ``optimizer.step()``: nothing outlives a step, but within the window each micro-batch keeps its
+    ~51 MB of logits (1 x 256 x 50257 fp32). The warm-up steps accumulate 8 micro-batches; from step 10 the
+    schedule accumulates 160 (a larger effective batch by accumulation, as a recipe ramps it), whose kept
+    logits (~8.2 GB) no longer fit the 8 GiB cap beside the model and its AdamW state. Label leak (inside the
+    accumulation window). Remedy (``kept_outputs``): count each micro-batch's argmax hits as it comes and keep
+    nothing; the accuracy is the same number.
+    """
+    cap_gpu(8)
+    model = gpt2(4, 768, 12)
+    vocab = model.config.vocab_size
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=not DRY.on)
+    for step in range(pick(14, 2)):
+        accum = pick(8 if step < 10 else 160, 2)
+        kept: list = []
+        correct = torch.zeros((), dtype=torch.long, device=dev())
+        seen = 0
+        for _ in range(accum):
+            ids = tokens(1, pick(256, 16), vocab)
+            out = model(input_ids=ids, labels=ids)
+            (out.loss / accum).backward()
+            if remedy:
+                correct += (out.logits[:, :-1].argmax(-1) == ids[:, 1:]).sum()
+            else:
+                kept.append((out.logits, ids))
+            seen += ids[:, 1:].numel()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if not remedy:
+            correct = sum(((lg[:, :-1].argmax(-1) == y[:, 1:]).sum() for lg, y in kept), torch.zeros_like(correct))
+            kept.clear()
+        print(f"step {step} micro-batches {accum} train acc {correct.item() / seen:.5f}", flush=True)
+
+
 # --- model states: progressive unfreezing ------------------------------------------------------------------
 
 
