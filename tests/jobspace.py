@@ -26,7 +26,9 @@ Invariants (:func:`violations`), on every job:
                 window that keeps its micro-batches' outputs; ``growing_demand`` alone for the ramp and
                 the MoE's collapsing routing)
 ``first_remedy`` no remedy that changes the result first on a forward that may train (only the
-                evaluation and the inference job train nothing; the MoE's own fix, a capacity, excepted)
+                evaluation and the inference job train nothing), unless the job's construction shows what it
+                changes (``remedies.LEADS_WHEN``): a frozen teacher's weights (a quantised base), the MoE's
+                collapsing routing (a capacity), a failing forward run without autograd (its own remedies)
 ``first_fix``   the shape's fix first: ``bound_input`` for the ramp, ``kept_outputs`` for the kept outputs,
                 ``expert_capacity`` for the collapsing routing
 ``leak_fix``    a leak's diagnosis names its fix (``leak``: keep nothing alive; for kept outputs, or
@@ -153,8 +155,10 @@ UNFREEZE_EVERY = 2
 UNFREEZE_STEPS = 12
 REPLAY_CAP, REPLAY_ROWS = 8, 64
 """replay_buffer: the ring's entries (one a step) and the transitions of each (observations, next ones)."""
-REPLAY_STEPS = 20
-"""replay_buffer: the warm-up: the ring fills over its first ``REPLAY_CAP`` steps and stays for the rest."""
+REPLAY_STEPS = 28
+"""replay_buffer: the warm-up: the ring fills over its first ``REPLAY_CAP`` steps and stays for the rest (20
+steps: the plateau rule clears a flag raised while it filled after ``recent_rows`` flat rows, 12 steps of a job
+with one optimizer, 6 of a GAN's two; the last 8 publishes then have it down)."""
 EPOCH, EPOCHS = 5, 3
 """metric_reset: steps an epoch (the metric's buffer cleared after each) and the epochs before the failing step."""
 CLASSES, KEPT_BATCH = 512, 64
@@ -1051,6 +1055,8 @@ class Outcome:
     step_flags: list[bool] = dataclasses.field(default_factory=list)
     """Per publish: the step rows' leak flag (a device's ``step_trend.leak``) alone."""
     module_training: Optional[bool] = None
+    grad_enabled: Optional[bool] = None
+    """Autograd recorded in the failing forward (the event's ``grad_enabled``)."""
     error: Optional[str] = None
     seconds: float = 0.0
     parallelism: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -1247,6 +1253,7 @@ def _real(job: Job, group: Any, capacity: int, leak: int, grow: int, spool: str,
     d = event["diagnosis"]
     out.cause, out.remedies, out.summary = d["cause"], list(d["facts"].get("remedies", [])), d["summary"][:600]
     out.module_training = event.get("module_training")
+    out.grad_enabled = event.get("grad_enabled")
     out.consumption = {k: event.get(k) for k in ("forwards_since_backward", "most_forwards_per_backward", "phase")}
     out.parallelism = dict((event.get("job") or {}).get("parallelism") or {})
 
@@ -1268,6 +1275,17 @@ FILLING = {"replay_buffer": 8, "metric_reset": 8, "memory_bank": 1}
 the step rows may look like a leak (memory cannot tell a buffer that will stop from one that will not),
 but the step-row flag is down over this many last publishes (the last: the flag at the OOM, no step row
 comes between)."""
+
+
+def leads_here(job: Job, out: Outcome, first: Optional[str]) -> bool:
+    """Whether ``first``, a result-changing remedy, may lead on ``job``: what it changes is what the job's
+    construction shows trains nothing or grew by itself (``remedies.LEADS_WHEN``)."""
+    from oomsight.analysis import remedies
+
+    shown = {"frozen"} if job.models == "teacher" else set()
+    shown |= {"routing"} if job.shape == "moe_collapse" else set()
+    shown |= {"forward"} if out.grad_enabled is False else set()
+    return bool(getattr(remedies, "LEADS_WHEN", {}).get(first, frozenset()) & shown)
 
 
 def allowed_causes(job: Job) -> frozenset[str]:
@@ -1316,8 +1334,8 @@ def violations(job: Job, out: Outcome) -> dict[str, str]:
         found["cause"] = f"{out.cause} (allowed {sorted(allowed)}): {out.summary}"
     first = out.remedies[0] if out.remedies else None
     expected = first_fix(job)
-    # a result-changing remedy first only where the job's construction asks for it (the MoE's capacity)
-    if not job.trains_nothing and first in result_changing() and first != expected:
+    # a result-changing remedy first only where the job's construction shows what it changes
+    if not job.trains_nothing and first in result_changing() and not leads_here(job, out, first):
         found["first_remedy"] = f"{first} first on a training forward: {out.remedies}"
     if expected is not None and first != expected:
         found["first_fix"] = f"{first} first, not {expected}: {out.remedies}: {out.summary}"

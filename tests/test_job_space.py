@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 import jobspace  # noqa: E402
 
 SEED = 33
-PENDING: frozenset[str] = frozenset(("ramped", "kept_outputs", "moe_collapse"))
-"""Shapes of the space left out of the sample until the diagnosis they test lands (issue 43, item 3):
-kept outputs diagnosed as growing demand or model states, not a leak; a ramp's GAN job diagnosed as
+PENDING: frozenset[str] = frozenset()
+"""Shapes of the space left out of the sample until the diagnosis they test lands (none since issue 43 landed;
+once: kept outputs diagnosed as growing demand or model states, a ramp's GAN job diagnosed as
 activations; an MoE job with a teacher naming bound_input before expert_capacity."""
 SINGLE = jobspace.sample(
     290, SEED, distributed=False, compiled_at_most=2, history_leaks_at_most=8, slow_at_most=10, without=PENDING

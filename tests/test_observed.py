@@ -208,7 +208,7 @@ def window(backwards, kept, start=40 * GIB, jitter=0):
     return [[100 + k, 1000.0 + k, start + k * kept + rng.randint(0, jitter)] for k in range(backwards)]
 
 
-@pytest.mark.parametrize(("backwards", "kept"), list(itertools.product((3, 7, 16), (512 * MIB, 2 * GIB))))
+@pytest.mark.parametrize(("backwards", "kept"), list(itertools.product((4, 7, 16), (512 * MIB, 2 * GIB))))
 def test_outputs_kept_through_an_accumulation_window_are_a_leak_told_to_stop_keeping_them(backwards, kept):
     steady = [row(s, 10 * GIB, 40 * GIB, held=4 * GIB) for s in range(1, 12)]
     d = diagnose(facts(steps_memory=steady, backwards_memory=window(backwards, kept, jitter=int(kept // 10)),

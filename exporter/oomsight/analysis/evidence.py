@@ -194,6 +194,8 @@ class Evidence:
         picked = remedies.pick([k for k in keys if k], self.job)
         if not self.trains_nothing:
             picked = remedies.harmless_first(picked, self.shown())
+        elif self.training:  # a forward that trains nothing in a job that trains: its remedies may lead, no other
+            picked = remedies.harmless_first(picked, self.shown() | {"forward"})
         self.facts["remedies"] = picked
         self.facts["changes_result"] = remedies.changes(picked)
         used = self.facts["in_use"]

@@ -201,16 +201,23 @@ def pick(keys: Sequence[str], job: Optional[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-LEADS_WHEN: dict[str, str] = {
-    "quantize_base": "frozen",
-    "frozen_half": "frozen",
-    "expert_capacity": "routing",
+LEADS_WHEN: dict[str, frozenset[str]] = {
+    "quantize_base": frozenset(("frozen",)),
+    "frozen_half": frozenset(("frozen", "forward")),
+    "expert_capacity": frozenset(("routing",)),
+    "no_grad": frozenset(("forward",)),
+    "frozen_no_grad": frozenset(("forward",)),
+    "eval_batch": frozenset(("forward",)),
+    "half_precision": frozenset(("forward",)),
 }
 """Result-changing remedies that may still come first where the evidence shows what they change: the
 precision of weights the job's own walk shows no optimizer trains (``frozen``: the adapters train as
 before), or the routing of a model with experts whose step rows show its memory grew while its input
 did not (``routing``: the growth is the routing itself, and an expert's capacity is the model's own
-setting for it). Their texts still say what they change."""
+setting for it), or, ``forward``, what only the failing forward computes where the evidence shows that forward
+trains nothing (it runs without autograd, or its model has no trainable parameter) in a process that trains:
+the remedies of the job's trained state (bf16 parameters, a lighter optimizer) still never lead there. Their texts
+still say what they change."""
 
 
 def harmless_first(keys: Sequence[str], shown: Collection[str] = ()) -> list[str]:
@@ -219,7 +226,7 @@ def harmless_first(keys: Sequence[str], shown: Collection[str] = ()) -> list[str
     not allow to lead; where none does, recording the allocation history (which changes nothing) comes
     first. For a forward that may train: no advice may stop a job learning."""
     out = list(keys)
-    if not out or out[0] not in CHANGES or LEADS_WHEN.get(out[0]) in shown:
+    if not out or out[0] not in CHANGES or LEADS_WHEN.get(out[0], frozenset()) & set(shown):
         return out
     harmless = next((k for k in out if k not in CHANGES), "history")
     return [harmless, *(k for k in out if k != harmless)]

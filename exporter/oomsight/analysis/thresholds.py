@@ -309,7 +309,7 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "trend._pile": ((3, 4), "the readings cut in quarters"),
     "trend.forwards_peak": ((2, 3, 4), "the sampler readings' columns [time, allocated, peak, allocated total]"),
     "trend._falls_back": ((2,), "the readings' halves"),
-    "trend.demand_rise": ((3,), "the rows cut in thirds"),
+    "trend.demand_rise": ((2, 3), "the rows cut in halves and thirds"),
     "trend.kept_in_window": ((2, 3), "the backward rows' columns [backward, time, allocated]"),
     "trend.since_release": ((2,), "a fall needs two points before it; half a leak's least growth"),
     "trend.plateaued": ((2,), "twice the longest wait between two highs"),

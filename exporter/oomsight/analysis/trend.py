@@ -348,10 +348,11 @@ def kept_in_window(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Opti
     rose at every backward by a steady amount (the short-series rule: at least ``short_min_rows`` rows,
     the smallest rise ``short_steady_ratio`` of the largest), by a leak's least growth in all. Each
     micro-batch's backward frees its activations, so what stays is what the loop keeps of each micro-batch
-    (its logits in a list for a metric). The first backward of a window may allocate the gradients: rows are
-    judged from it on. Returns (the rise, the backwards judged), or None."""
+    (its logits in a list for a metric). The first backward of a window may allocate the gradients
+    (``zero_grad(set_to_none=True)`` freed them at the step), and a reading that lags shows them a row late: the
+    rows are judged from the window's second backward on. Returns (the rise, the backwards judged), or None."""
     try:
-        usable = [float(r[2]) for r in rows if len(r) >= 3]
+        usable = [float(r[2]) for r in rows if len(r) >= 3][1:]
         if len(usable) < th.count("short_min_rows"):
             return None
         rises = [b - a for a, b in zip(usable, usable[1:])]
@@ -521,29 +522,46 @@ def _falls_back(points: Sequence[tuple[float, float]]) -> bool:
 
 def demand_rise(rows: Sequence[Sequence[float]], capacity: int) -> Optional[Demand]:
     """The step's own memory (peak - floor) rising through the rows: the medians of their thirds in order,
-    the least of the last third above the most of the first by ``demand_margin``, the rise by a leak's least
-    growth and by more than the floor rose (inputs of varying size overlap from third to third). A batch ramp
-    or a length curriculum rises in stairs; a routing that concentrates tokens on one
-    expert too. Where the rows know the forwards' input (:data:`INPUT`), whether it rose with it."""
+    the least and the most of the last third above those of the first by ``demand_margin`` (two optimizers
+    stepping in turn, a GAN's, give rows of two sizes that both grow), the rise by a leak's least growth and
+    by more than the floor rose (inputs of varying size keep their least and most). A batch ramp or a length
+    curriculum rises in stairs; a routing that concentrates tokens on one expert too. Where the rows know the
+    forwards' input (:data:`INPUT`), whether it rose with it; and where the input rose so in stairs, the most
+    the steps needed of their own rising with it is enough (the peak of a step that set no new lifetime peak is
+    a sampled lower bound: a slow sampler leaves such steps at their floor)."""
     if len(rows) < 3:
         return None
     third = len(rows) // 3
     own = [float(r[PEAK] - r[FLOOR]) for r in rows]
-    first, middle, last = (_median(own[:third]), _median(own[third:-third]), _median(own[-third:]))
-    rise = last - first
     floors = [float(r[FLOOR]) for r in rows]
     floor_rise = _median(floors[-third:]) - _median(floors[:third])
-    margin = th.value("demand_margin")
-    if not (first <= middle * (1 + margin) and middle <= last * (1 + margin)):
-        return None
-    apart = min(own[-third:]) > max(own[:third]) * (1 + margin)
-    if not apart or rise < _min_growth(capacity) or rise <= floor_rise:
-        return None
     inputs = [float(r[INPUT]) for r in rows if len(r) > INPUT and r[INPUT] > 0]
-    if len(inputs) < len(rows):
+    known = len(inputs) == len(rows)
+    if known and _stairs(inputs, third):
+        half = len(rows) // 2
+        first, last = max(own[:half]), max(own[half:])
+        if last > first * (1 + th.value("demand_margin")) and last - first >= _min_growth(capacity):
+            return Demand(int(last - first), int(first), int(last), True, int(inputs[0]), int(inputs[-1]))
+    first, last = _median(own[:third]), _median(own[-third:])
+    rise = last - first
+    if not _stairs(own, third) or rise < _min_growth(capacity) or rise <= floor_rise:
+        return None
+    if not known:
         return Demand(int(rise), int(first), int(last))
     early, late = _median(inputs[:third]), _median(inputs[-third:])
-    return Demand(int(rise), int(first), int(last), late > early * (1 + margin), int(early), int(late))
+    rose = late > early * (1 + th.value("demand_margin"))
+    return Demand(int(rise), int(first), int(last), rose, int(early), int(late))
+
+
+def _stairs(values: Sequence[float], third: int) -> bool:
+    """The medians of the thirds of ``values`` in order, and the least and the most of the last third above
+    those of the first by ``demand_margin``."""
+    margin = th.value("demand_margin")
+    first, middle, last = _median(values[:third]), _median(values[third:-third]), _median(values[-third:])
+    if not (first <= middle * (1 + margin) and middle <= last * (1 + margin)):
+        return False
+    lows, highs = (min(values[:third]), min(values[-third:])), (max(values[:third]), max(values[-third:]))
+    return lows[1] > lows[0] * (1 + margin) and highs[1] > highs[0] * (1 + margin)
 
 
 def _median(values: Sequence[float]) -> float:
