@@ -231,3 +231,18 @@ def test_every_new_remedy_says_what_it_changes_or_changes_nothing():
         (text,) = remedies.texts([key])
         assert (key in remedies.CHANGES) == ("This changes the result" in text)
     assert "bound_input" not in remedies.CHANGES and "kept_outputs" not in remedies.CHANGES
+
+
+OUTGREW = [(4096, 6 * GIB, "expert_capacity"), (16384, 6 * GIB, "bound_input"), (4096, 0, "bound_input"),
+           (-1, 6 * GIB, "bound_input")]
+
+
+@pytest.mark.parametrize(("now", "experts", "first"), OUTGREW)
+def test_a_failing_step_that_outgrew_the_earlier_ones_at_their_input_names_the_routing_in_a_model_with_experts(
+    now, experts, first
+):
+    steady = [row(s, 10 * GIB, 30 * GIB, held=4 * GIB, elements=4096) for s in range(1, 12)]
+    ms = {**facts()["model_states"], "expert_parameters_bytes": experts}
+    d = diagnose(facts(steps_memory=steady, model_states=ms, allocated_bytes=70 * GIB, requested_bytes=8 * GIB,
+                       input_elements=now))
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == first, d["summary"]

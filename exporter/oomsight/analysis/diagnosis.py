@@ -371,11 +371,12 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         return None
     each = ["backward_each"] if (ev.pending or 0) > 1 and (ev.consumed or 0) > 1 else []
     summary = _demand_summary(ev, demand)
-    if ev.routing and demand is not None:
+    if ev.routing:
+        elements = demand.last_input if demand is not None else ev.same_input or -1
         return ev.result(
             Cause.GROWING_DEMAND,
             ["expert_capacity", "bound_input", "checkpointing", *each, "batch"],
-            summary + f", at the same input ({demand.last_input:,} elements a forward) in a model with experts "
+            summary + f", at the same input ({elements:,} elements a forward) in a model with experts "
             f"({fb(ev.experts)} of expert parameters): the routing grew it, more tokens sent to one expert. "
             "Defragmenting cannot help; bound what one expert takes." + _kept_until_backward(ev),
         )

@@ -172,10 +172,26 @@ class Evidence:
 
     @property
     def routing(self) -> bool:
-        """The step's own memory rose through the step rows while its input stayed the same, in a model with
-        experts: the routing grew it (tokens concentrating on an expert), not what the step takes in."""
+        """In a model with experts, the step's own memory rose through the step rows while its input stayed the
+        same, or the failing step outgrew every earlier one at an input no larger than theirs (wire 1.10): the
+        routing grew it (tokens concentrating on an expert), not what the step takes in."""
         d = self.trend.demand
-        return self.experts > 0 and d is not None and d.input_rose is False
+        if self.experts <= 0:
+            return False
+        if d is not None:
+            return d.input_rose is False
+        return self.outgrew(self.step_need) and self.same_input is not None
+
+    @property
+    def same_input(self) -> Optional[int]:
+        """The failing step's input (elements one forward took) where it is known and no larger than what every
+        earlier step row says the forwards took, else None."""
+        rows = list(self.f.get("steps_memory") or [])
+        now = int(self.f.get("input_elements", -1) or -1)
+        earlier = [r[trend.INPUT] for r in rows if len(r) > trend.INPUT and r[trend.INPUT] > 0]
+        if now <= 0 or not rows or len(earlier) < len(rows):
+            return None
+        return now if now <= max(earlier) * (1 + th.value("demand_margin")) else None
 
     def shown(self) -> set[str]:
         """What the evidence shows a result-changing remedy changes (``remedies.LEADS_WHEN``)."""

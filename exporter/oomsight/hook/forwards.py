@@ -320,8 +320,13 @@ class ForwardMemory:
             self.errors.record("forward_memory", exc)
 
     def consumption(self) -> dict[str, Optional[int]]:
-        """What the job's backwards consumed, for an OOM event (wire 1.8)."""
-        return {"forwards_since_backward": self.pending, "most_forwards_per_backward": self.most_consumed}
+        """What the job's backwards consumed, for an OOM event (wire 1.8), and the most one forward took in since
+        the last step row: the failing step's forwards so far (wire 1.10)."""
+        return {
+            "forwards_since_backward": self.pending,
+            "most_forwards_per_backward": self.most_consumed,
+            "input_elements": self.input_max,
+        }
 
     def _reads(self) -> list[tuple[int, Any]]:
         main = self.sampler.main_device  # before the sampler's first tick knows the devices

@@ -532,6 +532,9 @@ class OomEvent(TypedDict):
     #: the most forwards whose graphs one backward consumed together (null: no backward ran through the model)
     #: (since 1.8)
     most_forwards_per_backward: NotRequired[Optional[int]]
+    #: the most elements one forward of the outermost model took in since the last step row: the failing step's
+    #: forwards so far (-1: none seen) (since 1.10)
+    input_elements: NotRequired[int]
     #: after each backward through the outermost model since the last optimizer step (an accumulation window),
     #: oldest first, at most 64: rows [backward, time, allocated_bytes] (backward: its number in the process)
     #: (since 1.10)

@@ -489,6 +489,12 @@ OOM_EVENT = Table(
             since=CONSUMED,
         ),
         opt(
+            "input_elements", "int",
+            "the most elements one forward of the outermost model took in since the last step row: the failing "
+            "step's forwards so far (-1: none seen)",
+            default=-1, since=OBSERVED,
+        ),
+        opt(
             "backwards_memory",
             "list",
             "after each backward through the outermost model since the last optimizer step (an accumulation "
