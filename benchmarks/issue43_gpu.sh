@@ -2,8 +2,8 @@
 # Issue 43 on one GPU machine (device tool, repo root as cwd): the seven fresh held-out workloads
 # (benchmarks/heldout/wl_unseen.py) under `oomsight run --tape`, their remedy runs, the judgement of
 # the tapes (benchmarks/corpus/evaluate.py: diagnosis, remedy fits, the live leak flag), then the
-# GPU tests with whatever time is left. Under 9 minutes wall; results under $OUT:
-#   $OUT/heldout/            tapes, labels.json, runs.json (spools packed into spools.tgz)
+# GPU tests of tests/test_gpu.py with whatever time is left. Under 9 minutes wall; results under $OUT:
+#   $OUT/heldout/            labels.json, runs.json;  $OUT/heldout-tapes.tar the tapes
 #   $OUT/issue43-judged.json evaluate.py's JSON;  $OUT/*.log the stages' output
 #   GPU_TESTS=0              skip the GPU tests;  PYTHON=python3 (default)
 set -u
@@ -21,12 +21,13 @@ stage env 30 bash -c "nvidia-smi --query-gpu=name,memory.total --format=csv; $PY
 # 7 plain runs (4 at a time) + 5 remedy runs (the two `none` jobs have none): two waves each
 stage heldout 400 "$PY" benchmarks/heldout/run.py --out "$OUT/heldout" --only "$NAMES" --jobs 4 --timeout 170
 stage judge 60 "$PY" benchmarks/corpus/evaluate.py "$OUT/heldout" --json "$OUT/issue43-judged.json"
-[ -d "$OUT/heldout/spools" ] && tar czf "$OUT/heldout/spools.tgz" -C "$OUT/heldout" spools && rm -rf "$OUT/heldout/spools"
+# one archive of the tapes (the device tool brings back 8 files); the spools are left there
+( cd "$OUT/heldout" && tar cf ../heldout-tapes.tar ./*.tape.jsonl.gz ) && rm -rf "$OUT/heldout/spools" "$OUT"/heldout/*.tape.jsonl.gz
 
 left=$((BUDGET - SECONDS))
 if [ "${GPU_TESTS:-1}" != "0" ] && [ "$left" -ge 60 ]; then
   lim=$(( left < 240 ? left : 240 ))
-  stage gpu-tests "$lim" env PYTHONPATH=exporter:server:sidecar:webhook "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/
+  stage gpu-tests "$lim" env PYTHONPATH=exporter:server:sidecar:webhook "$PY" -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu.py
 else
   echo "== gpu-tests skipped (GPU_TESTS=${GPU_TESTS:-1}, ${left}s left)"
 fi
