@@ -5,7 +5,8 @@
 # GPU tests of tests/test_gpu.py with whatever time is left. Under 9 minutes wall; results under $OUT:
 #   $OUT/heldout/            labels.json, runs.json;  $OUT/heldout-tapes.tar the tapes
 #   $OUT/issue43-judged.json evaluate.py's JSON;  $OUT/*.log the stages' output
-#   GPU_TESTS=0              skip the GPU tests;  PYTHON=python3 (default)
+#   GPU_TESTS=0              skip the GPU tests;  PYTHON=python3 (default);  JOBS=4 runs at once
+#                            (8: each wave at once, the caps sum to ~65 GiB)
 set -u
 export PYTHONPATH=exporter:sidecar:webhook PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
@@ -19,7 +20,7 @@ stage() { local name=$1 limit=$2; shift 2; echo "== $name (limit ${limit}s)"; lo
 
 stage env 30 bash -c "nvidia-smi --query-gpu=name,memory.total --format=csv; $PY -c 'import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'; $PY -c 'import bitsandbytes as b; print(\"bitsandbytes\", b.__version__)' || echo 'no bitsandbytes (the LoRA remedy takes its bf16 base)'"
 # 7 plain runs (4 at a time) + 5 remedy runs (the two `none` jobs have none): two waves each
-stage heldout 400 "$PY" benchmarks/heldout/run.py --out "$OUT/heldout" --only "$NAMES" --jobs 4 --timeout 170
+stage heldout 400 "$PY" benchmarks/heldout/run.py --out "$OUT/heldout" --only "$NAMES" --jobs "${JOBS:-4}" --timeout 170
 stage judge 60 "$PY" benchmarks/corpus/evaluate.py "$OUT/heldout" --json "$OUT/issue43-judged.json"
 # one archive of the tapes (the device tool brings back 8 files); the spools are left there
 ( cd "$OUT/heldout" && tar cf ../heldout-tapes.tar ./*.tape.jsonl.gz ) && rm -rf "$OUT/heldout/spools" "$OUT"/heldout/*.tape.jsonl.gz
