@@ -147,8 +147,9 @@ def demand_rows(stages, every, grows_input, base=4 * GIB):
     step = 1
     for k in range(stages):
         for _ in range(every):
-            out.append(row(step, 10 * GIB, 10 * GIB + base * 2**k, held=4 * GIB,
-                           elements=4096 * (2**k if grows_input else 1)))
+            out.append(
+                row(step, 10 * GIB, 10 * GIB + base * 2**k, held=4 * GIB, elements=4096 * (2**k if grows_input else 1))
+            )
             step += 1
     return out
 
@@ -171,8 +172,15 @@ def test_a_ramp_is_growing_demand_bound_input_first_and_a_routing_growth_names_t
     steps = demand_rows(stages, every, grows_input)
     ms = {**facts()["model_states"], "expert_parameters_bytes": experts}
     # the OOM early in the next stage's step: little allocated yet, a large cache of the last stage's blocks
-    f = facts(steps_memory=steps, model_states=ms, allocated_bytes=30 * GIB, reserved_bytes=70 * GIB,
-              requested_bytes=12 * GIB, device_free_bytes=GIB, largest_free_block_bytes=8 * GIB)
+    f = facts(
+        steps_memory=steps,
+        model_states=ms,
+        allocated_bytes=30 * GIB,
+        reserved_bytes=70 * GIB,
+        requested_bytes=12 * GIB,
+        device_free_bytes=GIB,
+        largest_free_block_bytes=8 * GIB,
+    )
     d = diagnose(f)
     assert d["cause"] == "growing_demand", d["summary"]
     first = d["facts"]["remedies"][0]
@@ -193,9 +201,15 @@ def test_variable_inputs_with_a_flat_median_raise_no_demand():
 @pytest.mark.parametrize("quantized", [0, 30 * GIB])
 @pytest.mark.parametrize("frozen", [56 * GIB, 64 * GIB])
 def test_frozen_weights_that_fill_the_gpu_name_the_quantised_base_first_unless_it_is_quantised(frozen, quantized):
-    ms = {"parameters_bytes": frozen + GIB, "gradients_bytes": GIB, "optimizer_state_bytes": 2 * GIB,
-          "optimizer_state_expected_bytes": 2 * GIB, "frozen_parameters_bytes": frozen,
-          "adapter_parameters_bytes": GIB, "quantized_parameters_bytes": quantized}
+    ms = {
+        "parameters_bytes": frozen + GIB,
+        "gradients_bytes": GIB,
+        "optimizer_state_bytes": 2 * GIB,
+        "optimizer_state_expected_bytes": 2 * GIB,
+        "frozen_parameters_bytes": frozen,
+        "adapter_parameters_bytes": GIB,
+        "quantized_parameters_bytes": quantized,
+    }
     d = diagnose(facts(model_states=ms))
     assert d["cause"] == "model_states"
     keys = d["facts"]["remedies"]
@@ -211,8 +225,14 @@ def window(backwards, kept, start=40 * GIB, jitter=0):
 @pytest.mark.parametrize(("backwards", "kept"), list(itertools.product((4, 7, 16), (512 * MIB, 2 * GIB))))
 def test_outputs_kept_through_an_accumulation_window_are_a_leak_told_to_stop_keeping_them(backwards, kept):
     steady = [row(s, 10 * GIB, 40 * GIB, held=4 * GIB) for s in range(1, 12)]
-    d = diagnose(facts(steps_memory=steady, backwards_memory=window(backwards, kept, jitter=int(kept // 10)),
-                       most_forwards_per_backward=1, forwards_since_backward=1))
+    d = diagnose(
+        facts(
+            steps_memory=steady,
+            backwards_memory=window(backwards, kept, jitter=int(kept // 10)),
+            most_forwards_per_backward=1,
+            forwards_since_backward=1,
+        )
+    )
     assert d["cause"] == "leak" and d["facts"]["remedies"][0] == "kept_outputs", d["summary"]
 
 
@@ -233,8 +253,12 @@ def test_every_new_remedy_says_what_it_changes_or_changes_nothing():
     assert "bound_input" not in remedies.CHANGES and "kept_outputs" not in remedies.CHANGES
 
 
-OUTGREW = [(4096, 6 * GIB, "expert_capacity"), (16384, 6 * GIB, "bound_input"), (4096, 0, "bound_input"),
-           (-1, 6 * GIB, "bound_input")]
+OUTGREW = [
+    (4096, 6 * GIB, "expert_capacity"),
+    (16384, 6 * GIB, "bound_input"),
+    (4096, 0, "bound_input"),
+    (-1, 6 * GIB, "bound_input"),
+]
 
 
 @pytest.mark.parametrize(("now", "experts", "first"), OUTGREW)
@@ -243,6 +267,67 @@ def test_a_failing_step_that_outgrew_the_earlier_ones_at_their_input_names_the_r
 ):
     steady = [row(s, 10 * GIB, 30 * GIB, held=4 * GIB, elements=4096) for s in range(1, 12)]
     ms = {**facts()["model_states"], "expert_parameters_bytes": experts}
-    d = diagnose(facts(steps_memory=steady, model_states=ms, allocated_bytes=70 * GIB, requested_bytes=8 * GIB,
-                       input_elements=now))
+    d = diagnose(
+        facts(
+            steps_memory=steady, model_states=ms, allocated_bytes=70 * GIB, requested_bytes=8 * GIB, input_elements=now
+        )
+    )
     assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == first, d["summary"]
+
+
+# ---------------------------------------------- found by the job space: the held column, states beside demand
+HELD_FALLS = list(itertools.product((6, 12), (False, True), (64 * MIB, GIB), (0.3, 0.7)))
+
+
+@pytest.mark.parametrize(("fill", "two_sizes", "drop", "at"), HELD_FALLS)
+def test_a_fall_of_the_held_state_measured_is_no_rise_of_what_the_job_keeps(fill, two_sizes, drop, at):
+    """A GAN (rows of two sizes) training from a replay ring: its held state was measured again once while
+    one optimizer had set its gradients to None, the column fell with the floor flat, and the floor minus the
+    column rose as a leak does (the job space: told leak). A buffer at its cap stays no leak."""
+    rows, held, n = [], 4 * GIB, 3 + fill + 60
+    for step in range(1, n):
+        if step == int(n * at):
+            held -= drop
+        floor = 8 * GIB + 4 * GIB + 64 * MIB * min(max(step - 2, 0), fill) + (GIB if two_sizes and step % 2 else 0)
+        rows.append(row(step, floor, floor + 16 * GIB, held=held))
+    flat_for = max(trend.th.count("recent_rows"), 2)
+    for end in range(3 + fill + 2 * flat_for + 2, len(rows) + 1):
+        assert not trend.analyse(rows[:end], CAPACITY).leak, end
+
+
+STATES_HEAVY = list(itertools.product((0.7, 0.85), ("routing", "input", "neither")))
+
+
+@pytest.mark.parametrize(("share", "grew"), STATES_HEAVY)
+def test_states_filling_most_of_the_gpu_are_not_the_cause_when_the_step_outgrew_what_fitted_them(share, grew):
+    """A collapsing MoE router whose states took 72 % of the device was told model_states, cpu_offload first
+    (the job space): the same states fitted every earlier step; the routing (or the input) grew the step."""
+    states = int(share * CAPACITY)
+    ms = {
+        "parameters_bytes": states // 4,
+        "gradients_bytes": states // 4,
+        "optimizer_state_bytes": states // 2,
+        "optimizer_state_expected_bytes": states // 2,
+        "expert_parameters_bytes": GIB if grew == "routing" else 0,
+    }
+    elements = [4096] * 11 if grew != "input" else [1024] * 4 + [2048] * 4 + [4096] * 3
+    floor = states + GIB
+    steady = [
+        row(s, floor, floor + 3 * GIB * e // 4096, held=states * 3 // 4, elements=e)  # the step's own follows its input
+        for s, e in zip(range(1, 12), elements)
+    ]
+    now = 8192 if grew == "input" else 4096
+    d = diagnose(
+        facts(
+            steps_memory=steady,
+            model_states=ms,
+            allocated_bytes=floor + 6 * GIB,
+            requested_bytes=CAPACITY - floor - 5 * GIB,
+            input_elements=now,
+        )
+    )
+    if grew == "neither":  # the step outgrew its earlier ones with nothing the job showed: the states rule
+        assert d["cause"] == "model_states", d["summary"]
+    else:
+        first = "expert_capacity" if grew == "routing" else "bound_input"
+        assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == first, d["summary"]

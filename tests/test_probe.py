@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from oomsight.hook.leakscan import scan
+from oomsight.hook.leakscan import OWN_STEP_GRAPHS, message, scan
 from oomsight.tools.probe import fit, probe_batch_size
 
 MIB = 1 << 20
@@ -148,4 +148,21 @@ def test_the_leak_scan_counts_graph_holding_cuda_tensors_once_per_storage():
     assert finding["sites"] == ["AddmmBackward0 float32 (64, 2048) x30 = 30.00 MiB"]
     located = scan(fake_torch, 42, None, lambda ptrs: {p: "train.py:17 in evaluate" for p in ptrs})
     assert located["sites"] == ["train.py:17 in evaluate (30 tensors)"]
+    del kept
+
+
+@pytest.mark.parametrize("graphs", [0, 1, OWN_STEP_GRAPHS, OWN_STEP_GRAPHS + 1, 30])
+def test_the_scan_s_warning_calls_a_leak_only_what_piles_with_its_graph(graphs):
+    """A replay buffer filling on an H100 was warned "Likely a leak" with 2 tensors of 2 KiB holding a graph
+    (the last step's loss and Q values): the warning says what the scan found, and advises nothing that
+    changes the result."""
+    fake_torch = types.SimpleNamespace(Tensor=FakeTensor)
+    kept = [FakeTensor(5000 + i, MIB) for i in range(graphs)]
+    gc.collect()
+    text = message(scan(fake_torch, step=9, growth=213 * MIB, sites_of=lambda ptrs: {}))
+    assert text.startswith("oomsight: memory between steps grew by 213.00 MiB;")
+    assert f"{graphs} CUDA tensors hold an autograd graph past the step" in text
+    assert ("Likely a leak" in text) is (graphs > OWN_STEP_GRAPHS), text
+    assert ("kept without a graph" in text) is (graphs <= OWN_STEP_GRAPHS), text
+    assert "no_grad" not in text
     del kept

@@ -192,6 +192,8 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
     bar = th.value("model_states_share") * ev.total
     if states is None or (states < bar and not in_step):
         return None
+    if ev.training and not in_step and _outgrown(ev):
+        return None  # the same states fitted the earlier steps: the step's own demand grew (the demand rule)
     if ev.training and states >= bar and ev.frozen >= th.value("frozen_dominant_share") * states:
         return _frozen_weights(ev, states)
     if not ev.training:
@@ -219,6 +221,15 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
         f"(the OOM came{where} at {fb(ev.allocated)} allocated){_frozen_part(ev)}: no batch size or activation "
         "remedy can make room.",
     )
+
+
+def _outgrown(ev: Evidence) -> bool:
+    """The failing step outgrew the earlier ones for a reason the job showed: the routing of a model with
+    experts at the same input, or an input that rose through the step rows. States that fill most of the
+    device then did not change; what one step takes in or sends to an expert did (a collapsing MoE router
+    was told model_states, cpu_offload first, in the job space)."""
+    d = ev.trend.demand
+    return ev.routing or (d is not None and bool(d.input_rose))
 
 
 def _untrained_first(ev: Evidence) -> list[str]:
@@ -387,12 +398,16 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
     else:
         grew = ": the input grew (batch or sequence" + (
             "; in a mixture-of-experts model, also more tokens routed to one expert: these facts cannot tell the "
-            "two apart)" if maybe_routed else ")"
+            "two apart)"
+            if maybe_routed
+            else ")"
         )
     return ev.result(
         Cause.GROWING_DEMAND,
         ["bound_input", "checkpointing", *each, "batch", *(["expert_capacity"] if maybe_routed else [])],
-        summary + grew + ". Defragmenting cannot help; bound what one forward takes in, or keep less of each step."
+        summary
+        + grew
+        + ". Defragmenting cannot help; bound what one forward takes in, or keep less of each step."
         + _kept_until_backward(ev),
     )
 

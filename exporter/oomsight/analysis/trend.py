@@ -20,6 +20,7 @@ skipped. Pure functions, no torch.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Optional
@@ -210,9 +211,11 @@ def _columns(rows: Sequence[Sequence[float]]) -> fc.Columns:
 def step_series(rows: Sequence[Sequence[float]]) -> list[Point]:
     """The allocator's floor along step rows, with each step's own memory (peak - floor). Where every row
     knows the gradients and optimizer state held (:data:`STATES`), the floor is judged without them: state
-    that appears as parameters start to train is the model's, not something kept from every step."""
+    that appears as parameters start to train is the model's, not something kept from every step. The most
+    held so far is taken off: a measurement may fall (taken while one of a GAN's two optimizers had set its
+    gradients to None) while the floor stays, and a fall in what is taken off is no rise of what is kept."""
     known = bool(rows) and all(len(r) > STATES and r[STATES] >= 0 for r in rows)
-    held = [float(r[STATES]) if known else 0.0 for r in rows]
+    held = list(itertools.accumulate((float(r[STATES]) if known else 0.0 for r in rows), max))
     return [(float(r[STEP]), float(r[FLOOR]) - h, float(r[PEAK] - r[FLOOR])) for r, h in zip(rows, held)]
 
 

@@ -18,6 +18,9 @@ from oomsight.analysis.units import format_bytes
 from oomsight.wire.schema import LeakFinding
 
 SITES = 5
+OWN_STEP_GRAPHS = 4
+"""Tensors with a graph that a loop keeps past its step of its own: the last step's ``loss``, ``outputs``
+and the like stay bound to their names until the next forward rebinds them. More are a pile."""
 
 
 def scan(torch: Any, step: int, growth: Optional[int], sites_of: Callable[[list[int]], dict[int, str]]) -> LeakFinding:
@@ -65,3 +68,22 @@ def _describe(groups: dict[tuple[str, str], list[int]], located: dict[int, str])
         return [f"{site} ({n} tensors)" for site, n in by_site.most_common(SITES)]
     top = sorted(groups.items(), key=lambda kv: kv[1][1], reverse=True)[:SITES]
     return [f"{node} {what} x{n} = {format_bytes(size)}" for (node, what), (n, size) in top]
+
+
+def message(finding: LeakFinding) -> str:
+    """The warning of a scan, said as what it found: tensors piling with their graphs (a leak, keep nothing
+    alive), or none beyond the last step's own: what grew is kept without a graph, and a buffer filling to
+    its cap rises as a leak does until it stays (the flag then clears)."""
+    n, growth = finding["graph_tensors"], finding["growth_bytes"]
+    head = (
+        f"oomsight: memory between steps grew by {format_bytes(growth or 0)}; {n} CUDA tensors hold an autograd "
+        f"graph past the step ({format_bytes(finding['graph_bytes'])})"
+    )
+    sites = "; ".join(finding["sites"][:3])
+    if n > OWN_STEP_GRAPHS:
+        return f"{head}. Likely a leak of tensors kept with their graph (keep .item() or .detach()): {sites}"
+    return (
+        f"{head}, no more than a loop keeps of its last step: what grew is kept without a graph (a buffer, "
+        "a cache, detached tensors). A leak if it never stops; a buffer with a cap stops rising and the flag "
+        f"clears{': ' + sites if sites else ''}"
+    )

@@ -22,13 +22,13 @@ from typing import Any, Optional
 from oomsight.analysis import thresholds as th
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
-from oomsight.analysis.units import format_bytes
 from oomsight.config import ConfigError, Settings
 from oomsight.hook.cuda import CudaApi, TorchCuda, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.forwards import ForwardMemory
 from oomsight.hook.identity import describe_process
 from oomsight.hook.jobsetup import JobProbe, dominant_dtype
+from oomsight.hook.leakscan import message as leak_message
 from oomsight.hook.leakscan import scan
 from oomsight.hook.nvml import Nvml
 from oomsight.hook.oom import OomContext, OomRecorder, is_oom, unwatch_raised, watch_raised
@@ -225,14 +225,7 @@ class Hook:
         self._last_leak_scan = time.time()
         sites = self.cuda.allocation_sites if self.oom.history else (lambda ptrs: {})
         self.leak = scan(self.torch, self.steps.count if self.steps else 0, growth, sites)
-        logger.warning(
-            "oomsight: memory between steps grew by %s; %d CUDA tensors hold an autograd graph past the step "
-            "(%s). Likely a leak: %s",
-            format_bytes(growth),
-            self.leak["graph_tensors"],
-            format_bytes(self.leak["graph_bytes"]),
-            "; ".join(self.leak["sites"][:3]),
-        )
+        logger.warning("%s", leak_message(self.leak))
 
     def _before_publish(self) -> None:
         if self.oom.unwritten_events:
