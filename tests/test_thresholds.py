@@ -42,8 +42,25 @@ MOVES_A_VERDICT = {
         # leak: a right flag, earlier; no false flag). 6 keeps the line fit 4 degrees of freedom.
         "heldout/gpt2_debug_keeps_attentions_fast": (("leak", "leak", False), ("leak", "leak", True)),
     },
+    ("model_states_share", 1.25): {
+        # the frozen-base LoRA's states take ~80 % of its 6.5 GiB: at 87.5 % the states rule no longer
+        # sees them, and the step's activations are named instead (issue 43's tape, 2026-12-07)
+        "heldout-issue43/gpt2_frozen_base_lora_no_room": (
+            ("model_states", "quantize_base", False),
+            ("activations", "checkpointing", False),
+        ),
+        # the unfreezing job runs out in optimizer.step() with states under 87.5 %: the rule for an OOM in
+        # the step names the fused optimizer's temporaries first (the cause stays model_states)
+        "heldout-issue43/gpt2_progressive_unfreezing_adamw": (
+            ("model_states", "cpu_offload", False),
+            ("model_states", "fused_optimizer", False),
+        ),
+    },
 }
 """(threshold, factor) -> {tape: (verdict before, verdict after)}: the only moves that change one."""
+FILLING = {"heldout-issue43": {"dqn_replay_buffer_fills_then_flat"}}
+"""Tapes of a buffer that fills to its cap: nothing in memory tells it from a leak while it fills, so the
+flag may be up on some snapshots' rows (docs/diagnosis.md, "A plateau is no leak"); the last rows are none."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,7 +123,12 @@ def test_the_tapes_are_all_there_and_the_baseline_is_the_measured_one():
     for folder in FOLDERS:  # re-judged from the rows, no tape but a leak raises the flag
         labels = evaluate.labels_of(os.path.join(FIXTURES, folder))
         flagged = {name for name, label in labels.items() if base[f"{folder}/{name}"][2]}
-        assert flagged <= {name for name, label in labels.items() if label[0] == "leak"}, folder
+        allowed = {name for name, label in labels.items() if label[0] == "leak"} | FILLING.get(folder, set())
+        assert flagged <= allowed, folder
+    for folder, names in FILLING.items():  # up while the buffer fills, down once it stays
+        for name in names:
+            capacity, rows = tapes()[f"{folder}/{name}"][1][-1]
+            assert not trend.analyse(rows, capacity).leak, name
 
 
 @pytest.mark.parametrize("factor", [0.75, 1.25], ids=["-25%", "+25%"])
@@ -122,8 +144,9 @@ def test_moving_one_threshold_by_a_quarter_changes_no_verdict_but_the_pinned_one
 def test_a_threshold_that_moves_a_verdict_says_so_in_the_table_and_the_docs():
     pinned = {name for name, _factor in MOVES_A_VERDICT}
     assert {name for name, t in th.TABLE.items() if t.sensitive} == pinned
-    for name in pinned:
-        assert "gpt2_debug_keeps_attentions_fast" in th.TABLE[name].sensitive
+    for (name, _factor), moves in MOVES_A_VERDICT.items():
+        for tape_name in moves:
+            assert tape_name.split("/", 1)[1] in th.TABLE[name].sensitive, (name, tape_name)
 
 
 def test_the_docs_print_the_table_as_it_stands():
