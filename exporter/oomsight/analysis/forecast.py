@@ -215,21 +215,176 @@ class _Outliers:
 def _outliers(cols: Columns, line: _Line, beyond: float) -> _Outliers:
     """The new lifetime peaks more than ``beyond`` above the line (:func:`_record_rise`)."""
     life = cols.lifetime()
-    rose = [_record_rise(cols, life, line, i) for i in range(1, len(life)) if life[i] > life[i - 1]]
-    above = sorted(a for a in rose if a > beyond)
-    return _Outliers(above, [_rate(cols, life, line, g) for g in above])
+    rises = {i: _record_rise(cols, life, line, i) for i in range(1, len(life)) if life[i] > life[i - 1]}
+    above = sorted(a for a in rises.values() if a > beyond)
+    return _Outliers(above, _Rates(cols, life, line, rises).at(above))
 
 
-def _rate(cols: Columns, life: Sequence[float], line: _Line, rise: float) -> float:
-    """Outliers per step that rose at least ``rise`` above the line. One shows only where it set a
-    new lifetime peak: counted over the steps where one that high would have (the line plus
-    ``rise`` above the lifetime peak before), seen where it did."""
-    seen, steps = 0, 0.0
-    for i in range(1, len(cols.steps)):
-        start = max(cols.steps[i - 1], line.mean_x + (life[i - 1] - rise - line.mean_y) / line.slope)
-        steps += max(cols.steps[i] - start, 0.0)
-        seen += life[i] > life[i - 1] and _record_rise(cols, life, line, i) >= rise and cols.steps[i] > start
-    return seen / steps if steps > 0 else 0.0
+class _Rates:
+    """Outliers per step that rose at least ``rise`` above the line, for every rise of a sorted list at
+    once (issue 49: one pass over the rows, not one per rise). One shows only where it set a new lifetime
+    peak: counted over the steps where one that high would have (the line plus ``rise`` above the lifetime
+    peak before), seen where it did. A row ``i`` adds ``steps[i] - start`` where ``start``, the step at which
+    the line stood ``rise`` under the lifetime peak before (at least the row before's step), is below its
+    step: nothing for the lowest rises, a part of its steps for some, all of them for the highest
+    (``start`` falls as ``rise`` grows). Each row's two bounds are found once among the rises; the sum
+    is then made for each rise as adding row after row makes it, bit for bit: whole steps are integers,
+    whose sums are exact until a sum with a fraction enters a higher power of two, and there alone the
+    one rounding that row after row would make is made (:meth:`_whole`). Rows whose steps are not such
+    integers, or rises that share so many partly counted rows that this would cost more than
+    ``PARTS_PER_ROW`` a row, are summed in one pass with the parts' sum kept as rises grow (equal but for
+    the last bits)."""
+
+    PARTS_PER_ROW = 32
+
+    def __init__(self, cols: Columns, life: Sequence[float], line: _Line, rises: dict[int, float]) -> None:
+        self.steps, self.life, self.line, self.rises = cols.steps, life, line, rises
+
+    def start(self, i: int, rise: float) -> float:
+        """Where row ``i``'s steps would start counting for ``rise`` (before taking the row before's step)."""
+        line = self.line
+        return line.mean_x + (self.life[i - 1] - rise - line.mean_y) / line.slope
+
+    def at(self, above: Sequence[float]) -> list[float]:
+        k, n = len(above), len(self.steps)
+        if not k:
+            return []
+        some, whole = [k] * n, [k] * n  # per row: the first rise that counts some of its steps, all of them
+        seen = [0] * (k + 1)
+        for i in range(1, n):
+            if self.steps[i] <= self.steps[i - 1]:
+                continue  # no step in between: counts for no rise
+            some[i] = self._first(above, i, self.steps[i], strict=True)
+            whole[i] = self._first(above, i, self.steps[i - 1], strict=False)
+            if i in self.rises:  # seen for the rises from where it counts up to its own rise
+                last = bisect.bisect_right(above, self.rises[i])
+                if some[i] < last:
+                    seen[some[i]] += 1
+                    seen[last] -= 1
+        parts = sum(w - s for s, w in zip(some, whole))
+        exact = parts <= self.PARTS_PER_ROW * (n + k) and all(
+            float(s).is_integer() and abs(s) < 2**50 for s in self.steps
+        )
+        totals = self._exact(above, some, whole) if exact else self._close(above, some, whole)
+        rates, count = [], 0
+        for j in range(k):
+            count += seen[j]
+            rates.append(count / totals[j] if totals[j] > 0 else 0.0)
+        return rates
+
+    def _first(self, above: Sequence[float], i: int, step: float, strict: bool) -> int:
+        """The first index of ``above`` whose rise puts row ``i``'s start below ``step`` (``strict``) or at
+        most at it; every higher rise does too. A guess from the line, corrected by the exact test."""
+        line = self.line
+
+        def counts(j: int) -> bool:
+            start = self.start(i, above[j])
+            return start < step if strict else start <= step
+
+        j = bisect.bisect_left(above, (self.life[i - 1] - line.mean_y) - (step - line.mean_x) * line.slope)
+        while j > 0 and counts(j - 1):
+            j -= 1
+        while j < len(above) and not counts(j):
+            j += 1
+        return j
+
+    def _events(self, some: Sequence[int], whole: Sequence[int], k: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Per rise: the rows counted whole from it on, and the rows counted in part from it on."""
+        full: list[list[int]] = [[] for _ in range(k + 1)]
+        part: list[list[int]] = [[] for _ in range(k + 1)]
+        for i in range(1, len(self.steps)):
+            full[whole[i]].append(i)
+            if some[i] < whole[i]:
+                part[some[i]].append(i)
+        return full, part
+
+    def _exact(self, above: Sequence[float], some: Sequence[int], whole: Sequence[int]) -> list[float]:
+        k, steps = len(above), self.steps
+        full, part = self._events(some, whole, k)
+        tree = _Fenwick(len(steps))
+        active: set[int] = set()
+        totals = []
+        for j, rise in enumerate(above):
+            for i in full[j]:
+                tree.add(i, int(steps[i] - steps[i - 1]))
+                active.discard(i)
+            active.update(part[j])
+            total, at = 0.0, 0
+            for i in sorted(active):
+                total = self._whole(tree, total, at, i - 1)
+                total += steps[i] - self.start(i, rise)
+                at = i
+            totals.append(self._whole(tree, total, at, len(steps) - 1))
+        return totals
+
+    @staticmethod
+    def _whole(tree: _Fenwick, total: float, after: int, upto: int) -> float:
+        """``total`` plus the whole steps of the rows ``after + 1 .. upto`` counted now, one row after the
+        other as floats add them: exact while the sum has no fraction or stays under the next power of
+        two, one rounding where it first reaches it."""
+        base, end = tree.sum(after), tree.sum(upto)
+        while base < end:
+            if total.is_integer():
+                return total + (end - base)
+            _m, power = math.frexp(total)
+            row = tree.reaching(base + math.ceil(math.ldexp(1.0, power) - total))
+            if row > upto:
+                return total + (end - base)
+            reached = tree.sum(row)
+            total, base = total + (reached - base), reached
+        return total
+
+    def _close(self, above: Sequence[float], some: Sequence[int], whole: Sequence[int]) -> list[float]:
+        """The sums in one pass: the whole steps added as rows become whole, the parts as a sum of their
+        starts at no rise kept as rows enter and leave, plus the rise's share (the start falls by
+        ``rise / slope``)."""
+        k, steps, line = len(above), self.steps, self.line
+        full, part = self._events(some, whole, k)
+        wholes = parts = 0.0
+        count = 0
+        totals = []
+        for j, rise in enumerate(above):
+            for i in full[j]:
+                wholes += steps[i] - steps[i - 1]
+                if some[i] < j:
+                    parts -= steps[i] - self.start(i, 0.0)
+                    count -= 1
+            for i in part[j]:
+                parts += steps[i] - self.start(i, 0.0)
+                count += 1
+            totals.append(wholes + parts + count * rise / line.slope)
+        return totals
+
+
+class _Fenwick:
+    """Integer sums over rows 1..n-1 by prefix, and the first row where a prefix sum reaches a value."""
+
+    def __init__(self, n: int) -> None:
+        self.tree = [0] * (n + 1)
+        self.top = 1 << max(n.bit_length() - 1, 0)
+
+    def add(self, i: int, value: int) -> None:
+        while i < len(self.tree):
+            self.tree[i] += value
+            i += i & -i
+
+    def sum(self, i: int) -> int:
+        """The sum of rows 1..i."""
+        total = 0
+        while i > 0:
+            total += self.tree[i]
+            i -= i & -i
+        return total
+
+    def reaching(self, value: int) -> int:
+        """The first row whose prefix sum is at least ``value`` (len - 1 + 1 where none)."""
+        at, step = 0, self.top
+        while step:
+            nxt = at + step
+            if nxt < len(self.tree) and self.tree[nxt] < value:
+                at, value = nxt, value - self.tree[nxt]
+            step >>= 1
+        return at + 1
 
 
 def _record_rise(cols: Columns, life: Sequence[float], line: _Line, i: int) -> float:

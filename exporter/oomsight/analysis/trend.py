@@ -255,11 +255,15 @@ def since_release(series: Sequence[Point], capacity: int) -> Sequence[Point]:
     moves = [abs(b - a) for a, b in zip(floors, floors[1:])]
     least = max(th.value("release_moves") * _median(moves), _min_growth(capacity) / 2)
     cut, released = 0, 0.0
+    share = th.value("release_share")
+    high, low = max(floors[:2], default=0.0), min(floors[:2], default=0.0)  # of floors[cut:i], kept as i moves
     for i in range(2, len(floors)):
-        before = floors[cut:i]
         fall = floors[i - 1] - floors[i]
-        if fall >= th.value("release_share") * (max(before) - min(before)) and fall >= least:
+        if fall >= share * (high - low) and fall >= least:
             cut, released = i, max(released, fall)
+            high = low = floors[i]
+        else:
+            high, low = max(high, floors[i]), min(low, floors[i])
     if not cut:
         return series
     after = series[cut:]
@@ -429,10 +433,13 @@ def unconsumed(pending: Optional[int], most: Optional[int], trains: bool, traini
     ``pile_consumed_multiple`` times the most seen together. Beyond that, in a job that trains, a model
     in training mode (``training``, its flag at the forward) is taken at its word: a longer episode or
     window than any before, whose backward is still to come, not an evaluation (which runs in eval mode);
-    calling it a leak would advise ``no_grad`` on a forward that trains."""
+    calling it a leak would advise ``no_grad`` on a forward that trains. That word holds only where the job's
+    backwards have shown they keep graphs across forwards (``most`` > 1): a job whose every backward consumed one
+    forward keeps no episode or window, so a pile there (a validation in training mode without ``no_grad``, a
+    rollout that forgets it) is beyond what it consumes whatever the flag says."""
     if most is None:
         return not trains
-    if trains and training is True:
+    if trains and training is True and most > 1:
         return False
     return pending is not None and pending > beyond_consumed(most)
 

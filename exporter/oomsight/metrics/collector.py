@@ -50,9 +50,9 @@ from oomsight.metrics.family import (
     SNAPSHOT,
     SOURCE,
     Family,
-    follow_trends,
 )
 from oomsight.metrics.ledger import Ledger
+from oomsight.metrics.verdict import follow_trends
 from oomsight.wire.reader import TOO_MANY_FILES, TOO_MANY_SERIES, Budget, Claim, FileKey, SkipLog
 from oomsight.wire.schema import Profile, Snapshot
 from oomsight.wire.spool import SpoolReader
