@@ -293,7 +293,39 @@ def fsdp_mixed_precision(rank: int, out: str, fsdp1: bool) -> dict[str, Any]:
     return {"layout": layout.states(0), "truth": truth, "parallelism": layout.parallelism}
 
 
+def fsdp2_partial(rank: int, out: str, flag: bool) -> dict[str, Any]:
+    """FSDP2 with ``reshard_after_forward=2`` on 4 ranks (on 2, torch takes 2 for True): after a forward each
+    layer keeps its parameters gathered over a group of 2 until its backward; measured between the forward
+    and the backward (the last layer, whose backward runs first, gathered still; ``flag``: inside the
+    backward of the first layer), and after the step."""
+    m = sharded(reshard_after_forward=2)
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(2):
+        step(m, opt)
+    loss = m(torch.randn(8, 40)).sum()
+    between = measure(torch, [m], [opt], "cpu")
+    posts = [fp._sharded_post_forward_param_data for layer in m if isinstance(layer, nn.Linear)
+             for fp in layer._get_fsdp_state()._fsdp_param_group.fsdp_params]
+    truth = {
+        "parameters": storages(fp.sharded_param for layer in m for fp in _fsdp_params_of(layer)),
+        "post_forward": storages(posts),
+        "global_parameters": sum(p.numel() * p.element_size() for p in model().parameters()),
+    }
+    loss.backward()
+    opt.step()
+    after = measure(torch, [m], [opt], "cpu")
+    return {"between": between.states(0), "after": after.states(0), "truth": truth,
+            "parallelism": between.parallelism}
+
+
+def _fsdp_params_of(layer: nn.Module) -> list[Any]:
+    get_state = getattr(layer, "_get_fsdp_state", None)
+    group = getattr(get_state(), "_fsdp_param_group", None) if get_state is not None else None
+    return list(getattr(group, "fsdp_params", None) or [])
+
+
 BODIES = {
+    "fsdp2_partial": fsdp2_partial,
     "ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1, "hooked": hooked, "compiled_ddp": compiled_ddp,
     "compiled_fsdp2": compiled_fsdp2, "ddp_zero_grad_in_no_sync": ddp_zero_grad_in_no_sync,
     "zero_redundancy": zero_redundancy, "fsdp_mixed_precision": fsdp_mixed_precision,

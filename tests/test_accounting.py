@@ -59,6 +59,24 @@ def test_fsdp2_counts_each_rank_s_shards_not_the_global_parameters(tmp_path: Pat
         assert p["sharding"] == ("FULL_SHARD" if reshard else "SHARD_GRAD_OP")
 
 
+def test_fsdp2_integer_resharding_counts_the_partial_gathers_as_gathered_and_reports_the_integer(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: ``fully_shard(..., reshard_after_forward=2)`` on 4 ranks: between a forward and its backward the
+    parameters gathered over a group of 2 stand for the shards the optimizer holds (never frozen), count as
+    gathered, and the setting is reported as the integer."""
+    for found in ranks(tmp_path, 4, "fsdp2_partial", False):
+        between, after, truth = found["between"], found["after"], found["truth"]
+        assert truth["post_forward"] > 0  # torch kept partial gathers: the case is real
+        assert between["frozen_parameters_bytes"] == 0 and between["frozen_modules"] == []
+        assert between["parameters_bytes"] == truth["parameters"] <= truth["global_parameters"] / 4 * 1.25
+        assert between["unsharded_parameters_bytes"] >= truth["post_forward"]
+        assert after["frozen_parameters_bytes"] == after["unsharded_parameters_bytes"] == 0
+        p = found["parallelism"]
+        assert (p["strategy"], p["shard_size"], p["reshard_after_forward"]) == ("fsdp2", 4, 2)
+        assert type(p["reshard_after_forward"]) is int
+
+
 @pytest.mark.parametrize("orig_params", [False, True])
 def test_fsdp1_counts_the_flat_local_shard_once(tmp_path: Path, orig_params: bool) -> None:
     for found in ranks(tmp_path, 2, "fsdp1", orig_params):
@@ -207,6 +225,32 @@ def test_the_failing_model_is_frozen_when_no_optimizer_trains_it() -> None:
     assert [m.frozen for m in seen] == [True, False]
 
 
+def test_a_discriminator_frozen_for_the_generator_s_update_is_trained_not_a_frozen_model() -> None:
+    """Issue 48: a GAN sets ``D.requires_grad_(False)`` during G's update; D's optimizer holds D's parameters
+    and has stepped them, and G's gradient flows through D: neither D's bytes nor the failing forward
+    (D's, or the composite's) are a frozen model's. A layer its optimizer holds but never stepped (not yet
+    unfrozen) stays frozen."""
+    from oomsight.hook.oom import _outer_module
+
+    g, d = nn.Linear(8, 8), nn.Linear(8, 64)
+    both = nn.Sequential(g, d)
+    opt_g, opt_d = torch.optim.AdamW(g.parameters()), torch.optim.AdamW(d.parameters())
+    d(torch.randn(4, 8)).sum().backward()
+    opt_d.step()
+    opt_d.zero_grad()
+    d.requires_grad_(False)  # G's update: G's gradient flows through D
+    seen = []
+    d.register_forward_pre_hook(lambda m, a: seen.append(_outer_module([opt_g, opt_d], [g, d])))
+    d(g(torch.randn(4, 8)))
+    both(torch.randn(4, 8)).sum().backward()
+    assert [m.frozen for m in seen] == [False, False]
+    layout = measure(torch, [g, d], [opt_g, opt_d], "cpu")
+    assert (layout.states(0)["frozen_parameters_bytes"], layout.frozen_modules) == (0, [])
+    later = nn.Linear(8, 8).requires_grad_(False)  # held, never stepped: frozen
+    opt_all = torch.optim.AdamW([*g.parameters(), *later.parameters()])
+    assert measure(torch, [g, later], [opt_all], "cpu").states(0)["frozen_parameters_bytes"] == (64 + 8) * 4
+
+
 def hooked_oom(tmp_path: Path, roots: list[nn.Module], opt: torch.optim.Optimizer, train: Any, fail: Any) -> Any:
     """The real hook over a fake allocator whose capacity is these small models' (the CPU's tensors
     counted as device 0's): six training steps, then an OOM raised where ``fail`` says; the event."""
@@ -224,6 +268,7 @@ def hooked_oom(tmp_path: Path, roots: list[nn.Module], opt: torch.optim.Optimize
     hook = Hook(Settings().replace(spool_dir=spool, termination_message_path=""), cuda, None, torch)
     assert hook.steps is not None
     hook.steps.device_type = "cpu"
+    hook.steps.live.clock = lambda: 0.0  # the live-model scan never gives up on a loaded machine's wall clock
     hook.start()
     try:
         hook.sampler.tick()

@@ -30,7 +30,7 @@ import os
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 FROZEN_MODULES_MAX = 8
 FROZEN_CHILD_SHARE = 0.25
@@ -207,20 +207,33 @@ def trained_by(optimizers: Iterable[Any], params: Iterable[Any]) -> Callable[[An
     makes them, are waste), and so is a model whose parameters were all replaced after its optimizer was
     made (``load_state_dict(assign=True)``: the optimizer trains the old tensors). ``requires_grad``
     alone decides only where no optimizer holds a parameter yet, or where an optimizer steps copies of
-    the parameters (DeepSpeed's ZeRO, apex's master weights). ``params``: the models' parameters."""
+    the parameters (DeepSpeed's ZeRO, apex's master weights). A parameter frozen for one phase (a GAN's
+    discriminator, ``requires_grad_(False)`` during the generator's update) that an optimizer holds and
+    has stepped (it has state there) trains all the same; one it holds but never stepped (a layer not
+    yet unfrozen) does not. ``params``: the models' parameters."""
     del params  # what decides is what the optimizers hold, not whether it overlaps the models
     optimizers = list(optimizers)
     held = {id(p) for opt in optimizers for g in getattr(opt, "param_groups", []) for p in g.get("params", [])}
     if not held or any(_steps_copies(opt) for opt in optimizers):
         return lambda p: bool(getattr(p, "requires_grad", False))
+    stepped = {id(p) for opt in optimizers for p in _stateful(opt)}
 
     def trains(p: Any) -> bool:
-        if not getattr(p, "requires_grad", False):
-            return False
         # FSDP1's flat parameter with use_orig_params: the optimizer holds the original parameters
-        return id(p) in held or any(id(q) in held for q in _flat_originals(p))
+        mine = [p, *_flat_originals(p)]
+        if not getattr(p, "requires_grad", False):
+            return any(id(q) in stepped for q in mine)
+        return any(id(q) in held for q in mine)
 
     return trains
+
+
+def _stateful(opt: Any) -> list[Any]:
+    """The parameters ``opt`` keeps state for (it has stepped them); none where its state is no mapping."""
+    state = getattr(opt, "state", None)
+    if not isinstance(state, Mapping):
+        return []
+    return [p for p, entry in state.items() if entry]
 
 
 def held_parameters(module: Any) -> list[Any]:
@@ -455,15 +468,19 @@ def _fsdp_params(module: Any) -> list[Any]:
 
 
 def _fsdp2_aliases(counter: _Counter, module: Any) -> None:
+    """The parameters FSDP2 registers on a module in place of its shard (gathered in a forward, or, after
+    a forward with an integer ``reshard_after_forward``, gathered over a smaller group) stand for it."""
     for fp in _fsdp_params(module):
-        gathered, sharded = getattr(fp, "_unsharded_param", None), getattr(fp, "sharded_param", None)
-        if gathered is not None and sharded is not None:
-            counter.aliases[id(gathered)] = sharded
+        sharded = getattr(fp, "sharded_param", None)
+        for stand_in in (getattr(fp, "_unsharded_param", None), getattr(fp, "_sharded_post_forward_param", None)):
+            if stand_in is not None and sharded is not None:
+                counter.aliases[id(stand_in)] = sharded
 
 
 def _fsdp2_params(counter: _Counter, module: Any, trains: Callable[[Any], bool]) -> None:
     """FSDP2 (``fully_shard``): each parameter's padded local shard, and its all-gathered buffers
-    while they are alive (0 bytes once resharded)."""
+    while they are alive (0 bytes once resharded), the partial ones an integer ``reshard_after_forward``
+    keeps from a forward to its backward included."""
     for fp in _fsdp_params(module):
         shard = getattr(fp, "_sharded_param_data", None)
         sharded = getattr(fp, "sharded_param", None)
@@ -473,6 +490,7 @@ def _fsdp2_params(counter: _Counter, module: Any, trains: Callable[[Any], bool])
                 _bump(counter, device, "frozen", size)
         for gathered in getattr(fp, "all_gather_outputs", None) or []:
             counter.add(gathered, UNSHARDED)
+        counter.add(getattr(fp, "_sharded_post_forward_param_data", None), UNSHARDED)
         if sharded is not None and sharded.grad is not None:
             counter.add(sharded.grad, GRADS)
         # without gradient sync (no_sync accumulation) the unsharded gradients stay until the sync
@@ -615,7 +633,7 @@ def _fsdp2(modules: list[Any], found: dict[str, Any]) -> dict[str, Any]:
     group's default is not to), hybrid sharding, CPU offload and the mixed-precision policy's
     ``param_dtype``, from the parameter groups."""
     inner = {id(c) for m in modules for c in m.modules() if c is not m}  # the outermost FSDP modules are roots
-    reshard: Optional[bool] = None
+    reshard: Optional[Union[bool, int]] = None
     hybrid, offload, shard, mixed = False, False, None, None
     for m in modules:
         group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
@@ -628,12 +646,24 @@ def _fsdp2(modules: list[Any], found: dict[str, Any]) -> dict[str, Any]:
         for fp in group.fsdp_params:
             mixed = mixed or _dtype_name(getattr(getattr(fp, "mp_policy", None), "param_dtype", None))
         if id(m) in inner or reshard is None:
-            resharded = getattr(group, "post_forward_mesh_info", None) is not None
+            resharded = _resharding(group)
             reshard = resharded if id(m) in inner else (reshard or resharded)
     sharding = "HYBRID_SHARD" if hybrid else "FULL_SHARD" if reshard is not False else "SHARD_GRAD_OP"
     found.update(strategy="fsdp2", sharding=sharding, shard_size=shard, reshard_after_forward=reshard, offload=offload)
     found["mixed_precision"] = mixed
     return found
+
+
+def _resharding(group: Any) -> Union[bool, int]:
+    """A parameter group's ``reshard_after_forward``: False, True (back to the full shard group), or the
+    integer size of the smaller group it reshards to (torch keeps that group's mesh apart)."""
+    post = getattr(group, "post_forward_mesh_info", None)
+    if post is None:
+        return False
+    if post is getattr(group, "mesh_info", None):
+        return True
+    size = getattr(post, "shard_mesh_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else True
 
 
 def _zero(engine: Any, found: dict[str, Any]) -> dict[str, Any]:
