@@ -51,7 +51,7 @@ dashboards-check:
 	$(PY) -m dashboards --check
 
 unit:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20  # the 20 slowest tests, at the end of every run
 
 # On the GPU machine (no network; run from the tree):
 #   PYTHONPATH=exporter:server:sidecar:webhook python3 -m pytest -m gpu -p no:cacheprovider tests
