@@ -4,9 +4,11 @@ temporary folder left behind."""
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import inspect
 import json
+import os
 import re
 import signal
 import sys
@@ -445,3 +447,176 @@ def test_a_ctrl_c_at_the_terminal_reaches_the_command_once_and_run_exits_130(tmp
     assert "oomsight run: interrupted (SIGINT); the command exited with 130" in text
     assert os.waitstatus_to_exitcode(status) == 130
     assert [n for n in os.listdir(tmp_path) if n.startswith(("oomsight-run-", "oomsight-startup-"))] == []
+
+
+# -- issue 50: the first hour again, from `pip install .` -----------------------------------------
+
+TAPE = str(ROOT / "exporter/oomsight/tools/data/h200-demo.tape.jsonl.gz")
+
+
+@pytest.mark.parametrize("argv", [["predict", "--model", "gpt2"], ["predict", "--list"]], ids=["model", "list"])
+def test_predict_in_a_base_install_without_torch_names_the_predict_extra_and_exits_2(argv, tmp_path):
+    rc, err = without("torch", argv, tmp_path)  # `pip install .` pulls no torch: the README's example met that
+    said = "oomsight predict: needs torch, not installed here; pip install 'oomsight[predict]'"
+    assert rc == 2 and one_line(err) == said
+
+
+def test_a_missing_module_that_no_extra_installs_is_not_blamed_on_one(monkeypatch):
+    from oomsight.tools import cli
+
+    for name in ("torch", "transformers", "bitsandbytes", "cryptography"):
+        monkeypatch.setitem(sys.modules, name, None)  # not installed, as in `pip install .`
+    assert cli._extra_for("predict", "torch.nn") == "predict" and cli._extra_for("predict", "transformers") == "predict"
+    assert cli._extra_for("predict", "bitsandbytes") is None  # not the predict extra's: not said to be
+    assert cli._extra_for("predict", "oomsight.tools.predict.gone") is None  # ours missing: a broken install
+    assert cli._extra_for("webhook", "cryptography") == "sidecar" and cli._extra_for("report", "torch") is None
+    monkeypatch.delitem(sys.modules, "torch")
+    if importlib.util.find_spec("torch") is not None:  # installed: a part of it that failed is not a missing extra
+        assert cli._extra_for("predict", "torch._no_such_part") is None
+
+
+def test_report_of_a_folder_that_is_not_a_spool_is_one_line_and_exit_2(tmp_path):
+    home = tmp_path / "home"
+    (home / "projects").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine\n")
+    result = run_oomsight("report", str(home), tmp=str(tmp_path))
+    assert result.returncode == 2 and result.stdout == ""
+    assert one_line(result.stderr) == (
+        f"oomsight report: {home} is not a spool (no snapshots/ or events/ folder in it): give the spool oomsight "
+        "run printed, or the job's OOMSIGHT_DIR"
+    )
+    html = run_oomsight("report", "--html", str(tmp_path / "r.html"), str(home), tmp=str(tmp_path))
+    assert html.returncode == 2 and not (tmp_path / "r.html").exists()
+
+
+def test_report_of_an_empty_folder_is_a_spool_nothing_has_written_to_yet(tmp_path):
+    (tmp_path / "spool").mkdir()  # `oomsight run` printed it; the job has not reached CUDA yet
+    result = run_oomsight("report", str(tmp_path / "spool"), tmp=str(tmp_path))
+    assert result.returncode == 0 and "no process wrote data" in result.stdout
+
+
+def test_replay_of_a_folder_says_it_is_a_folder_not_a_tape(tmp_path):
+    result = run_oomsight("replay", str(tmp_path), "--spool", str(tmp_path / "out"), tmp=str(tmp_path))
+    assert result.returncode == 2 and not (tmp_path / "out").exists()
+    assert one_line(result.stderr) == (
+        f"oomsight replay: {tmp_path} is a folder, not a tape (a file oomsight run --tape wrote)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("no-such-binary-of-oomsight", "command not found"),
+        ("./no-such-file", "No such file or directory"),
+        ("/", "Permission denied"),  # a folder, as a shell says it
+    ],
+)
+def test_run_of_a_command_that_cannot_start_gives_its_one_error_alone(command, why, tmp_path):
+    result = run_oomsight("run", "--port", "0", "--", command, "--flag", tmp=str(tmp_path), cwd=str(tmp_path))
+    assert result.returncode == 127 and result.left == [] and result.stdout == ""
+    assert one_line(result.stderr) == f"oomsight run: cannot start {command!r}: {why}"
+
+
+def test_the_reports_of_a_replay_say_it_is_one_and_that_time_was_rescaled(tmp_path):
+    spool = str(tmp_path / "replayed")
+    done = run_oomsight("replay", TAPE, "--spool", spool, "--speed", "1000", tmp=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    said = (
+        "REPLAY of the tape h200-demo.tape.jsonl.gz, not a live run: a replay at speed 1000 rescales time: the "
+        "spool's timestamps are the tape's divided by 1000"
+    )
+    text = run_oomsight("report", spool, tmp=str(tmp_path))
+    assert text.returncode == 0 and text.stdout.startswith(said)
+    pytest.importorskip("matplotlib")
+    from oomsight.tools import report_html
+
+    page = report_html.build(spool, 0.0, 1e12)
+    assert "<h1>oomsight memory report (REPLAY)</h1>" in page
+    assert html.escape(said) in page and "charts over time are 1000 times shorter than the run" in page
+
+
+def test_a_live_spool_s_html_report_is_not_called_a_replay(tmp_path):
+    pytest.importorskip("matplotlib")
+    from oomsight.tools import report_html, tape
+
+    assert tape.replayed(str(tmp_path)) is None
+    page = report_html.build(str(tmp_path), 0.0, 1e12)
+    assert "REPLAY" not in page
+    assert tape.replay_line("run.tape", 1.0) == (
+        "REPLAY of the tape run.tape, not a live run: timestamps moved to the replay's start, time not rescaled"
+    )
+
+
+def test_transformers_notices_about_predicts_own_calls_never_reach_stderr(tmp_path):
+    pytest.importorskip("transformers")
+    # a gpt2 config has loss_type=None; --checkpointing calls gradient_checkpointing_enable (deprecated in 5):
+    # without the quieting both reach stderr, also from this small GPT-2
+    small = "gpt2:n_layer=1,n_embd=64,n_head=2,vocab_size=256,n_positions=64"
+    argv = ("--model", small, "--seq-len", "16", "--batch", "1", "--steps", "1", "--checkpointing")
+    result = run_oomsight("predict", *argv, tmp=str(tmp_path))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_quieting_transformers_is_scoped_to_predict_and_leaves_errors_and_the_users_warnings(monkeypatch):
+    import logging
+    import warnings
+
+    from oomsight.tools import cli
+
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    logger = logging.getLogger("transformers")
+    before = logger.level
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with cli._quiet_transformers():
+            assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"  # read by transformers' first import
+            assert not logging.getLogger("transformers.modeling_utils").isEnabledFor(logging.WARNING)
+            assert logging.getLogger("transformers.modeling_utils").isEnabledFor(logging.ERROR)
+            warnings.warn_explicit("`x` is deprecated and will be removed in v6", FutureWarning, "m.py", 1,
+                                   module="transformers.modeling_utils")  # fmt: skip
+            warnings.warn("the user's own", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["the user's own"]
+    assert logger.level == before and "TRANSFORMERS_VERBOSITY" not in os.environ
+
+
+# -- the package as PyPI and a wheel show it --------------------------------------------------------
+
+
+def built_metadata(tmp_path: Path) -> tuple[str, str]:
+    """The wheel's METADATA as setuptools builds it from pyproject.toml now, and what the build said."""
+    import subprocess
+
+    code = f"import sys, setuptools.build_meta as b; print(b.prepare_metadata_for_build_wheel({str(tmp_path)!r}))"
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    folder = done.stdout.strip().splitlines()[-1]
+    return (tmp_path / folder / "METADATA").read_text(), done.stdout + done.stderr
+
+
+def test_the_package_metadata_has_an_spdx_license_its_file_urls_and_classifiers_without_a_deprecation(tmp_path):
+    metadata, said = built_metadata(tmp_path)
+    assert "Deprecat" not in said and "deprecat" not in said, said  # setuptools: a license table ends 2027-02-18
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata and "\nLicense-File: LICENSE\n" in metadata
+    assert "\nProject-URL: Source, https://github.com/oomsight/oomsight\n" in metadata
+    assert "\nProject-URL: Issues, https://github.com/oomsight/oomsight/issues\n" in metadata
+    classifiers = re.findall(r"^Classifier: (.+)$", metadata, re.M)
+    assert "Programming Language :: Python :: 3" in classifiers and "Typing :: Typed" in classifiers
+    assert not [c for c in classifiers if c.startswith("License ::")]  # PEP 639: the expression alone
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"] and "END OF TERMS AND CONDITIONS" in text
+
+
+def test_the_readme_install_section_names_every_extra_and_what_needs_it():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Install: the base package and its extras", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|", section, re.M))
+    assert set(rows) == set(extras)
+    assert "oomsight predict" in rows["predict"] and "--html" in rows["report"]
+
+
+def test_make_test_prints_the_20_slowest_tests():
+    unit = (ROOT / "Makefile").read_text().split("\nunit:\n", 1)[1].split("\n\n", 1)[0]
+    assert "-m pytest" in unit and "--durations=20" in unit

@@ -7,11 +7,14 @@ and a documented exit code (``oomsight.tools.exitcode``), never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
 import socket
 import sys
+import warnings
+from collections.abc import Iterator
 from typing import Any, Optional
 
 from oomsight._version import __version__
@@ -130,6 +133,9 @@ PLUGIN_GROUP = "oomsight.commands"
 """Entry points that add subcommands; the sidecar and webhook packages register theirs here."""
 PLUGIN_EXTRAS = {"sidecar": "sidecar", "webhook": "sidecar"}
 """Subcommands of the distribution's other packages, and the extra that installs what they need."""
+EXTRA_MODULES = {"predict": ("predict", ("torch", "transformers"))}
+"""Subcommands of the library that import an extra's packages when they run, and which packages: one of
+them missing (``pip install .`` has no torch) is one line naming the extra, not a traceback."""
 
 
 def _add_plugins(sub: Any) -> None:
@@ -208,12 +214,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     handler = getattr(args, "handler", None)
     if handler is not None:
         try:
-            return int(handler(args))
-        except ModuleNotFoundError as exc:  # a plugin's dependency that the install lacks (webhook: cryptography)
-            extra = PLUGIN_EXTRAS.get(args.command)
-            if extra is None or not exc.name or exc.name.partition(".")[0].startswith("oomsight"):
+            with _quiet_transformers() if args.command == "predict" else contextlib.nullcontext():
+                return int(handler(args))
+        except ModuleNotFoundError as exc:  # what the install lacks (webhook: cryptography; predict: torch)
+            extra = _extra_for(args.command, exc.name or "")
+            if extra is None:
                 raise  # a module of ours missing is a broken install, not a missing extra
-            print(f"oomsight {args.command}: needs {exc.name}, not installed here; pip install 'oomsight[{extra}]'",
+            missing = (exc.name or "").partition(".")[0]
+            print(f"oomsight {args.command}: needs {missing}, not installed here; pip install 'oomsight[{extra}]'",
                   file=sys.stderr)  # fmt: skip
             return exitcode.USAGE
     commands = {
@@ -227,8 +235,51 @@ def _dispatch(args: argparse.Namespace) -> int:
     return commands[args.command](args)
 
 
+TRANSFORMERS_NOTICES = r".*(gradient_checkpointing_enable|is deprecated|will be removed)"
+"""FutureWarnings and DeprecationWarnings about the calls predict makes into transformers, not the user."""
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' own notices about what ``oomsight predict`` does with it (``loss_type=None`` was set
+    in the config, ``gradient_checkpointing_enable`` is deprecated) kept off stderr while predict runs:
+    nothing there is the user's to act on. Through transformers' verbosity (``TRANSFORMERS_VERBOSITY``,
+    read at its first import, and its library logger's level, what ``set_verbosity_error`` sets where it was
+    imported before) and a warnings filter; all as they were afterwards. Errors still show."""
+    logger = logging.getLogger("transformers")
+    level, env = logger.level, os.environ.get("TRANSFORMERS_VERBOSITY")
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for category in (FutureWarning, DeprecationWarning):
+                warnings.filterwarnings("ignore", TRANSFORMERS_NOTICES, category, r"transformers(\.|$)")
+                warnings.filterwarnings("ignore", r".*gradient_checkpointing_enable", category)
+            yield
+    finally:
+        logger.setLevel(level)
+        if env is None:
+            os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+        else:
+            os.environ["TRANSFORMERS_VERBOSITY"] = env
+
+
+def _extra_for(command: str, module: str) -> Optional[str]:
+    """The extra that installs ``module`` for ``command``, else None: then the error is not a missing extra
+    (a module of ours: a broken install; a package that is installed: a part of it failed)."""
+    import importlib.util
+
+    top = module.partition(".")[0]
+    if not top or top.startswith("oomsight") or importlib.util.find_spec(top) is not None:
+        return None
+    if command in EXTRA_MODULES:
+        extra, modules = EXTRA_MODULES[command]
+        return extra if top in modules else None
+    return PLUGIN_EXTRAS.get(command)
+
+
 def _run(args: argparse.Namespace) -> int:
-    from oomsight.tools.run import DEFAULT_PORT, RunOptions, missing_script, run
+    from oomsight.tools.run import DEFAULT_PORT, RunOptions, missing_script, run, unstartable
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -240,6 +291,10 @@ def _run(args: argparse.Namespace) -> int:
     if script is not None:
         print(f"oomsight run: {script}: no such script", file=sys.stderr)
         return exitcode.USAGE
+    why = unstartable(cmd)
+    if why is not None:
+        print(f"oomsight run: cannot start {cmd[0]!r}: {why}", file=sys.stderr)
+        return exitcode.CANNOT_START
     problem = _folder_argument("run", "--spool ", args.spool)
     if problem:
         print(problem, file=sys.stderr)
@@ -266,24 +321,45 @@ def _report(args: argparse.Namespace) -> int:
     import time
 
     from oomsight.analysis.inventory import take_inventory
-    from oomsight.tools import demo, report
+    from oomsight.tools import demo, report, tape
     from oomsight.wire.spool import SpoolReader
 
     if not os.path.isdir(args.spool):
         print(f"oomsight report: {args.spool} is not a directory", file=sys.stderr)
         return exitcode.USAGE
+    if not _is_spool(args.spool):
+        print(f"oomsight report: {args.spool} is not a spool (no snapshots/ or events/ folder in it): give the "
+              "spool oomsight run printed, or the job's OOMSIGHT_DIR", file=sys.stderr)  # fmt: skip
+        return exitcode.USAGE
     if args.html:
         return _report_html(args)
     inv = take_inventory(SpoolReader(args.spool).read(), time.time(), retention_seconds=args.retention_seconds)
-    replayed = demo.replay_label(args.spool)  # a spool the demo kept from its replay says so again
-    sys.stdout.write((replayed + "\n" if replayed else "") + report.render(inv, args.spool))
+    # a spool the demo kept from its replay, or any replay's, says so again
+    labels = [line for line in (demo.replay_label(args.spool), tape.replayed(args.spool)) if line]
+    sys.stdout.write("".join(line + "\n" for line in labels) + report.render(inv, args.spool))
     return exitcode.OK
+
+
+def _is_spool(folder: str) -> bool:
+    """Whether ``folder`` is a spool: one of its folders or a replay's label is in it, or it is empty (a job
+    that has written nothing yet). Any other folder (``/tmp``, a home) is a mistyped path, not a job without
+    data."""
+    from oomsight.tools import demo, tape
+    from oomsight.wire.layout import SUBDIRS
+
+    names = os.listdir(folder)
+    ours = {demo.REPLAY_LABEL, tape.REPLAY_NOTE}
+    return not names or any(n in ours or (n in SUBDIRS and os.path.isdir(os.path.join(folder, n))) for n in names)
 
 
 def _replay(args: argparse.Namespace) -> int:
     from oomsight.tools import tape
     from oomsight.tools.progress import Progress
 
+    if os.path.isdir(args.tape):
+        print(f"oomsight replay: {args.tape} is a folder, not a tape (a file oomsight run --tape wrote)",
+              file=sys.stderr)  # fmt: skip
+        return exitcode.USAGE
     if not os.path.isfile(args.tape):
         print(f"oomsight replay: {args.tape}: no such tape", file=sys.stderr)
         return exitcode.USAGE

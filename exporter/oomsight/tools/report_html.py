@@ -22,7 +22,7 @@ from oomsight.analysis import advice, timeline
 from oomsight.analysis.inventory import EventView, Inventory, take_inventory
 from oomsight.analysis.units import format_bytes as fb
 from oomsight.analysis.units import format_ratio
-from oomsight.tools import chart, report_parts
+from oomsight.tools import chart, demo, report_parts, tape
 from oomsight.tools.report import claimed_share, prediction_error
 from oomsight.tools.report_parts import e as _e
 from oomsight.tools.report_parts import figure as _figure
@@ -57,6 +57,9 @@ class Report:
     timelines: dict[str, list[list[Any]]]
     generated_at: float
     origin: float
+    replay: tuple[str, ...] = ()
+    """The lines that say the spool was written by a replay (the demo's, ``oomsight replay``'s), and how
+    time was rescaled: shown above everything, so no page of a replay passes for a live run."""
     ids: Iterator[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
 
     def chart(self, draw: Callable[..., str], *args: Any) -> str:
@@ -74,7 +77,8 @@ def build(spool_dir: str, now: float, retention_seconds: float) -> str:
     state = SpoolReader(spool_dir).read()
     inv = take_inventory(state, now, retention_seconds=retention_seconds)
     timelines = timeline.read_all(spool_dir, state.snapshots)
-    return render(Report(spool_dir, state, inv, timelines, now, timeline.origin(state, timelines, now)))
+    replay = tuple(line for line in (demo.replay_label(spool_dir), tape.replayed(spool_dir)) if line)
+    return render(Report(spool_dir, state, inv, timelines, now, timeline.origin(state, timelines, now), replay))
 
 
 def write(path: str, page: str) -> None:
@@ -123,7 +127,8 @@ def render(r: Report) -> str:
 def _header(r: Report) -> list[str]:
     inv = r.inventory
     out = [
-        f"<h1>{_e(TITLE)}</h1>",
+        f"<h1>{_e(TITLE)}{' (REPLAY)' if r.replay else ''}</h1>",
+        *(f'<p class="estimate">{_e(line.strip("= "))}</p>' for line in r.replay),
         f'<p class="note">spool {_e(r.spool_dir)}; generated {_e(_when(r.generated_at))}; '
         f"{len(inv.processes)} processes, {len(inv.events)} OOM events, {len(r.state.profiles)} profiles</p>",
     ]

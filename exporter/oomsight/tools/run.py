@@ -287,3 +287,16 @@ def missing_script(command: list[str]) -> Optional[str]:
             continue
         return arg if arg.endswith(".py") and not os.path.exists(arg) else None
     return None
+
+
+def unstartable(command: list[str]) -> Optional[str]:
+    """Why ``command`` cannot be started, in the shell's words, else None: checked before the spool, the
+    server and the report are set up around a command that would never run (its one error said alone)."""
+    name = command[0] if command else ""
+    if os.sep not in name:
+        return None if shutil.which(name) else "command not found"
+    if not os.path.exists(name):
+        return "No such file or directory"
+    if os.path.isdir(name) or not os.access(name, os.X_OK):
+        return "Permission denied"
+    return None

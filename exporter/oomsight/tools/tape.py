@@ -94,6 +94,25 @@ def read(tape_path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return lines[0], lines[1:]
 
 
+REPLAY_NOTE = "oomsight-replay.txt"
+"""The file at a replayed spool's top that says so: ``oomsight report`` and its HTML page show its line."""
+
+
+def replayed(spool_dir: str) -> Optional[str]:
+    """The line that says ``spool_dir`` was written by a replay, and at which speed; None for a live run's."""
+    try:
+        with open(os.path.join(spool_dir, REPLAY_NOTE), encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def replay_line(tape_path: str, speed: float) -> str:
+    """What a replay writes into ``REPLAY_NOTE``: the tape, and what the replay did to time."""
+    said = "timestamps moved to the replay's start, time not rescaled" if speed == 1.0 else replay_note(speed)
+    return f"REPLAY of the tape {os.path.basename(tape_path)}, not a live run: {said}"
+
+
 def replay_note(speed: float) -> str:
     """What a replay at ``speed`` changes, in words: timestamps, not what the hook measured."""
     return (
@@ -115,6 +134,8 @@ def replay(
     header, records = read(tape_path)
     for sub in SUBDIRS:
         os.makedirs(os.path.join(spool_dir, sub), exist_ok=True)
+    label = replay_line(tape_path, speed) + "\n"
+    write_atomic(os.path.join(spool_dir, REPLAY_NOTE), label.encode(), durable=False)
     t0 = clock()
     origin = float(header["start"])
     for rec in records:
