@@ -34,27 +34,5 @@ else
 fi
 
 echo "== summary (${SECONDS}s wall)"
-"$PY" - "$OUT" <<'EOF'
-import json, os, sys
-out = sys.argv[1]
-try:
-    runs = json.load(open(os.path.join(out, "heldout", "runs.json")))
-except (OSError, ValueError) as exc:
-    runs = []
-    print("no runs.json:", exc)
-for r in runs:
-    tag = r["scenario"] + (" --remedy" if r["remedy"] else "")
-    print(f"run {tag:50s} label={r['label']:15s} rc={r['rc']} fits={r['fits']} {r['seconds']}s")
-try:
-    j = json.load(open(os.path.join(out, "issue43-judged.json")))
-except (OSError, ValueError) as exc:
-    sys.exit(f"no judgement: {exc}")
-for r in j["scenarios"]:
-    print(f"{'ok ' if r['correct'] else 'BAD'} {r['scenario']:40s} label={r['label']:15s} got={r['cause']:15s} "
-          f"first={r.get('first_remedy')!s:16s} applied={r.get('remedy_applied')!s:16s} fits={r.get('remedy_fits')!s:5s} "
-          f"live_flag max={r['live_flag_max']} final={r['live_flag_final']}")
-print(f"correct {j['correct']}/{j['total']}; first remedy verified to fit {j['remedy_first_and_fits']}/"
-      f"{j['remedy_first_verified']}; false live leak flags: any snapshot {j['false_live_flags_any']}, "
-      f"last snapshot {j['false_live_flags_final']}")
-EOF
+"$PY" benchmarks/heldout/summarize.py "$OUT" issue43-judged.json
 tail -n 3 "$OUT/gpu-tests.log" 2>/dev/null

@@ -22,6 +22,7 @@ import wl_activations  # noqa: F401  (registers workloads)
 import wl_demand  # noqa: F401
 import wl_device  # noqa: F401
 import wl_fits  # noqa: F401
+import wl_issue48  # noqa: F401
 import wl_leaks  # noqa: F401
 import wl_memory  # noqa: F401
 import wl_piles  # noqa: F401
