@@ -232,13 +232,14 @@ class _Thumbnails(torch.utils.data.Dataset):
 
 
 def _augment(images: torch.Tensor, decode_side: int, out_side: int = 224) -> torch.Tensor:
-    """GPU augmentation: up to the decode resolution, a random resized crop, brightness jitter, down to
-    ``out_side``, normalised. The decode-resolution float batch is the large temporary."""
-    x = F.interpolate(images.float().div_(255), size=(decode_side, decode_side), mode="bilinear",
-                      align_corners=False)
-    crop = int(decode_side * 0.8)
-    top, left = (int(v) for v in torch.randint(0, decode_side - crop + 1, (2,)))
-    x = x[:, :, top:top + crop, left:left + crop].mul_(1.1)
+    """GPU augmentation: a random crop of the thumbnails, up to the decode resolution, brightness jitter (in
+    place), down to ``out_side``, normalised. The decode-resolution float batch is the one large temporary
+    (every other step works on a contiguous tensor in place or on small ones, so nothing copies it)."""
+    side = images.shape[-1]
+    crop = int(side * 0.8)
+    top, left = (int(v) for v in torch.randint(0, side - crop + 1, (2,)))
+    x = images[:, :, top:top + crop, left:left + crop].float().div_(255)
+    x = F.interpolate(x, size=(decode_side, decode_side), mode="bilinear", align_corners=False).mul_(1.1)
     x = F.interpolate(x, size=(out_side, out_side), mode="bilinear", align_corners=False)
     return x.sub_(0.5).div_(0.25)
 
@@ -282,15 +283,16 @@ def _resume_adamw(opt: torch.optim.AdamW, step: int) -> None:
 def finetune_spawn_workers_augment_on_gpu(remedy: bool) -> None:
     """Image fine-tuning resumed from a checkpoint (model and AdamW state on the GPU), with 12 DataLoader
     workers started with ``spawn`` whose ``collate_fn`` moves each batch to the GPU and augments it there
-    (up to a ~1900-pixel decode resolution, random resized crop, down to 224). Runs alone on the real GPU.
+    (random crop, up to a ~1900-pixel decode resolution, jitter, down to 224). Runs alone on the real GPU.
 
     Sized from the card's memory T: the model (a deep residual MLP, fp32 weights ~0.2 T) with its resumed
     AdamW moments is 0.6 T before training; the first 16 steps train only the head (backbone frozen, a
     warm-up), then the backbone's gradients (0.2 T) join: 0.8 T in all, which fits the card alone. Each
-    worker is a process of its own on the GPU: a CUDA context (~0.3-0.5 GiB) plus its caching allocator's
-    augmentation temporary (a 40 x 3 x ~1900^2 fp32 batch, 0.02 T) and the batches it has sent: ~0.3 T
-    for the 12, reached during the warm-up. When the backbone unfreezes its gradients no longer fit and
-    the main process runs out in backward (the worker processes hold what is missing). Label
+    worker is a process of its own on the GPU: a CUDA context (~0.3-0.5 GiB) plus what its caching
+    allocator keeps of the augmentation temporary (a 40 x 3 x ~1900^2 fp32 batch, 0.02 T) and the small
+    224-pixel batches it has sent: ~0.3 T for the 12 (~25 GiB of 79), reached during the warm-up (0.6 T +
+    0.3 T fits). When the backbone unfreezes its gradients no longer fit and the main process runs out in
+    backward (the worker processes hold what is missing). Label
     **other_process** (processes other than the one that ran out hold the memory: here the job's own
     children, not another tenant). Remedy (``worker_cuda``): keep CUDA out of the workers: they return
     uint8 CPU batches, ``pin_memory=True``, and the main process moves each batch to the GPU and runs the
