@@ -620,3 +620,22 @@ def test_the_readme_install_section_names_every_extra_and_what_needs_it():
 def test_make_test_prints_the_20_slowest_tests():
     unit = (ROOT / "Makefile").read_text().split("\nunit:\n", 1)[1].split("\n\n", 1)[0]
     assert "-m pytest" in unit and "--durations=20" in unit
+
+
+# -- the suite on a busy machine ------------------------------------------------------------------
+
+
+def test_a_second_of_an_unshared_machine_grows_with_the_run_queue_per_cpu_and_never_shrinks(monkeypatch):
+    import procs
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 7.0, 7.0))  # five jobs' tests on two cores
+    assert procs.as_this_machine_gives(1.0) == 3.5
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))  # idle: the claim as written
+    assert procs.as_this_machine_gives(1.0) == 1.0
+
+    def no_load_average():
+        raise OSError("not on this system")
+
+    monkeypatch.setattr(os, "getloadavg", no_load_average)
+    assert procs.as_this_machine_gives(5.0) == 5.0

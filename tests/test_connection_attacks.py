@@ -1,8 +1,9 @@
 """Connection attacks on the real sidecar and webhook (subprocesses, loopback only): thousands
 of silent or slow-headers connections, 16 silent TCP connections on the webhook, HTTP/0.9.
 The client that matters (Prometheus on ``/metrics``, the API server on ``/mutate``) must be
-answered 200 in under a second throughout, and memory stays under the chart's limits.
-Each attack is bounded in connections and in seconds (docs/testing.md, "Attacks")."""
+answered 200 in under a second of an unshared machine throughout (``procs.as_this_machine_gives``),
+and memory stays under the chart's limits. Each attack is bounded in connections and in seconds
+(docs/testing.md, "Attacks")."""
 
 import contextlib
 import os
@@ -13,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from procs import http_get, sidecar
+from procs import as_this_machine_gives, http_get, sidecar
 from spoolmaker import hooked_process
 from webhookproc import Attack, raise_descriptor_limit, review, status_kib, timed, webhook_process
 
@@ -61,7 +62,7 @@ def assert_all_answered_in_time(probes):
     statuses = [result for _, result in probes]
     slowest = max(seconds for seconds, _ in probes)
     assert statuses == [200] * len(probes), statuses
-    assert slowest < ANSWER_SECONDS, f"slowest probe {slowest:.2f} s"
+    assert slowest < as_this_machine_gives(ANSWER_SECONDS), f"slowest probe {slowest:.2f} s"
 
 
 @pytest.mark.parametrize("mode", ["silent", "slow"])
@@ -83,7 +84,7 @@ def test_an_http_0_9_request_is_answered_or_closed_at_once_never_held(served_spo
             start = time.monotonic()
             sock.sendall(b"GET /metrics\r\n")
             reply = sock.recv(100)
-            assert time.monotonic() - start < ANSWER_SECONDS
+            assert time.monotonic() - start < as_this_machine_gives(ANSWER_SECONDS)
         assert reply == b"" or reply.startswith(b"HTTP/1.1 400")
         assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200
 
@@ -158,7 +159,7 @@ def test_an_http_0_9_request_on_the_tls_port_is_answered_or_closed_at_once(tmp_p
                 reply = sock.recv(100)
             except (ConnectionResetError, ssl.SSLError):
                 reply = b""
-            assert time.monotonic() - start < ANSWER_SECONDS
+            assert time.monotonic() - start < as_this_machine_gives(ANSWER_SECONDS)
         assert reply == b"" or reply.startswith(b"HTTP/1.1 400")
         assert webhook.post(review(POD))[0] == 200
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from procs import http_get, sidecar
+from procs import as_this_machine_gives, http_get, sidecar
 from spoolmaker import hooked_process
 from webhookproc import raise_descriptor_limit, timed
 
@@ -112,7 +112,7 @@ def test_a_scraper_is_answered_within_a_second_while_another_client_floods_whole
           f"flood: {sent} requests sent, {answered} answered")  # fmt: skip
     assert answered > 10 * SCRAPES, "the flood did not keep the workers busy"
     assert [r for _, r in scrapes] == [200] * SCRAPES
-    assert sum(s < ANSWER_SECONDS for s in seconds) >= SCRAPES - 1, seconds
+    assert sum(s < as_this_machine_gives(ANSWER_SECONDS) for s in seconds) >= SCRAPES - 1, seconds
 
 
 def client_hello() -> bytes:
@@ -132,7 +132,7 @@ def test_bytes_that_cannot_begin_a_request_line_get_400_at_once_on_the_plain_por
             reply = sock.recv(100)
             took = time.monotonic() - start
         assert reply.startswith(b"HTTP/1.1 400"), reply
-        assert took < ANSWER_SECONDS, f"{took:.2f} s"
+        assert took < as_this_machine_gives(ANSWER_SECONDS), f"{took:.2f} s"
         assert http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200
 
 
