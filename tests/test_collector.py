@@ -348,6 +348,7 @@ def test_the_ledger_file_is_written_only_when_counts_change_and_a_damaged_one_re
     assert os.stat(ledger).st_ino != written[1]
     for damaged in (b"{torn", b'{"decided": {}, "kept": [["0", "0", "0", "x", -1, 0, 0]]}', b"[" * 5000):
         put(spool, "sidecar/oom-ledger.json", damaged)
+        put(spool, "sidecar/oom-ledger.json.copy", damaged)  # its copy too (issue 49 reads a usable copy back)
         reg, _ = registry_for(spool, clock=lambda: clock[0], ledger_path=ledger)
         assert os.path.getsize(ledger) > 10  # replaced at once, before any scrape
         # issue 36: an honest reset (0, its _created moved), never the recount of what is left

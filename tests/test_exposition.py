@@ -106,9 +106,14 @@ has an earliest time beside it (a new family): both are checked by ``tests/test_
 ``benchmarks/bench_forecast.py``, not against the recorded text."""
 
 
-_HIDDEN = re.compile(rb"^(?:# (?:HELP|TYPE|UNIT) )?(?:U__)?oomsight_+spool_+hidden_+snapshots[^\n]*\n", re.M)
+_HIDDEN = re.compile(
+    rb"^(?:# (?:HELP|TYPE|UNIT) )?(?:U__)?oomsight_+(?:spool_+hidden_+snapshots|oom_+ledger_+lost_+timestamp_+seconds)"
+    rb"[^\n]*\n",
+    re.M,
+)
 """Issue 44: a new family, ``oomsight_spool_hidden_snapshots``, without samples in every recorded state (no rank
-left out): its header is not in the recorded text."""
+left out): its header is not in the recorded text. Issue 49: so is ``oomsight_oom_ledger_lost_timestamp_seconds``'s
+(no recorded state lost its ledger); the hidden snapshots' help names two more reasons."""
 
 
 _ZERO_OOMS = re.compile(rb"^(?:U__)?oomsight_+oom_+events_+total(\{[^\n]*\}) 0\.0$", re.M)

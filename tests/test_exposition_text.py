@@ -143,8 +143,9 @@ def walk(spool: str, pair: Pair, rng: random.Random, steps: int) -> dict[str, in
     def lose_ledger(rank: int) -> None:
         for side in ("a", "b"):
             path = os.path.join(os.path.dirname(spool), side, "ledger.json")
-            if os.path.exists(path):
-                put(os.path.dirname(path), "ledger.json", b"not json")
+            for name in ("ledger.json", "ledger.json.copy"):  # the copy too: a reset (issue 49 reads a copy back)
+                if os.path.exists(os.path.join(os.path.dirname(path), name)):
+                    put(os.path.dirname(path), name, b"not json")
         pair.kept.ledger.__init__(pair.kept.ledger.retention_seconds, pair.kept.ledger.path)
         pair.fresh.ledger.__init__(pair.fresh.ledger.retention_seconds, pair.fresh.ledger.path)
 

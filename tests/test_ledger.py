@@ -168,6 +168,7 @@ def test_a_lost_ledger_is_replaced_at_once_by_a_regular_file(tmp_path: Any) -> N
     scrape(spool, NOW)
     for how in ("fifo", "directory", "corrupt"):
         tamper(spool, how, b"{", str(tmp_path / "elsewhere"))
+        put(spool, "sidecar/oom-ledger.json.copy", b"{")  # its copy lost too: a reset
         reg = CollectorRegistry()
         reg.register(SpoolCollector(spool, clock=lambda: NOW, ledger_path=ledger_of(spool)))  # no scrape yet
         assert os.path.isfile(ledger_of(spool)) and not os.path.islink(ledger_of(spool)), how
@@ -224,12 +225,58 @@ def test_a_ledger_replaced_by_a_lower_one_while_running_is_overwritten_by_the_co
         assert [row[4:] for row in json.load(fh)["kept"]] == [[3, 3, 0]]
 
 
-def test_a_restart_without_a_ledger_counts_the_event_files_present(tmp_path: Any) -> None:
+def test_a_restart_without_a_ledger_or_its_copy_counts_the_event_files_present(tmp_path: Any) -> None:
     spool = str(tmp_path)
     three_fatal_ooms(spool)
+    for _ in range(2):
+        os.remove(ledger_of(spool))
+        os.remove(ledger_of(spool) + ".copy")
+        found, created = scrape(spool, NOW)
+        assert list(found.values()) == [[3.0, 3.0, 0.0]] and created == {}  # a first start: no reset
+
+
+def served(spool: str, now: float) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(SpoolCollector(spool, clock=lambda: now, ledger_path=ledger_of(spool)))
+    generate_latest(reg)
+    return reg
+
+
+def lost_at(reg: CollectorRegistry, outcome: str) -> Any:
+    return reg.get_sample_value("oomsight_oom_ledger_lost_timestamp_seconds", {"outcome": outcome})
+
+
+def test_a_ledger_deleted_between_two_runs_with_an_event_file_gone_is_read_from_its_copy_logged_and_exported(
+    tmp_path: Any, caplog: Any
+) -> None:
+    """Issue 49: 3 OOMs (the issue's 2 of them fatal), the sidecar stopped, its ledger deleted and one event file
+    gone, the sidecar started: 3 and 2 again, never 2 and 1; a warning, and the restore exported."""
+    spool = str(tmp_path)
+    put(spool, snapshot_path(1), snapshot(pid=1, rank=0, t=NOW))
+    for seq, outcome in ((1, "fatal"), (2, "fatal"), (3, "recovered")):
+        put(spool, event_path(1, seq), event(pid=1, rank=0, seq=seq, t=NOW, outcome=outcome))
+    assert list(scrape(spool, NOW)[0].values()) == [[3.0, 2.0, 1.0]]
     os.remove(ledger_of(spool))
-    found, created = scrape(spool, NOW)
-    assert list(found.values()) == [[3.0, 3.0, 0.0]] and created == {}  # a first start: no reset
-    os.remove(ledger_of(spool))
-    found, created = scrape(spool, NOW + 1)
-    assert list(found.values()) == [[3.0, 3.0, 0.0]] and created == {}
+    os.remove(os.path.join(spool, event_path(1, 1)))
+    reg = served(spool, NOW + 10)
+    assert list(counts(reg)[0].values()) == [[3.0, 2.0, 1.0]] and counts(reg)[1] == {}
+    assert lost_at(reg, "restored") == NOW + 10 and lost_at(reg, "reset") is None
+    assert "read back from its copy" in caplog.text
+    assert os.path.isfile(ledger_of(spool))  # written again
+    assert lost_at(served(spool, NOW + 20), "restored") is None  # a later clean start says nothing
+
+
+def test_a_reset_is_exported_through_restarts_and_a_ledger_taken_away_while_running_is_said(
+    tmp_path: Any, caplog: Any
+) -> None:
+    spool = str(tmp_path)
+    reg = three_fatal_ooms(spool)
+    assert lost_at(reg, "put_back") is None
+    os.remove(ledger_of(spool) + ".copy")
+    events_total(reg)
+    assert lost_at(reg, "put_back") == NOW and "removed or replaced while the reader ran" in caplog.text
+    for path in (ledger_of(spool), ledger_of(spool) + ".copy"):
+        put(spool, os.path.relpath(path, spool), b"[")
+    reg = served(spool, NOW + 5)
+    assert events_total(reg) == 0 and lost_at(reg, "reset") == NOW + 5
+    assert lost_at(served(spool, NOW + 50), "reset") == NOW + 5  # the reset's time kept in the ledger

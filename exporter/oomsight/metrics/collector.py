@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
@@ -43,6 +44,7 @@ from oomsight.metrics.family import (
     DOCUMENT_SCOPES,
     FAMILIES,
     HIDDEN,
+    LEDGER,
     OOM,
     PROCESS,
     PROFILE,
@@ -55,12 +57,14 @@ from oomsight.metrics.ledger import Ledger
 from oomsight.metrics.verdict import follow_trends
 from oomsight.wire.reader import TOO_MANY_FILES, TOO_MANY_SERIES, Budget, Claim, FileKey, SkipLog
 from oomsight.wire.schema import Profile, Snapshot
-from oomsight.wire.spool import SpoolReader
+from oomsight.wire.spool import SpoolReader, SpoolState
 
 Encoder = Callable[[Any], bytes]
 """One of prometheus_client's encoders (``generate_latest``, or one ``choose_encoder`` gives)."""
 Subjects = dict[str, list[tuple[tuple[str, ...], Any]]]
 """Per scope: (label values, subject) of each of its subjects, in exposition order."""
+Losses = dict[str, float]
+"""What was done about a lost OOM ledger -> when (``Ledger.losses``): the subject of ``LEDGER``."""
 Hidden = dict[Claim, dict[str, int]]
 """(rank, local rank) -> {reason: snapshot files left out of the scrape}: the subjects of ``HIDDEN``."""
 _TYPES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
@@ -139,16 +143,17 @@ class SpoolCollector(Collector):
         state = self.reader.read()
         now = self.clock()
         inv = take_inventory(state, now, self.retention_seconds, self.stale_after_seconds)
+        unserved = unserved_snapshots(state, inv, now, self.retention_seconds)
         self.ledger.apply(inv, now)
         self.budget.admit(inv)
-        self.hidden = hidden_ranks(state.hidden_snapshots, self.budget.out)
+        self.hidden = hidden_ranks(state.hidden_snapshots, self.budget.out, state.unlisted_snapshots, unserved)
         follow_trends(self.last_inventory, inv)
         self.last_inventory = inv
         return inv
 
     def collect(self) -> Iterator[Metric]:
         inv = self.inventory()
-        yield from self.families.build(inv, self.hidden)
+        yield from self.families.build(inv, self.hidden, self.ledger.losses)
 
     def exposition(self, encoder: Encoder, fmt: str = "", others: Optional[Collector] = None) -> bytes:
         """What ``encoder`` gives for a registry holding this collector and then ``others`` (the
@@ -158,20 +163,47 @@ class SpoolCollector(Collector):
         if self.text is None:
             return encoder(_Both(self, others))
         inv = self.inventory()
-        mine = self.text.exposition(encoder, inv, self.hidden)
+        mine = self.text.exposition(encoder, inv, self.hidden, self.ledger.losses)
         if others is None:
             return mine
         return mine[: -len(EOF)] + encoder(others) if mine.endswith(EOF) else mine + encoder(others)
 
 
-def hidden_ranks(files: Sequence[Claim], series: Iterable[Claim]) -> Hidden:
-    """The subjects of ``HIDDEN``: the snapshot files the reader left out (by the rank each names) and the
-    processes the series budget left out."""
+CLOCK_BEHIND, PAST_RETENTION = "clock_behind", "past_retention"
+"""Why a valid snapshot read from the spool serves no rank (issue 49): its ``time`` lies more than the retention
+before the time its file was written (a writer whose clock says 1970, or no time at all), or its process ended or
+went silent longer than the retention ago (its series left; its file stays in the spool)."""
+
+
+def unserved_snapshots(state: SpoolState, inv: Inventory, now: float, retention: float) -> list[tuple[Claim, str]]:
+    """The rank and the reason of every snapshot read whose rank no process of ``inv`` serves (a rank served by
+    another process of it, a restart, is served)."""
+    served = {v.rank_labels for v in inv.processes}
+    keys: Sequence[Optional[FileKey]] = state.snapshot_keys
+    if len(keys) != len(state.snapshots):
+        keys = [None] * len(state.snapshots)
+    found = []
+    for s, key in zip(state.snapshots, keys):
+        rank = rank_labels(s)
+        if rank not in served:
+            written = key[1][3] / 1e9 if key is not None else -math.inf  # its file's mtime
+            found.append((rank, CLOCK_BEHIND if now - written <= retention else PAST_RETENTION))
+    return found
+
+
+def hidden_ranks(
+    files: Sequence[Claim], series: Iterable[Claim], unlisted: int = 0, unserved: Sequence[tuple[Claim, str]] = ()
+) -> Hidden:
+    """The subjects of ``HIDDEN``: the snapshot files the reader left out (by the rank each names, ``unlisted``
+    more that name none), the processes the series budget left out, and the snapshots read that serve no rank."""
     found: Hidden = {}
-    for reason, claims in ((TOO_MANY_FILES, files), (TOO_MANY_SERIES, series)):
-        for rank in claims:
-            reasons = found.setdefault(rank, {})
-            reasons[reason] = reasons.get(reason, 0) + 1
+    named = [(TOO_MANY_FILES, rank) for rank in files] + [(TOO_MANY_SERIES, rank) for rank in series]
+    for reason, rank in [*named, *((reason, rank) for rank, reason in unserved)]:
+        reasons = found.setdefault(rank, {})
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if unlisted:
+        reasons = found.setdefault(("", ""), {})
+        reasons[TOO_MANY_FILES] = reasons.get(TOO_MANY_FILES, 0) + unlisted
     return dict(sorted(found.items()))
 
 
@@ -280,7 +312,7 @@ class Estimate(NamedTuple):
     """The keys of its devices' OOM series."""
 
 
-_SCOPES = (READER, SOURCE, PROCESS, SNAPSHOT, DEVICE, OOM, PROFILE, HIDDEN)
+_SCOPES = (READER, SOURCE, PROCESS, SNAPSHOT, DEVICE, OOM, PROFILE, HIDDEN, LEDGER)
 
 
 class _Both:
@@ -295,9 +327,11 @@ class _Both:
             yield from self.others.collect()
 
 
-def families(inv: Inventory, table: Sequence[Family] = FAMILIES, hidden: Optional[Hidden] = None) -> list[Metric]:
-    """Every family of ``table`` with its samples read from ``inv`` (and ``hidden``), every one built now."""
-    subjects = scopes(inv, hidden=hidden)
+def families(
+    inv: Inventory, table: Sequence[Family] = FAMILIES, hidden: Optional[Hidden] = None, ledger: Optional[Losses] = None
+) -> list[Metric]:
+    """Every family of ``table`` with its samples read from ``inv`` (and ``hidden``, ``ledger``), all built now."""
+    subjects = scopes(inv, hidden=hidden, ledger=ledger)
     return [family(row, subjects[row.scope]) for row in table]
 
 
@@ -311,10 +345,10 @@ class Families:
         self.rows = [row for row in table if row.scope in DOCUMENT_SCOPES]
         self.kept = Kept(self._samples, cache)
 
-    def build(self, inv: Inventory, hidden: Optional[Hidden] = None) -> list[Metric]:
+    def build(self, inv: Inventory, hidden: Optional[Hidden] = None, ledger: Optional[Losses] = None) -> list[Metric]:
         if not self.kept.enabled:  # every family built now, as before issue 36
-            return families(inv, self.table, hidden)
-        return self.joined(*self.parts(inv, hidden))
+            return families(inv, self.table, hidden, ledger)
+        return self.joined(*self.parts(inv, hidden, ledger))
 
     def joined(self, live: list[Metric], blocks: list[Block]) -> list[Metric]:
         """``live`` (:meth:`parts`) with each document row's samples of each process after its own."""
@@ -324,12 +358,14 @@ class Families:
                 fam.samples.extend(itertools.chain.from_iterable(next(per_row)))
         return live
 
-    def parts(self, inv: Inventory, hidden: Optional[Hidden] = None) -> tuple[list[Metric], list[Block]]:
+    def parts(
+        self, inv: Inventory, hidden: Optional[Hidden] = None, ledger: Optional[Losses] = None
+    ) -> tuple[list[Metric], list[Block]]:
         """Every family with the samples read now alone (a row of ``DOCUMENT_SCOPES``: those not of a process),
         and the kept :class:`Block` of each process, in exposition order."""
         blocks = [self.kept.get(v) for v in inv.processes]
         self.kept.turn()
-        subjects = scopes(inv, documents=False, hidden=hidden)
+        subjects = scopes(inv, documents=False, hidden=hidden, ledger=ledger)
         return [family(row, subjects[row.scope]) for row in self.table], blocks
 
     def _samples(self, s: Snapshot, up: bool) -> Block:
@@ -392,8 +428,8 @@ class Text:
         """Texts made whole by the encoder (a part that could not be cut), for tests."""
         self._headers: dict[Any, tuple[list[bytes], list[bytes]]] = {}
 
-    def exposition(self, encoder: Encoder, inv: Inventory, hidden: Hidden) -> bytes:
-        live, blocks = self.families.parts(inv, hidden)
+    def exposition(self, encoder: Encoder, inv: Inventory, hidden: Hidden, ledger: Optional[Losses] = None) -> bytes:
+        live, blocks = self.families.parts(inv, hidden, ledger)
         key = encoder_key(encoder)
         found = None if key is None else self._compose(encoder, key, live, blocks)
         if found is not None:
@@ -511,9 +547,12 @@ def family(row: Family, subjects: Iterable[tuple[tuple[str, ...], Any]]) -> Metr
     return found
 
 
-def scopes(inv: Inventory, documents: bool = True, hidden: Optional[Hidden] = None) -> Subjects:
+def scopes(
+    inv: Inventory, documents: bool = True, hidden: Optional[Hidden] = None, ledger: Optional[Losses] = None
+) -> Subjects:
     """The subjects of every scope of a read; in ``DOCUMENT_SCOPES``, those of its processes only if
-    ``documents`` (:func:`document_scopes`); in ``HIDDEN``, those of ``hidden``."""
+    ``documents`` (:func:`document_scopes`); in ``HIDDEN``, those of ``hidden``; in ``LEDGER``, ``ledger`` (what was
+    done about a lost OOM ledger) where it holds any."""
     subjects: Subjects = {
         READER: [((), inv)],
         SOURCE: [(("", ""), {"spool": float(inv.readable and not inv.error)})],
@@ -523,6 +562,7 @@ def scopes(inv: Inventory, documents: bool = True, hidden: Optional[Hidden] = No
         OOM: sorted(inv.ooms.items()),
         PROFILE: sorted(latest_profiles(inv).items()),
         HIDDEN: list((hidden or {}).items()),
+        LEDGER: [((), ledger)] if ledger else [],
     }
     for v in inv.processes if documents else ():
         for scope, found in document_scopes(v.snapshot, v.up).items():

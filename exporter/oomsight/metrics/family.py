@@ -27,21 +27,32 @@ DEV = ["rank", "local_rank", "device", "gpu_uuid"]
 _SRC = "torch.cuda.memory_stats()"
 
 READER, SOURCE, PROCESS, SNAPSHOT = "reader", "source", "process", "snapshot"
-DEVICE, OOM, PROFILE, HIDDEN = "device", "oom", "profile", "hidden"
+DEVICE, OOM, PROFILE, HIDDEN, LEDGER = "device", "oom", "profile", "hidden", "ledger"
 """Scopes: what a row's value reads. READER: the whole read (an ``Inventory``), no labels. SOURCE: the
 data sources as {name: up}, the reader's own (no rank) and then each process's (those of its snapshot,
 up while the process is). PROCESS: a ``ProcessView``, the process as this scrape sees it (up, age, exit
 reason: from the time now). SNAPSHOT: a process's ``Snapshot`` document alone; DEVICE: a
 ``DeviceSnapshot`` of that document. OOM: an ``OomTally`` of a (rank, GPU); PROFILE: a process's latest
 ``Profile``. HIDDEN: the snapshot files of a (rank, local rank) left out of the scrape at the budget, as
-{reason: files}. The subjects of :data:`DOCUMENT_SCOPES` in one process are read from its snapshot document
+{reason: files}. LEDGER: what was done about a lost OOM ledger, as {outcome: when} (``oomsight.metrics.ledger``).
+The subjects of :data:`DOCUMENT_SCOPES` in one process are read from its snapshot document
 and whether it is up, nothing else: the collector builds their samples once per snapshot file and
 state; every other subject is built at every scrape."""
 DOCUMENT_SCOPES = (SOURCE, SNAPSHOT, DEVICE)
 """Scopes whose subjects in a process are read from its snapshot document alone (and, for SOURCE,
 whether the process is up): the collector keeps their samples by the document's file
 (``oomsight.metrics.collector.Kept``)."""
-LABELS = {READER: [], SOURCE: PROC, PROCESS: PROC, SNAPSHOT: PROC, DEVICE: DEV, OOM: DEV, PROFILE: PROC, HIDDEN: PROC}
+LABELS = {
+    READER: [],
+    SOURCE: PROC,
+    PROCESS: PROC,
+    SNAPSHOT: PROC,
+    DEVICE: DEV,
+    OOM: DEV,
+    PROFILE: PROC,
+    HIDDEN: PROC,
+    LEDGER: [],
+}
 """The labels of each scope's subjects."""
 
 STABLE, ALPHA = "STABLE", "ALPHA"
@@ -276,12 +287,24 @@ FAMILIES: tuple[Family, ...] = (
     ),
     gauge(
         "oomsight_spool_hidden_snapshots",
-        "Snapshot files left out of this scrape at the reader's budget, by the rank each names and why: "
-        'too_many_files (past the ranks or the memory a spool may hold; rank "" where the file was not read or '
-        "names none), too_many_series (past a scrape's series or bytes). Absent while every rank is served.",
+        "Snapshot files that serve no rank in this scrape, by the rank each names and why: too_many_files (past "
+        'the files listed, the ranks or the memory a spool may hold; rank "" where the file names none or was not '
+        "listed), too_many_series (past a scrape's series or bytes), clock_behind (its time lies more than the "
+        "retention before its file was written: a writer's clock in the past), past_retention (its process ended "
+        "or went silent longer than the retention ago). Absent while every snapshot serves its rank.",
         HIDDEN,
         lambda reasons: sorted(reasons.items()),
         "reason",
+    ),
+    gauge(
+        "oomsight_oom_ledger_lost_timestamp_seconds",
+        "When the reader last found its OOM ledger lost, by what it did: restored (read back from its copy: no OOM "
+        "counter fell), reset (neither could be used: every OOM counter restarted at 0 with its _created moved; kept "
+        "through restarts), put_back (removed or replaced while the reader ran: written again from the counts "
+        'served). Absent while the ledger was never lost (docs/metrics.md, "OOM counters").',
+        LEDGER,
+        lambda losses: sorted(losses.items()),
+        "outcome",
     ),
     gauge(
         "oomsight_source_up",

@@ -24,6 +24,13 @@ The ledger makes those tallies counters:
   ``_created`` is the time of the reset. Counting those files again could serve a lower non-zero
   value (events 3 -> 2 when one file went), which Prometheus reads as a reset followed by new OOMs.
   A ledger that is simply missing is a first start: the files are counted.
+* **A lost ledger is restored from its copy, and said** (issue 49). Every write of the ledger writes its copy
+  (``<path>.copy``) after it; at a start, a ledger missing or unusable beside a usable copy is read from the copy,
+  so a ledger deleted between two runs (3 OOMs, one event file gone) still serves 3. Only where neither can be
+  used is it a reset. Every loss is logged and exported as ``oomsight_oom_ledger_lost_timestamp_seconds`` by what
+  was done (``restored``, ``reset``, ``put_back``), and a reset's time stays in the ledger through restarts
+  (docs/metrics.md says how a dashboard reads it). Limit: the ledger and its copy both deleted with the reader
+  stopped read as a first start, which counts the files present.
 * **A ledger taken away is put back** (issue 44). While the reader runs, its counts are the high-water
   mark of every key; the file is checked at each apply (one ``stat``) and written again from them when it
   is gone or is not the one last written. A ledger deleted while event files remain, and then the
@@ -48,12 +55,21 @@ from oomsight.wire.schema import OUTCOME_FATAL, OUTCOME_PENDING, OUTCOME_RECOVER
 
 logger = logging.getLogger(__name__)
 
+FileIdentity = tuple[int, int, int, int]
+COPY = ".copy"
+"""The ledger's copy is its path with this added (:meth:`Ledger._restore`)."""
 LEDGER_MAX_BYTES = 1024 * 1024
 """The ledger file holds at most the spool's event ids and its live keys: far below this."""
 MAX_COUNT = Budget().entries_per_folder
 """The most OOM events one key can count: the event files one listing of the spool holds."""
 _OPEN_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
 _OPEN_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+RESTORED, RESET, PUT_BACK = "restored", "reset", "put_back"
+"""What was done about a lost ledger (``oomsight_oom_ledger_lost_timestamp_seconds``): read back from its copy (no
+count falls), the counters restarted at 0 (neither could be used), written again from the counts served (taken
+away or replaced while the reader ran)."""
 
 
 class Lost(Exception):
@@ -91,11 +107,15 @@ class Ledger:
         """Ids of the event files present when a lost ledger was reset: never counted."""
         self.reset_at: Optional[float] = None
         """When the counters restarted after a lost ledger (their ``_created``); None if never."""
+        self.losses: dict[str, float] = {}
+        """What was last done about a lost ledger (:data:`RESTORED`, :data:`RESET`, :data:`PUT_BACK`) -> when."""
+        self._restored = False
         self._lost = False
         self._written: Any = None
-        self._on_disk: Optional[tuple[int, int, int, int]] = None
-        """(inode, size, ``mtime_ns``, ``ctime_ns``) of the file as last written or read: another one is put back."""
+        self._on_disk: Optional[tuple[Optional[FileIdentity], ...]] = None
+        """(inode, size, ``mtime_ns``, ``ctime_ns``) of the file and of its copy as last written: another is put back."""
         self._loaded = False
+        self._now = 0.0
         if path is not None:
             self._load(path)
 
@@ -107,6 +127,11 @@ class Ledger:
             self._loaded = False
         if self._lost:  # an honest reset: what is there now is not counted, the counters start at 0
             self.uncounted, self.reset_at, self._lost = {event_id(v.event) for v in inv.events}, now, False
+        if self._restored:
+            self.losses[RESTORED], self._restored = now, False
+        if self.reset_at is not None:
+            self.losses[RESET] = self.reset_at
+        self._now = now
         ids = self._decide(inv)
         if inv.error is None:  # every folder listed: ids not read now are files gone
             self.decided = {k: v for k, v in self.decided.items() if k in ids}
@@ -165,11 +190,21 @@ class Ledger:
         if self.path is None:
             return
         state = self._state()
-        if state == self._written and not force and _identity(self.path) == self._on_disk:
+        on_disk = self._identities()
+        if state == self._written and not force and on_disk == self._on_disk:
             return
+        if state == self._written and self._written and not force:
+            logger.warning(
+                "oomsight: the OOM ledger %s or its copy was removed or replaced while the reader ran; written again "
+                "from the counts served",
+                self.path,
+            )
+            self.losses[PUT_BACK] = self._now
         try:
-            _write(self.path, json.dumps(state).encode())
-            self._written, self._on_disk = state, _identity(self.path)
+            data = json.dumps(state).encode()
+            _write(self.path, data)
+            _write(self.path + COPY, data)
+            self._written, self._on_disk = state, self._identities()
         except (OSError, Lost) as exc:
             if self._written is not False:
                 logger.warning(
@@ -179,17 +214,27 @@ class Ledger:
                 )
             self._written = False
 
+    def _identities(self) -> tuple[Optional[FileIdentity], ...]:
+        assert self.path is not None
+        return _identity(self.path), _identity(self.path + COPY)
+
+    def _use(self, path: str) -> None:
+        state = _read(path)
+        if not isinstance(state, dict):
+            raise Lost("not an object")
+        self.decided, self.kept = _decided(state.get("decided")), _kept(state.get("kept"))
+        self.uncounted, self.reset_at = _uncounted(state.get("uncounted", [])), _time(state.get("reset_at"))
+        self._loaded = True
+
     def _load(self, path: str) -> None:
         try:
-            state = _read(path)
-            if not isinstance(state, dict):
-                raise Lost("not an object")
-            self.decided, self.kept = _decided(state.get("decided")), _kept(state.get("kept"))
-            self.uncounted, self.reset_at = _uncounted(state.get("uncounted", [])), _time(state.get("reset_at"))
-            self._loaded = True
+            self._use(path)
         except FileNotFoundError:
-            return  # a first start: the event files are counted
+            if not self._restore(path, "missing"):
+                return  # a first start: the event files are counted
         except (OSError, Lost, decoding.Unusable) as exc:
+            if self._restore(path, str(exc)):
+                return
             logger.warning(
                 "oomsight: the OOM ledger %s cannot be used (%s); replaced, and the OOM counters restart at 0 "
                 "(an honest reset: their _created moves)",
@@ -198,6 +243,20 @@ class Ledger:
             )
             self.decided, self.kept, self.uncounted, self._lost = {}, {}, set(), True
             self._save(force=True)  # repaired at once
+
+    def _restore(self, path: str, why: str) -> bool:
+        """Read the ledger's copy in its place (and write both again); False where the copy cannot be used either."""
+        try:
+            self._use(path + COPY)
+        except (OSError, Lost, decoding.Unusable):
+            self.decided, self.kept, self.uncounted, self.reset_at, self._loaded = {}, {}, set(), None, False
+            return False
+        logger.warning(
+            "oomsight: the OOM ledger %s cannot be used (%s); read back from its copy, no OOM counter falls", path, why
+        )
+        self._restored = True
+        self._save(force=True)
+        return True
 
 
 def event_id(ev: OomEvent) -> str:

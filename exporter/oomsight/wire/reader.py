@@ -163,8 +163,12 @@ class SpoolState:
     """The file each of ``snapshots`` was parsed from, in the same order (empty where not known): what is
     built from one snapshot document alone is kept by it (``oomsight.metrics.collector.Kept``)."""
     hidden_snapshots: list[Claim] = dataclasses.field(default_factory=list)
-    """The (rank, local rank) each snapshot file refused at the budget now names (:func:`claim`; ("", "")
-    where it was not read or does not say): a rank left out is never silent (issue 44)."""
+    """The (rank, local rank) each snapshot file refused at the budget now names (:func:`claim`, read off the
+    file's first :data:`CLAIM_HEAD_BYTES` where it was not parsed; ("", "") where it does not say): a rank left
+    out is never silent (issue 44)."""
+    unlisted_snapshots: int = 0
+    """Snapshot names past the folder's listing budget (``Budget.entries_per_folder``), not listed at all: counted,
+    each as a rank that is not named (issue 49; a folder cut at ``entries_scanned_per_folder`` holds more)."""
 
 
 Claim = tuple[str, str]
@@ -204,6 +208,9 @@ def identity(st: os.stat_result) -> Identity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+CLAIM_HEAD_BYTES = 8192
+"""Bytes read from the start of a snapshot refused by the count of documents, for the rank it names: the hook
+writes its flat ``process`` object third, within the first hundred bytes."""
 _PROCESS = re.compile(rb'"process"\s*:\s*(\{[^{}]{0,4096}\})')
 """A document's flat ``process`` object, found in its bytes without parsing the rest."""
 
@@ -256,6 +263,10 @@ class SpoolReader:
         """Files refused at the budget now (each counted once while it is)."""
         self._cut: set[str] = set()
         """Folders whose listing stopped at the budget now."""
+        self._unlisted: dict[str, int] = {}
+        """Folder -> the writer's names in it past the listing budget now."""
+        self._heads: dict[str, tuple[Identity, Claim]] = {}
+        """Snapshots refused by the count of documents: the rank each names, read off its head once per identity."""
         self._seen: dict[str, _Seen] = {}
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
         self._bad_dirs: set[str] = set()
@@ -289,6 +300,8 @@ class SpoolReader:
                 out[kind] = self._read_folder(paths, sub, kind, refused)
             for gone in set(self._seen) - present:
                 del self._seen[gone]
+            for gone in set(self._heads) - refused:
+                del self._heads[gone]
             self._refused = refused
             snapshots = os.path.join(self.root, SNAPSHOTS)
             hidden = [self._claim(p) for p in sorted(refused) if os.path.dirname(p) == snapshots]
@@ -306,6 +319,7 @@ class SpoolReader:
                 unreadable,
                 [key for _, key in out[KIND_SNAPSHOT]],
                 hidden,
+                self._unlisted.get(snapshots, 0),
             )
 
     def _read_folder(
@@ -327,6 +341,8 @@ class SpoolReader:
         most, memory = self.budget.documents(sub), self.budget.memory(sub)
         for path in newest[most:]:
             self._refuse(path, refused, f"more than {most} documents in its folder (the newest are read)")
+            if sub == SNAPSHOTS:
+                self._head(path, stats[path])
         chosen = newest[:most]
         if sub == SNAPSHOTS:  # one rank each: the cheapest first, so no rank's size can hide another (issue 44)
             chosen.sort(key=lambda p: self._cost(p, stats[p]))
@@ -364,12 +380,32 @@ class SpoolReader:
             return 0
 
     def _claim(self, path: str) -> Claim:
-        """The rank the file at ``path`` names: its document's, where it was parsed, else its claim."""
+        """The rank the file at ``path`` names: its document's, where it was parsed, else its claim (of its
+        whole bytes, or of its head for a file refused by the count)."""
         seen = self._seen.get(path)
         if seen is not None and seen.doc is not None:
             p = seen.doc["process"]
             return (str(p["rank"]), str(p["local_rank"]))
+        if seen is None and path in self._heads:
+            return self._heads[path][1]
         return seen.claim if seen is not None else ("", "")
+
+    def _head(self, path: str, st: os.stat_result | OSError) -> None:
+        """Remember the rank a snapshot refused by the count names, read off its first :data:`CLAIM_HEAD_BYTES`
+        once per identity (issue 49: 4,032 of 5,000 ranks were named only as ``rank=""``)."""
+        if not isinstance(st, os.stat_result) or not stat_mod.S_ISREG(st.st_mode):
+            return
+        known = self._heads.get(path)
+        if known is not None and known[0] == identity(st):
+            return
+        found: Claim = ("", "")
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            try:
+                found = claim(os.read(fd, CLAIM_HEAD_BYTES))
+            finally:
+                os.close(fd)
+        self._heads[path] = (identity(st), found)
 
     def _read_claim(self, path: str) -> Claim:
         """The rank a file refused unparsed names (:func:`claim`): read once per identity, a hostile file's cost."""
@@ -387,6 +423,7 @@ class SpoolReader:
         """The paths to read in ``folder``: the names the writer makes (``*.json``, no dot files), at most
         the budget's entries, the hook's own names and then the newest first when there are more; None if
         it cannot be listed now. A folder that is a symbolic link is not followed (a foreign folder, no files)."""
+        self._unlisted[folder] = 0
         try:
             fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
@@ -394,7 +431,7 @@ class SpoolReader:
         except OSError as exc:
             return self._bad_dir(folder, exc)
         try:
-            names, scanned_all = self._scan(fd)
+            names, scanned_all, self._unlisted[folder] = self._scan(fd)
         except OSError as exc:
             return self._bad_dir(folder, exc)
         finally:
@@ -409,10 +446,11 @@ class SpoolReader:
             )
         return [os.path.join(folder, n) for n in sorted(names)]
 
-    def _scan(self, fd: int) -> tuple[list[str], bool]:
+    def _scan(self, fd: int) -> tuple[list[str], bool, int]:
         """The names of the ``*.json`` entries (no dot files: writes in flight) of the folder open as ``fd``,
         at most the budget's entries, the hook's own names and then the newest first when there are more;
-        and whether that was all of them (every entry looked at, none left out)."""
+        whether that was all of them (every entry looked at, none left out); and how many such names were
+        left out (of the entries looked at)."""
         most, limit = self.budget.entries_per_folder, self.budget.entries_scanned_per_folder
         entries: dict[str, os.DirEntry[str]] = {}
         scanned = 0
@@ -424,9 +462,9 @@ class SpoolReader:
                 if entry.name.endswith(".json") and not entry.name.startswith("."):
                     entries[entry.name] = entry
         if len(entries) <= most:
-            return list(entries), scanned <= limit
+            return list(entries), scanned <= limit, 0
         ranked = sorted(entries, key=lambda n: (WRITER_NAME.fullmatch(n) is None, -_entry_mtime(entries[n]), n))
-        return ranked[:most], False
+        return ranked[:most], False, len(entries) - most
 
     def _bad_dir(self, folder: str, exc: OSError) -> list[str] | None:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symbolic link, or not a folder: never followed
