@@ -442,7 +442,7 @@ def test_generation_whose_cache_rises_between_every_two_readings_is_growing_dema
              "torch/nn/modules/module.py:1790 in _call_impl"]
     d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=load + cache, time=2007.0,
                        stack=stack, model_states=weights(2 * GIB, "bfloat16")))
-    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_input", d["summary"]
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_batch", d["summary"]
     # the same readings outside generation: a model loading then one forward, no pile
     d = diagnose(facts(phase="forward", grad_enabled=False, sampled_allocated=load + cache, time=2007.0,
                        stack=stack[::2], model_states=weights(2 * GIB, "bfloat16")))
@@ -503,7 +503,7 @@ def test_in_a_process_that_never_trains_a_forward_that_outgrew_seconds_of_earlie
     late = dict(phase="forward", grad_enabled=False, model_states=weights(10 * GIB), time=loop[-1][0] + 1.5,
                 sampled_allocated=loop, allocated_bytes=60 * GIB, requested_bytes=30 * GIB)
     d = diagnose(facts(**late))
-    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_input", d["summary"]
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_batch", d["summary"]
     first = dict(late, sampled_allocated=loop[:5])  # no loop of forwards before it: one batch too big
     assert diagnose(facts(**first))["cause"] == "activations"
     near = dict(late, allocated_bytes=31 * GIB, requested_bytes=4 * GIB)  # within the margin of earlier ones

@@ -186,15 +186,43 @@ def _paused(hook_on):
     return cuda, hook, model, opt
 
 
-def test_a_training_mode_pile_beyond_what_backwards_consumed_raises_no_flag(hook_on, spool):
-    """A longer episode or window than any before (its backward still to come) in a model left in
-    training mode: the live flag stays down; the same forwards in eval mode raise it."""
+def test_a_training_mode_pile_in_a_job_whose_backwards_took_one_forward_each_raises_the_flag(hook_on, spool):
+    """Every backward of this job consumed one forward: it keeps no episode or window, so graphs piling in a
+    model left in training mode (a validation without no_grad, a rollout that forgets it) go beyond what it
+    consumes, whatever the flag says (issue 48: 72 and 180 forwards pending against 1 per backward)."""
     cuda, hook, model, _opt = _paused(hook_on)
     kept = _evaluate(cuda, model, batches=6, kept_per_forward=GIB)
     assert len(hook.forwards.series(0)) == 6 and hook.forwards.training is True
+    assert hook.forwards.most_consumed == 1
+    assert hook.forwards.pile(0, CAPACITY) is not None
+    assert kept
+
+
+def _train_summed(model, opt, steps, forwards):
+    """Steps that sum ``forwards`` forwards' losses before one backward (an episode, a window)."""
+    for _ in range(steps):
+        sum(model(torch.randn(2, 8)).sum() for _ in range(forwards)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_a_training_mode_pile_beyond_what_backwards_consumed_raises_no_flag(hook_on, spool):
+    """A job whose backwards consume several forwards together (an episode): a longer episode than any before
+    (its backward still to come) in a model left in training mode keeps the flag down; the same forwards in
+    eval mode raise it."""
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train_summed(model, opt, 2, forwards=2)
+    hook.steps.last_step_wall -= 5.0
+    hook._arm_forwards_in_a_pause()
+    assert hook.forwards.most_consumed == 2
+    kept = _evaluate(cuda, model, batches=10, kept_per_forward=GIB)
+    assert len(hook.forwards.series(0)) == 10 and hook.forwards.training is True
     assert hook.forwards.pile(0, CAPACITY) is None
     model.eval()
-    kept += _evaluate(cuda, model, batches=1, kept_per_forward=GIB, base=10 * GIB)
+    kept += _evaluate(cuda, model, batches=1, kept_per_forward=GIB, base=14 * GIB)
     assert hook.forwards.training is False and hook.forwards.pile(0, CAPACITY) is not None
 
 

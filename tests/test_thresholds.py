@@ -158,7 +158,7 @@ def test_the_docs_print_the_table_as_it_stands():
 
 def test_every_threshold_is_read_by_a_rule_and_no_rule_keeps_a_number_of_its_own():
     sources = {}
-    for module in ("trend", "forecast", "evidence", "diagnosis", "oomfacts", "remedies"):
+    for module in ("trend", "forecast", "evidence", "diagnosis", "findings", "oomfacts", "remedies"):
         with open(os.path.join(ANALYSIS, f"{module}.py")) as fh:
             sources[module] = fh.read()
     for name, row in th.TABLE.items():
@@ -212,7 +212,7 @@ def test_no_rule_function_writes_a_judgement_inline():
     ``thresholds.SHAPES`` with its reason; anything else must be a row of the table (``2 * micro`` once
     read forwards as micro-batches, the pause bar was restated as literals)."""
     found: dict[str, set[float]] = {}
-    for module in ("trend", "forecast", "evidence", "diagnosis", "oomfacts", "remedies"):
+    for module in ("trend", "forecast", "evidence", "diagnosis", "findings", "oomfacts", "remedies"):
         found.update(_inline_numbers(module))
     undeclared = {name: values - set(th.SHAPES.get(name, ((), ""))[0]) for name, values in found.items()}
     assert {name: v for name, v in undeclared.items() if v} == {}

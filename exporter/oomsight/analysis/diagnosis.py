@@ -22,8 +22,10 @@ rules use is a row of ``analysis.thresholds``.
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Callable, Optional
 
+from oomsight.analysis import findings as census_findings
 from oomsight.analysis import remedies, trend
 from oomsight.analysis import thresholds as th
 from oomsight.analysis.evidence import CAUSES, GENERATION_FRAMES, MODULE_FRAME, Cause, Evidence, on_stack
@@ -34,15 +36,52 @@ from oomsight.wire.schema import Diagnosis
 __all__ = ["CAUSES", "Cause", "ModelStates", "OomFacts", "diagnose", "facts_from_event", "leak_growth"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of the precedence table: a finding, how it knows, and why it comes before the rows below."""
+
+    finding: str
+    evaluate: Callable[[Evidence], Optional[Diagnosis]]
+    strength: str
+    """``observed``: read off the job's own objects (the census); ``counted``: read off the allocator's counters,
+    the step rows and the forward/backward counts."""
+    why: str
+
+
 def diagnose(f: OomFacts) -> Diagnosis:
-    """Classify one OOM from the numbers recorded at the moment it happened."""
+    """Classify one OOM from the facts recorded at the moment it happened: every finding is evaluated on its own
+    (:data:`PRECEDENCE`), the first row that found something decides, and the diagnosis lists every finding that
+    did (``facts.findings``)."""
     ev = Evidence(f)
-    rules = (_outside_rule, _leak_rule, _stranded_rule, _model_states_rule, _frozen_forward_rule, _evaluation_rule)
-    for rule in (*rules, _oversized_rule, _demand_rule, _graph_pool_rule, _fragmentation_rule):
-        found = rule(ev)
-        if found is not None:
-            return found
-    return _fallback(ev)
+    found = findings(ev)
+    chosen = next((found[row.finding] for row in PRECEDENCE if row.finding in found), None)
+    if chosen is None:
+        chosen = _fallback(ev)
+    chosen["facts"]["findings"] = list(found)
+    return chosen
+
+
+def findings(ev: Evidence) -> dict[str, Diagnosis]:
+    """Every finding of :data:`PRECEDENCE` that found something, in the table's order. Each starts from the same
+    facts (one finding's numbers never leak into another's); one that raises is skipped and named."""
+    base = dict(ev.facts)
+    found: dict[str, Diagnosis] = {}
+    failed: list[str] = []
+    for row in PRECEDENCE:
+        ev.facts = dict(base)
+        try:
+            result = row.evaluate(ev)
+        except Exception:  # a pure function of recorded numbers: one malformed value skips its finding alone
+            failed.append(row.finding)
+            continue
+        if result is not None:
+            found[row.finding] = result
+    ev.facts = dict(base)
+    if failed:
+        for d in found.values():
+            d["facts"]["findings_failed"] = failed
+        ev.facts["findings_failed"] = failed
+    return found
 
 
 def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
@@ -113,6 +152,11 @@ def _other_process(ev: Evidence, held: int, summary: str) -> Diagnosis:
 
 def _leak_rule(ev: Evidence) -> Optional[Diagnosis]:
     t = ev.trend
+    growth = t.floor_growth_bytes if t.leak else ev.short_leak
+    bounded = census_findings.bounded_growth(ev, growth)
+    if bounded is not None:  # the census saw what rose: a buffer with a cap, which stops there
+        ev.facts["bounded_by"] = bounded.get("name")
+        return None
     if t.leak:
         summary = (
             f"The memory that survives between optimizer steps rose by {fb(t.floor_growth_bytes)} "
@@ -214,13 +258,22 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
         )
     where = " in optimizer.step()" if in_step else ""
     gathered = f", {fb(ev.unsharded)} of them all-gathered parameters" if ev.unsharded else ""
+    # in optimizer.step() with states that fit the capacity: the foreach temporaries did not (docs/diagnosis.md)
+    fused = ["fused_optimizer"] if in_step and states < ev.total and not _states_rose(ev) else []
     return ev.result(
         Cause.MODEL_STATES,
-        [*_untrained_first(ev), *_layout_first(ev), *_model_states_order(ev)],
+        [*fused, *_untrained_first(ev), *_layout_first(ev), *_model_states_order(ev)],
         f"Parameters, gradients and optimizer state need {fb(states)} of the {fb(ev.total)} capacity{gathered} "
         f"(the OOM came{where} at {fb(ev.allocated)} allocated){_frozen_part(ev)}: no batch size or activation "
         "remedy can make room.",
     )
+
+
+def _states_rose(ev: Evidence) -> bool:
+    """The gradients and optimizer state held at the step rows rose (wire 1.10: parameters started to train,
+    progressive unfreezing): states that grow step by step outgrow a fused step too, so it is no first remedy."""
+    held = [r[trend.STATES] for r in ev.f.get("steps_memory") or [] if len(r) > trend.STATES and r[trend.STATES] >= 0]
+    return len(held) >= 2 and held[-1] > held[0] * (1 + th.value("demand_margin"))
 
 
 def _outgrown(ev: Evidence) -> bool:
@@ -565,3 +618,56 @@ def _no_training(ev: Evidence) -> Diagnosis:
         ["batch", "autocast", "checkpointing", "compile"],
         f"The job needs more than the capacity: {needed} (no optimizer exists, so memory by category is unknown).",
     )
+
+
+PRECEDENCE: tuple[Row, ...] = (
+    Row(
+        "own_children", census_findings.own_children, "observed",
+        "the job's own child processes hold the memory: no remedy inside the training process frees it",
+    ),
+    Row(
+        "outside", _outside_rule, "counted",
+        "other tenants or memory outside the allocator: no remedy inside the allocator frees it",
+    ),
+    Row(
+        "kept_graphs", census_findings.kept_graphs, "observed",
+        "outputs kept with their graphs beyond what the backwards consume, named by what holds them: the leak the "
+        "counted rows below infer, seen",
+    ),
+    Row(
+        "leak", _leak_rule, "counted",
+        "memory kept from every step or forward raises everything after it; a bounded buffer the census saw vetoes it",
+    ),
+    Row(
+        "stranded", _stranded_rule, "counted",
+        "bytes held unallocated by private pools: checked before the states, which an eager step beside graphs fills",
+    ),
+    Row("model_states", _model_states_rule, "counted", "states that fill the capacity leave no room for any batch"),
+    Row(
+        "frozen_forward", _frozen_forward_rule, "counted",
+        "a frozen model's forward in a training step: its own remedies, not the trained model's",
+    ),
+    Row(
+        "evaluation", _evaluation_rule, "counted",
+        "an evaluation forward's batch is its own: comparing it with the steps is no verdict",
+    ),
+    Row(
+        "kept_tensors", census_findings.kept_tensors, "observed",
+        "tensors outside the model states kept by containers, attributes or a framework, a decisive share: what "
+        "would otherwise read as a step that grew",
+    ),
+    Row("oversized", _oversized_rule, "counted", "one request larger than half of what the process could use"),
+    Row("demand", _demand_rule, "counted", "the failing step needed more than any earlier one"),
+    Row("graph_pools", _graph_pool_rule, "counted", "private pools' bytes serve only their graphs"),
+    Row("fragmentation", _fragmentation_rule, "counted", "enough bytes, no block large enough, a step no bigger"),
+)
+"""The one precedence table: the first row whose finding found something decides; the fallback (``activations``
+or ``exhaustion``) where none did. docs/diagnosis.md shows it (a test keeps the two equal)."""
+
+
+def precedence_markdown() -> str:
+    """The precedence table as ``docs/diagnosis.md`` prints it (a test keeps the two equal)."""
+    lines = ["| # | finding | knows by | why it comes before the rows below |", "| --- | --- | --- | --- |"]
+    for i, row in enumerate(PRECEDENCE, 1):
+        lines.append(f"| {i} | `{row.finding}` | {row.strength} | {row.why} |")
+    return "\n".join(lines) + "\n"

@@ -23,6 +23,21 @@ from oomsight.analysis.oomfacts import (
 from oomsight.wire.schema import Diagnosis
 
 
+def census_facts(census: Any) -> dict[str, Any]:
+    """What every diagnosis states of the census (wire 1.11): whether it ran whole, its largest holders by name."""
+    if not isinstance(census, Mapping):
+        return {}
+    out: dict[str, Any] = {"census_complete": bool(census.get("complete"))}
+    if census.get("cut_short"):
+        out["census_cut_short"] = census.get("cut_short")
+    found = census.get("holders") or []
+    if isinstance(found, Sequence) and found:
+        out["census_holders"] = [
+            f"{h.get('name')}: {int(h.get('bytes') or 0)} bytes" for h in list(found)[:3] if isinstance(h, Mapping)
+        ]
+    return out
+
+
 class Cause(str, enum.Enum):
     OTHER_PROCESS = "other_process"
     NON_PYTORCH_MEMORY = "non_pytorch_memory"
@@ -104,6 +119,7 @@ class Evidence:
         self.outside, self.others = (None, None) if cap_bound else outside(f, self.reserved)
         self.facts.update(outside_bytes=self.outside, other_processes_bytes=self.others)
         self.legacy_leak = None if rows else leak_growth(f.get("trend") or [], self.total)
+        self.facts.update(census_facts(f.get("census")))
 
     def _read_the_layout(self, f: OomFacts) -> None:
         """How the parameters are laid out (wire 1.6; 0 and {} for older events)."""
@@ -207,6 +223,8 @@ class Evidence:
     def result(self, cause: Cause, keys: Sequence[str], summary: str) -> Diagnosis:
         if self.no_grad:
             keys = [remedies.WITHOUT_GRAD.get(k, k) for k in keys]
+        if not self.training:  # no optimizer: no advice about optimizer.step() or accumulating its gradients
+            keys = [remedies.WITHOUT_OPTIMIZER.get(k, k) for k in keys]
         picked = remedies.pick([k for k in keys if k], self.job)
         if not self.trains_nothing:
             picked = remedies.harmless_first(picked, self.shown())

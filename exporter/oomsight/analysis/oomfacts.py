@@ -73,6 +73,7 @@ class OomFacts(TypedDict, total=False):
     private_pool_free_bytes: Optional[int]  # of those, not allocated
     captured_by: str  # "observer", or "exception" (no OOM observer: cudaMallocAsync, pluggable)
     allocator_backend: str  # "native", "cudaMallocAsync", "pluggable" ("" where older events do not say)
+    census: Optional[Mapping[str, Any]]  # what holds the bytes, read from the job's objects (1.11); None: not taken
 
 
 def states(f: OomFacts) -> Optional[int]:
@@ -169,6 +170,7 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         last_step_time=event.get("last_step_time"),
         module_training=event.get("module_training"),
         module_frozen=event.get("module_frozen"),
+        census=event.get("census"),
         private_pool_bytes=event.get("private_pool_bytes"),
         private_pool_free_bytes=event.get("private_pool_free_bytes"),
         captured_by=str(event.get("captured_by") or "observer"),

@@ -43,6 +43,20 @@ REMEDY = {
     "backward instead of all of them living until the last.",
     "leak": "Do not keep tensors alive across steps, above all not ones that carry their autograd "
     "graph: log loss.item() or loss.detach(), not loss; clear lists of outputs; check hooks and caches.",
+    "detach_kept": "Keep no autograd graph in what outlives its use: store .detach() (or .detach().cpu(), "
+    ".item()) of the tensor a module attribute, list or dict keeps (attention maps for plots, logits for a metric, "
+    "losses for a log). The kept values are the same; only the activations their graphs hold alive go.",
+    "eval_accumulation": "In transformers' Trainer, set eval_accumulation_steps (e.g. 8) so the evaluation loop "
+    "moves the predictions it gathers to the CPU every N steps instead of keeping every batch's logits on the GPU "
+    "until compute_metrics, and/or preprocess_logits_for_metrics to keep only what the metric reads (the argmax). "
+    "The metrics stay the same.",
+    "worker_cuda": "Keep CUDA out of the job's child processes: DataLoader workers (and helpers it starts) should "
+    "return CPU tensors from the dataset and collate_fn; set pin_memory=True and move each batch to the GPU in the "
+    "main process (batch.to('cuda', non_blocking=True)). Every child that touches CUDA holds a context of its own "
+    "(hundreds of MB) plus what it allocates. The batches and the training stay the same.",
+    "bound_batch": "Split what one call takes in: run generate() or the forward over fewer sequences at a time "
+    "(micro-batches of what fitted) and concatenate the outputs, which stay the same; fewer beams, a lower "
+    "max_new_tokens or shorter inputs bound it too, but change the outputs.",
     "set_to_none": "Free gradients between steps with optimizer.zero_grad(set_to_none=True) "
     "(the default since torch 2.0; check your framework does not override it).",
     "history": "Record allocation history (OOMSIGHT_RECORD_HISTORY=1) and open the OOM snapshot "
@@ -182,6 +196,9 @@ REPLACES = {"expandable": "split"}
 """A remedy in use is replaced by the next one in line (expandable segments on: limit splitting)."""
 
 WITHOUT_GRAD = {"checkpointing": "", "set_to_none": "", "batch": "eval_batch", "autocast": "half_precision"}
+WITHOUT_OPTIMIZER = {"bound_input": "bound_batch", "backward_each": "", "fused_optimizer": "", "set_to_none": ""}
+"""For a process with no optimizer (inference, generation, evaluation alone): advice about accumulating
+gradients before ``optimizer.step()`` takes its inference form, and optimizer advice goes."""
 """For a forward that ran without autograd: what does not apply (nothing is saved for a backward)
 goes, and the training advice becomes its inference form."""
 

@@ -212,6 +212,12 @@ TABLE: dict[str, Threshold] = {
     "pile_after_steps_seconds": Threshold(
         1.0, "seconds", "... and for at least this long (ten sampler readings)", "evidence",
     ),
+    "kept_share": Threshold(
+        0.10, "of capacity", "tensors outside the model states that the census finds held by a container, a module "
+        "attribute or a framework's buffer decide the OOM when they hold at least this share of the capacity: "
+        "freeing them makes room for a step's worth of activations; below it they are named, not blamed",
+        "findings",
+    ),
     "pile_consumed_multiple": Threshold(
         4.0, "x the most forwards one backward consumed", "forwards recording a graph since the last backward "
         "are a leak only beyond this many times what this job's own backwards have consumed together: a step "
@@ -321,6 +327,11 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "trend._slope": ((2,), "a line needs two points"),
     "trend._t_stat": ((0.5, 2, 3), "Student's t of a line fit: n - 2 degrees of freedom, a square root"),
     "trend._seconds_per_step": ((2,), "a step time needs two rows"),
+    "diagnosis._states_rose": ((2,), "a rise needs two rows"),
+    "evidence.census_facts": ((3,), "the census's three largest holders are named in every diagnosis's facts"),
+    "findings.bounded_growth": ((2,), "a buffer holding at least half the growth explains it"),
+    "findings.kept_tensors": ((3,), "the three largest holders are said"),
+    "findings.own_children": ((4,), "the first four children are named"),
     "forecast._leak": ((2,), "the stairs are looked for in the last two windows of recent_rows"),
     "forecast._demand": ((2,), "the running peak's later half"),
     "forecast._fit": ((2,), "a line fit's degrees of freedom (n - 2), a square"),

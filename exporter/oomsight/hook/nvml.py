@@ -127,6 +127,15 @@ class Nvml:
             other_processes=others,
         )
 
+    def processes(self, handle: Any) -> Optional[list[tuple[int, Optional[int]]]]:
+        """(pid, used bytes or None where withheld) of the device's compute processes; None if NVML fails."""
+        if handle is None:
+            return None
+        procs = self._call(lambda: self._module.nvmlDeviceGetComputeRunningProcesses(handle))
+        if procs is None:
+            return None
+        return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+
     def _memory(self, handle: Any) -> tuple[int, int, int, Optional[int]]:
         m = self._module
         v2 = getattr(m, "nvmlMemory_v2", None)

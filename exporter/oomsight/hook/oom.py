@@ -26,6 +26,7 @@ from typing import Any, Callable, NamedTuple, Optional, cast
 from oomsight.analysis.diagnosis import diagnose, facts_from_event
 from oomsight.analysis.units import format_bytes
 from oomsight.config import OomSettings
+from oomsight.hook import census
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.layout import held_parameters, trained_by
@@ -64,8 +65,11 @@ class OomRecorder:
         errors: ErrorBook,
         clock: Callable[[], float] = time.time,
         context: Optional[OomContext] = None,
+        torch: Any = None,
     ) -> None:
         self.settings = settings
+        self.torch = torch
+        """The torch module the census reads the job's objects with (None: no census)."""
         self.cuda = cuda
         self.writer = writer
         self.sampler = sampler
@@ -75,6 +79,7 @@ class OomRecorder:
         self.context = context or OomContext()
         self.history = False
         """True while allocation history is recorded (snapshots are written on OOM)."""
+        self.census_budget = census.Budget()
         self.active = True
         self.events: dict[int, OomEvent] = {}
         self.pending: list[int] = []
@@ -201,7 +206,38 @@ class OomRecorder:
             **self._layout_at_oom(device),  # type: ignore[typeddict-item]
         )
         self._rows_at_oom(event, device)
+        taken = self._census(device)
+        if taken is not None:
+            event["census"] = taken
         return cast(OomEvent, event)
+
+    def _census(self, device: int) -> Optional[dict[str, Any]]:
+        """What holds the bytes, read from the job's objects (``hook.census``), within its budget; a census
+        that raises is recorded as failed and the diagnosis reads the counters alone."""
+        steps = self.steps
+        device_type = steps.device_type if steps is not None else "cuda"  # tests count a CPU model as device 0
+        if self.torch is None or (device_type == "cuda" and not self._guarded("census", self._cuda_initialised)):
+            return None  # no torch to read with, or no tensor can be on a device CUDA never initialised
+        started = time.perf_counter()
+        try:
+            dev = self.sampler.device(device)
+            nvml = self.sampler.nvml
+            procs = nvml.processes(dev.nvml_handle) if nvml is not None and dev is not None else None
+            return census.take(
+                self.torch,
+                device,
+                roots=list(steps.roots) if steps is not None else [],
+                optimizers=list(steps.optimizers) if steps is not None else [],
+                budget=self.census_budget,
+                device_type=device_type,
+                gpu_processes=procs,
+            )
+        except Exception as exc:
+            self.errors.record("census", exc)
+            return {"complete": False, "cut_short": "failed", "seconds": round(time.perf_counter() - started, 4)}
+
+    def _cuda_initialised(self) -> bool:
+        return bool(self.torch.cuda.is_initialized())
 
     def _rows_at_oom(self, event: OomEvent, device: int) -> None:
         """The forward rows (wire 1.7: no optimizer step since they began), what the backwards consumed (1.8)

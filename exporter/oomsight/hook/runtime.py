@@ -74,7 +74,7 @@ class Hook:
         self.step_memory.inputs = self.forwards.take_input
         self.job = JobProbe(cuda, self.errors, self.process["expandable_segments"])
         self.oom = OomRecorder(
-            settings.oom, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self)
+            settings.oom, cuda, self.writer, self.sampler, self.steps, self.errors, context=_Context(self), torch=torch
         )
         self.profiler: Optional[Profiler] = None
         if torch is not None and self.steps is not None:

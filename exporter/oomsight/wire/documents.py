@@ -15,6 +15,11 @@ __all__ = [
     "AllocatorSample",
     "BatchAdvice",
     "Categories",
+    "Census",
+    "CensusHolder",
+    "CensusModule",
+    "CensusProcess",
+    "CensusProcesses",
     "DeviceSnapshot",
     "Diagnosis",
     "JobSetup",
@@ -439,6 +444,95 @@ class ModelStates(TypedDict):
     frozen_modules: NotRequired[list[str]]
 
 
+class CensusHolder(TypedDict):
+    """What holds tensors on the device outside the model states, the largest first."""
+
+    #: how the job reaches it: "local `all_logits` of validate (train.py:42)", "Model.attn.last"
+    name: str
+    #: list, tuple, dict, set, frozenset, deque, attribute (one tensor) or kv_cache
+    kind: str
+    #: the package whose code holds it (transformers), null: the job's own code
+    framework: NotRequired[Optional[str]]
+    #: tensors it holds that carry an autograd graph
+    graph_tensors: int
+    #: tensors it holds without a graph
+    detached_tensors: int
+    #: their storages' bytes
+    bytes: int
+    #: the container's length
+    length: NotRequired[Optional[int]]
+    #: a deque's maxlen: it never holds more
+    cap: NotRequired[Optional[int]]
+    #: every tensor has a parameter's shape and no graph (EMA, snapshots)
+    parameter_copies: NotRequired[bool]
+
+
+class CensusModule(TypedDict):
+    """Parameter bytes of one top-level module on the device."""
+
+    #: Model.child
+    module: str
+    #: its parameters' storages on the device
+    bytes: int
+    #: an optimizer holds at least one of them
+    trained: bool
+
+
+class CensusProcess(TypedDict):
+    """Another compute process on the device, as NVML lists it."""
+
+    #: its PID (NVML's, the host's where the namespaces differ)
+    pid: int
+    #: its used GPU memory (-1: withheld)
+    bytes: int
+    #: /proc/<pid>/comm
+    name: NotRequired[str]
+
+
+class CensusProcesses(TypedDict):
+    """The device's other compute processes by the process tree."""
+
+    #: false: NVML's PIDs are not this namespace's (or no list), nothing was split
+    split: bool
+    #: this process's descendants (DataLoader workers, helpers)
+    children: NotRequired[list[CensusProcess]]
+    #: its parent's other descendants (the launcher's other ranks)
+    siblings: NotRequired[list[CensusProcess]]
+    #: other tenants
+    others: NotRequired[list[CensusProcess]]
+
+
+class Census(TypedDict):
+    """What holds the device's bytes at the OOM, read from the job's objects (bounded; cut_short says why not whole)."""
+
+    #: the walk finished within its budget
+    complete: bool
+    #: time or objects: the budget that cut it short; failed: it raised
+    cut_short: NotRequired[Optional[str]]
+    #: what it took, in the failing thread
+    seconds: float
+    #: garbage-collected objects walked
+    objects: NotRequired[int]
+    #: tensors on the device with an autograd graph, outside the model states
+    graph_tensors: NotRequired[int]
+    #: their storages' bytes
+    graph_bytes: NotRequired[int]
+    #: tensors on the device without a graph, outside the model states
+    detached_tensors: NotRequired[int]
+    #: their storages' bytes
+    detached_bytes: NotRequired[int]
+    #: of those, held by running frames as plain locals
+    in_flight_tensors: NotRequired[int]
+    #: their bytes
+    in_flight_bytes: NotRequired[int]
+    #: what holds the rest, the largest first, at most 8
+    holders: NotRequired[list[CensusHolder]]
+    #: parameters by top-level module, the largest first, at most 8
+    modules: NotRequired[list[CensusModule]]
+    #: the device's other compute processes
+    processes: NotRequired[Optional[CensusProcesses]]
+
+
 class OomEvent(TypedDict):
     """One CUDA OOM (events/<process id>.oom-<seq:05d>.json), rewritten once its outcome is known."""
 
@@ -539,6 +633,8 @@ class OomEvent(TypedDict):
     #: oldest first, at most 64: rows [backward, time, allocated_bytes] (backward: its number in the process)
     #: (since 1.10)
     backwards_memory: NotRequired[list[list[float]]]
+    #: what holds the device's bytes at the OOM (null: not taken) (since 1.11)
+    census: NotRequired[Optional[Census]]
 
 
 class ProfileOp(TypedDict):

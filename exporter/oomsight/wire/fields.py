@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from oomsight.wire.fieldtypes import (
     AT_OOM,
+    CENSUS,
     CONSUMED,
     FORECAST,
     FORWARDS,
@@ -302,6 +303,73 @@ PARALLELISM = Table(
     ),
     since=LAYOUT,
 )
+CENSUS_HOLDER = Table(
+    "CensusHolder",
+    "What holds tensors on the device outside the model states, the largest first.",
+    (
+        req("name", "str", 'how the job reaches it: "local `all_logits` of validate (train.py:42)", "Model.attn.last"'),
+        req("kind", "str", "list, tuple, dict, set, frozenset, deque, attribute (one tensor) or kv_cache"),
+        nullable("framework", "str", "the package whose code holds it (transformers), null: the job's own code"),
+        req("graph_tensors", "int", "tensors it holds that carry an autograd graph"),
+        req("detached_tensors", "int", "tensors it holds without a graph"),
+        req("bytes", "int", "their storages' bytes"),
+        nullable("length", "int", "the container's length"),
+        nullable("cap", "int", "a deque's maxlen: it never holds more"),
+        opt("parameter_copies", "bool", "every tensor has a parameter's shape and no graph (EMA, snapshots)", default=False),
+    ),
+    since=CENSUS,
+)
+CENSUS_MODULE = Table(
+    "CensusModule",
+    "Parameter bytes of one top-level module on the device.",
+    (
+        req("module", "str", "Model.child"),
+        req("bytes", "int", "its parameters' storages on the device"),
+        req("trained", "bool", "an optimizer holds at least one of them"),
+    ),
+    since=CENSUS,
+)
+CENSUS_PROCESS = Table(
+    "CensusProcess",
+    "Another compute process on the device, as NVML lists it.",
+    (
+        req("pid", "int", "its PID (NVML's, the host's where the namespaces differ)"),
+        req("bytes", "int", "its used GPU memory (-1: withheld)"),
+        opt("name", "str", "/proc/<pid>/comm", default=""),
+    ),
+    since=CENSUS,
+)
+CENSUS_PROCESSES = Table(
+    "CensusProcesses",
+    "The device's other compute processes by the process tree.",
+    (
+        req("split", "bool", "false: NVML's PIDs are not this namespace's (or no list), nothing was split"),
+        opt("children", "list", "this process's descendants (DataLoader workers, helpers)", table=CENSUS_PROCESS),
+        opt("siblings", "list", "its parent's other descendants (the launcher's other ranks)", table=CENSUS_PROCESS),
+        opt("others", "list", "other tenants", table=CENSUS_PROCESS),
+    ),
+    since=CENSUS,
+)
+CENSUS_TABLE = Table(
+    "Census",
+    "What holds the device's bytes at the OOM, read from the job's objects (bounded; cut_short says why not whole).",
+    (
+        req("complete", "bool", "the walk finished within its budget"),
+        nullable("cut_short", "str", "time or objects: the budget that cut it short; failed: it raised"),
+        req("seconds", "number", "what it took, in the failing thread"),
+        opt("objects", "int", "garbage-collected objects walked", default=0),
+        opt("graph_tensors", "int", "tensors on the device with an autograd graph, outside the model states", default=0),
+        opt("graph_bytes", "int", "their storages' bytes", default=0),
+        opt("detached_tensors", "int", "tensors on the device without a graph, outside the model states", default=0),
+        opt("detached_bytes", "int", "their storages' bytes", default=0),
+        opt("in_flight_tensors", "int", "of those, held by running frames as plain locals", default=0),
+        opt("in_flight_bytes", "int", "their bytes", default=0),
+        opt("holders", "list", "what holds the rest, the largest first, at most 8", table=CENSUS_HOLDER),
+        opt("modules", "list", "parameters by top-level module, the largest first, at most 8", table=CENSUS_MODULE),
+        nullable("processes", "object", "the device's other compute processes", table=CENSUS_PROCESSES),
+    ),
+    since=CENSUS,
+)
 JOB = Table(
     "JobSetup",
     "How the job is set up, as far as the hook can tell (null: unknown).",
@@ -502,6 +570,7 @@ OOM_EVENT = Table(
             "the process)",
             items="row", since=OBSERVED,
         ),
+        nullable("census", "object", "what holds the device's bytes at the OOM (null: not taken)", table=CENSUS_TABLE, since=CENSUS),
     ),
     kind="oom_event",
 )

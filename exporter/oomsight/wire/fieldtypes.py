@@ -54,6 +54,12 @@ experts' experts. State that appears as parameters start to train is told from a
 that grew with its input from one that grew inside the model (routing), outputs kept through a window from
 its activations."""
 
+CENSUS = "1.11"
+"""A census at the OOM, read from the job's own objects: parameters by module and whether an optimizer holds
+them, tensors with a graph and detached tensors by what holds them (a list, a module attribute, a frame's local,
+a framework's container; a bounded ``deque`` with its cap), the computation in flight, and the GPU's other
+processes split into the job's own children, its launcher's other ranks and other tenants."""
+
 OUTCOME_CHOICES = ("pending", "recovered", "fatal")
 KINDS = ("int", "number", "time", "str", "bool", "any", "object", "map", "list")
 """``int`` within ±2**63; ``number`` finite; ``time`` Unix seconds within ±2**33;

@@ -1,0 +1,134 @@
+"""Findings read off the census at the OOM (wire 1.11, ``hook.census``): what the job's own objects show holds
+the bytes. Each evaluator takes the :class:`~oomsight.analysis.evidence.Evidence` of one OOM and returns a
+diagnosis or None; ``analysis.diagnosis`` puts them in its precedence table beside the findings read off the
+allocator's counters and the step rows. Every sentence states what the census recorded: a count, the bytes, the
+name by which the job reaches the holder. An event without a census (older writers, a census cut short before it
+saw holders) gives none of these findings, and the counters decide as before."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from oomsight.analysis import thresholds as th
+from oomsight.analysis import trend
+from oomsight.analysis.evidence import Cause, Evidence
+from oomsight.analysis.units import format_bytes as fb
+from oomsight.wire.schema import Diagnosis
+
+UNBOUNDED = ("list", "dict", "tuple", "set", "attribute")
+"""Holders that may keep growing (a ``deque`` with a ``maxlen`` cannot; a key/value cache is generation's own)."""
+
+
+def holders(ev: Evidence) -> list[Mapping[str, Any]]:
+    census = ev.f.get("census") or {}
+    found = census.get("holders") if isinstance(census, Mapping) else None
+    return [h for h in found or [] if isinstance(h, Mapping)]
+
+
+def _says(h: Mapping[str, Any]) -> str:
+    n_graph, n_det = int(h.get("graph_tensors") or 0), int(h.get("detached_tensors") or 0)
+    what = []
+    if n_graph:
+        what.append(f"{n_graph} tensor{'s' if n_graph != 1 else ''} with an autograd graph")
+    if n_det:
+        what.append(f"{n_det} detached tensor{'s' if n_det != 1 else ''}")
+    where = f" ({h.get('framework')})" if h.get("framework") else ""
+    kind = h.get("kind")
+    container = f"the {kind} " if kind not in ("attribute", None) else "the attribute "
+    return f"{container}{h.get('name')}{where} holds {' and '.join(what)}, {fb(int(h.get('bytes') or 0))}"
+
+
+def own_children(ev: Evidence) -> Optional[Diagnosis]:
+    """The GPU's other processes include this job's own children (DataLoader workers that opened CUDA, helpers it
+    started), holding a decisive share: the process tree says whose they are."""
+    census = ev.f.get("census") or {}
+    procs = census.get("processes") if isinstance(census, Mapping) else None
+    if not isinstance(procs, Mapping) or not procs.get("split"):
+        return None
+    children = [p for p in procs.get("children") or [] if isinstance(p, Mapping)]
+    held = sum(max(int(p.get("bytes") or 0), 0) for p in children)
+    if not children or held < th.value("decisive_share") * ev.total:
+        return None
+    names = ", ".join(f"{p.get('name') or '?'} (pid {p.get('pid')})" for p in children[:4])
+    ev.facts["child_processes_bytes"] = held
+    return ev.result(
+        Cause.OTHER_PROCESS,
+        ["worker_cuda", "other_process"],
+        f"{len(children)} of this job's own child processes hold {fb(held)} of the {fb(ev.total)} GPU: {names}. "
+        "They descend from this process (DataLoader workers or helpers that opened CUDA), not another tenant.",
+    )
+
+
+def kept_graphs(ev: Evidence) -> Optional[Diagnosis]:
+    """Tensors with an autograd graph kept by a container or attribute beyond what this job's backwards consume:
+    the forwards since a backward last consumed one go beyond ``pile_consumed_multiple`` times the most one
+    backward took (``trend.unconsumed``), and the census names what holds their outputs."""
+    held = [h for h in holders(ev) if int(h.get("graph_tensors") or 0) > 0 and h.get("kind") in UNBOUNDED]
+    if not held or not _beyond_consumed(ev):
+        return None
+    top = held[0]
+    ev.facts["held_by"] = top.get("name")
+    ev.facts["held_graph_tensors"] = int(top.get("graph_tensors") or 0)
+    pending, most = ev.pending, ev.consumed
+    consumed = f"the most one backward consumed together is {most}" if most is not None else "no backward consumed any"
+    keys = ["detach_kept", "leak", "no_grad"] if ev.f.get("grad_enabled") else ["detach_kept", "leak"]
+    return ev.result(
+        Cause.LEAK,
+        keys,
+        f"{pending} forwards recorded an autograd graph since a backward last consumed one, and {consumed}; "
+        f"{_says(top)}. Each kept output holds its forward's activations through its graph.",
+    )
+
+
+def _beyond_consumed(ev: Evidence) -> bool:
+    pending, most = ev.pending, ev.consumed
+    if pending is None:
+        return False
+    return trend.unconsumed(pending, most, ev.training, ev.f.get("module_training"))
+
+
+def kept_tensors(ev: Evidence) -> Optional[Diagnosis]:
+    """Tensors outside the model states held by containers, module attributes or a framework's buffer, at least
+    ``kept_share`` of the capacity: what they hold is memory the failing allocation lacks. A bounded ``deque``,
+    a key/value cache and copies of parameters (EMA, snapshots) are not counted; a single tensor kept as an
+    attribute counts where it carries a graph, a framework keeps it, or memory rose as it grew."""
+    counted = [h for h in holders(ev) if _kept(ev, h)]
+    held = sum(int(h.get("bytes") or 0) for h in counted)
+    if not counted or held < th.value("kept_share") * ev.total:
+        return None
+    graphs = any(int(h.get("graph_tensors") or 0) for h in counted)
+    framework = next((h.get("framework") for h in counted if h.get("framework")), None)
+    ev.facts["held_by"] = counted[0].get("name")
+    ev.facts["held_bytes"] = held
+    keys = ["detach_kept"] if graphs else []
+    if framework == "transformers" and not graphs:
+        keys.append("eval_accumulation")
+    keys += ["kept_outputs", "leak"]
+    said = "; ".join(_says(h) for h in counted[:3])
+    return ev.result(
+        Cause.LEAK,
+        keys,
+        f"Outside the parameters, gradients and optimizer state, {fb(held)} of the {fb(ev.total)} capacity is held "
+        f"by what the job keeps: {said}. The OOM came at {fb(ev.allocated)} allocated with {fb(ev.requested)} "
+        "requested.",
+    )
+
+
+def _kept(ev: Evidence, h: Mapping[str, Any]) -> bool:
+    if h.get("kind") not in UNBOUNDED or h.get("parameter_copies"):
+        return False
+    if h.get("kind") != "attribute":
+        return True
+    return bool(int(h.get("graph_tensors") or 0) or h.get("framework") or ev.piled or ev.trend.leak)
+
+
+def bounded_growth(ev: Evidence, growth: Optional[int]) -> Optional[Mapping[str, Any]]:
+    """A bounded buffer the census saw (a ``deque`` with ``maxlen``) that holds at least half of ``growth``, the
+    rise a leak rule read: filling it raised the floor, and it stops at its cap."""
+    if not growth:
+        return None
+    for h in holders(ev):
+        if h.get("cap") is not None and int(h.get("bytes") or 0) >= growth / 2:
+            return h
+    return None
