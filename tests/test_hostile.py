@@ -344,9 +344,9 @@ def test_a_folder_of_many_files_is_listed_only_to_its_budget_and_logged_once_per
     open(os.path.join(events, "bad\nname.json"), "wb").close()
     reader = SpoolReader(spool, budget=Budget(entries_per_folder=500, events_per_spool=100))
     collector = SpoolCollector(spool, clock=lambda: NOW, reader=reader)
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: a shared machine's load does not make the listing slow
     reg, _ = scrape(collector)
-    assert time.monotonic() - started < 5
+    assert time.process_time() - started < 5
     assert skipped(reg, "too_many_files") == 1 + 400  # the listing cut; the documents past 100 of the 500
     assert skipped(reg, "corrupt") == 100
     for _ in range(3):
