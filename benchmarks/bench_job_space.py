@@ -4,6 +4,8 @@ smallest reproducing job (the fewest axes away from the first value of each axis
 
     .venv/bin/python benchmarks/bench_job_space.py                 # the whole space (long)
     .venv/bin/python benchmarks/bench_job_space.py --single 600 --distributed 60
+    .venv/bin/python benchmarks/bench_job_space.py --only generate,trainer_eval --single 20 --distributed 4 \
+        --out benchmarks/results/job_space_issue48.json     # jobs with one of these values (any axis)
 
 Single-process jobs run in ``--workers`` processes; distributed ones in groups of 2 gloo ranks.
 Writes ``benchmarks/results/job_space.json``.
@@ -74,13 +76,51 @@ def distance(job: jobspace.Job) -> int:
     return sum(getattr(job, axis) != values[0] for axis, values in jobspace.AXES.items())
 
 
-def report(outcomes: list[dict[str, Any]], seconds: float, planned: int) -> dict[str, Any]:
+FACTS = ("cause", "remedies", "module_training", "module_frozen", "grad_enabled", "error")
+"""What a violating job's event says, beside its violations (``--facts``)."""
+
+
+def facts(o: dict[str, Any], found: dict[str, str]) -> dict[str, Any]:
+    """One violating outcome: its event's key facts and what broke (each text cut to 300 characters)."""
+    consumption = o.get("consumption") or {}
+    return {
+        "job": o["job"],
+        "rank": o["rank"],
+        **{k: o.get(k) for k in FACTS},
+        "forwards_since_backward": consumption.get("forwards_since_backward"),
+        "most_forwards_per_backward": consumption.get("most_forwards_per_backward"),
+        "summary": o.get("summary", "")[:300],
+        "violations": {k: v[:300] for k, v in found.items()},
+    }
+
+
+def verdicts(outcomes: list[dict[str, Any]], values: frozenset[str]) -> dict[str, dict[str, int]]:
+    """Per value named: how often each (cause, first remedy) came, over every rank's outcome."""
+    found: dict[str, collections.Counter[str]] = {v: collections.Counter() for v in sorted(values)}
+    for o in outcomes:
+        first = (o.get("remedies") or [None])[0]
+        for v in jobspace.Job.parse(o["job"]).values & values:
+            found[v][f"{o.get('cause')} / {first}" if not o.get("error") else "error"] += 1
+    return {v: dict(c.most_common()) for v, c in found.items()}
+
+
+def report(
+    outcomes: list[dict[str, Any]],
+    seconds: float,
+    planned: int,
+    with_facts: bool = False,
+    values: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     by_invariant: collections.Counter[str] = collections.Counter()
+    listed: list[dict[str, Any]] = []
     groups: dict[str, dict[str, Any]] = {}
     jobs_violating: set[str] = set()
     for o in outcomes:
         job = jobspace.Job.parse(o["job"])
-        for invariant, text in jobspace.violations(job, jobspace.Outcome(**o)).items():
+        found = jobspace.violations(job, jobspace.Outcome(**o))
+        if found and with_facts:
+            listed.append(facts(o, found))
+        for invariant, text in found.items():
             by_invariant[invariant] += 1
             jobs_violating.add(o["job"])
             key = signature(invariant, text)
@@ -107,6 +147,8 @@ def report(outcomes: list[dict[str, Any]], seconds: float, planned: int) -> dict
         "violations_by_invariant": dict(by_invariant),
         "violations": dict(sorted(groups.items(), key=lambda kv: -kv[1]["jobs"])),
         "jobs_by_axis_value": axes_counts,
+        **({"violating_outcomes": listed} if with_facts else {}),
+        **({"cause_first_remedy_by_value": verdicts(outcomes, values)} if values else {}),
     }
 
 
@@ -120,21 +162,21 @@ def main() -> None:
     parser.add_argument("--compiled-at-most", type=int, default=None)
     parser.add_argument("--slow-at-most", type=int, default=None, help="jobs of each slow shape at most")
     parser.add_argument("--out", default=RESULT)
+    parser.add_argument("--only", default="", help="comma-separated axis values: only jobs with one of them")
+    parser.add_argument("--facts", action="store_true", help="list every violating job with its event's facts")
     args = parser.parse_args()
-    space = jobspace.space()
-    single = (
-        jobspace.sample(args.single, args.seed, False, args.compiled_at_most, slow_at_most=args.slow_at_most)
-        if args.single
-        else [j for j in space if not j.distributed]
-    )
-    dist = (
-        jobspace.sample(args.distributed, args.seed, True, args.compiled_at_most, slow_at_most=args.slow_at_most)
-        if args.distributed
-        else [j for j in space if j.distributed]
-    )
+    only = frozenset(v for v in args.only.split(",") if v)
+    space = [j for j in jobspace.space() if not only or j.values & only]
+    pick = {"compiled_at_most": args.compiled_at_most, "slow_at_most": args.slow_at_most, "only": only}
+    single = jobspace.sample(args.single, args.seed, False, **pick) if args.single else [
+        j for j in space if not j.distributed
+    ]
+    dist = jobspace.sample(args.distributed, args.seed, True, **pick) if args.distributed else [
+        j for j in space if j.distributed
+    ]
     started = time.perf_counter()
     outcomes = run_single(single, args.workers) + run_distributed(dist, args.per_group)
-    found = report(outcomes, time.perf_counter() - started, len(single) + len(dist))
+    found = report(outcomes, time.perf_counter() - started, len(single) + len(dist), args.facts, only)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(found, fh, indent=1)

@@ -40,17 +40,41 @@ Invariants (:func:`violations`), on every job:
                 and stays (a replay ring, an epoch's metric, a memory bank) down over its last publishes
 ``in_use``      no remedy the job already uses (autocast under a bf16 policy, sharding under FSDP,
                 checkpointing under checkpoint, ...)
+
+Issue 48, item 5 (:func:`issue48_violations`; the axes' values in :data:`AXES`' docstring):
+
+``first_fix``    the evaluation left in training mode and the rollout that keeps its logits (true leaks, their
+                forwards in training mode) name first what keeps nothing alive (``LEAK_FIRST``: ``leak``,
+                ``kept_outputs``, ``detach_kept``), never ``no_grad`` unless ``LEADS_WHEN`` allows it on the evidence
+                (``first_remedy`` holds for them too: they are not ``trains_nothing``); cause ``leak``, and the live
+                flag up before their OOM
+``bounded``      a bounded buffer (the MoCo queue, the bank, the replay ring, the epoch's metric) is never told
+                ``leak`` ("drop what you keep") first, which changes the method
+``kept``         logits kept by a framework (the Trainer-like loop's container) or probabilities kept by a module
+                attribute: never ``growing_demand``, never ``bound_input`` first (the input never grew)
+``frozen_phase`` a discriminator frozen for the generator's update, held by its optimizer: the failing forward
+                never ``module_frozen``, ``frozen_no_grad`` never first (it would cut the generator's gradient)
+``no_optimizer`` a generation with no optimizer gets no remedy whose text is about accumulating gradients or
+                ``optimizer.step()`` (:data:`NO_OPTIMIZER_CHECKED`)
+
+Not here: worker processes that open CUDA (the hook learns of other processes from NVML's process list, which on
+this CPU the fake would have to invent, PIDs and bytes: that tests the fake, not the job; the GPU script's), and
+FSDP2's integer ``reshard_after_forward`` (on 2 ranks torch takes 2 for True and 1 for False: the integer case
+needs 4 ranks; ``tests/test_accounting.py`` runs it there through the layout).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import io
 import itertools
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -77,10 +101,19 @@ AXES: dict[str, tuple[str, ...]] = {
         "checkpointed",
     ),
     "accumulation": ("single", "each", "summed", "no_sync"),
-    "models": ("one", "ema", "teacher", "gan"),
+    "models": ("one", "ema", "teacher", "gan", "gan_frozen"),
     "optimizer": ("adamw_fused", "adamw_foreach", "sgd", "zero", "adam8bit"),
     "precision": ("fp32", "autocast_bf16", "bf16_params", "mixed_policy"),
-    "phase": ("train", "checkpoint_pause", "no_grad_validation", "eval_leak", "inference_only"),
+    "phase": (
+        "train",
+        "checkpoint_pause",
+        "no_grad_validation",
+        "eval_leak",
+        "inference_only",
+        "eval_train_mode",
+        "trainer_eval",
+        "generate",
+    ),
     "shape": (
         "batches",
         "rl",
@@ -94,6 +127,9 @@ AXES: dict[str, tuple[str, ...]] = {
         "replay_buffer",
         "metric_reset",
         "moe_collapse",
+        "actor_critic",
+        "moco_queue",
+        "attn_attribute",
     ),
 }
 """Each axis and its values. ``wrapper``: compile_ddp is torch.compile(DDP(m)), ddp_compile is
@@ -120,7 +156,27 @@ its parameters, so its state comes in stairs; a DQN-like loop training on batche
 buffer of detached transitions (``REPLAY_CAP`` entries: it fills, then stays); a metric's buffer of
 detached outputs cleared every ``EPOCH`` steps; or a mixture-of-experts layer whose dispatch pads every
 expert to the most-loaded one's tokens while its routing collapses onto one expert at a constant batch,
-failing at full collapse."""
+failing at full collapse.
+
+Issue 48, item 5: ``models`` gan_frozen is the GAN whose discriminator is frozen (``requires_grad_(False)``)
+for the generator's update, its optimizer holding it all along and the generator's gradient flowing through
+it (the discriminator steps at the warm-up's batch, the generator's update escalates). ``phase``
+eval_train_mode is the evaluation that forgets ``no_grad`` and keeps every batch's logits with the model
+left in training mode (a leak); trainer_eval an evaluation loop object that keeps every batch's logits,
+detached, on the device in a container attribute until its metric (transformers' ``EvalLoopContainer``
+without ``eval_accumulation_steps``), under ``no_grad``, until it runs out; generate a beam-search-like
+loop under ``inference_mode`` with no optimizer (the sequence grows a token a forward, the beams
+reordered; the failing generation has more beams). ``shape`` actor_critic is a loop whose rollouts act
+under ``no_grad`` (``ROLLOUT`` forwards) and whose update recomputes the rollout in one forward, until a
+rollout forgets ``no_grad`` and keeps its logits and values (a leak, in training mode); moco_queue a batch
+contrasted against a MoCo-style queue of detached keys bounded twice: a ``deque(maxlen=QUEUE_BATCHES)`` and a
+module attribute tensor truncated to ``BANK_ROWS`` rows (it fills, then stays); attn_attribute a model
+whose attention module keeps its probabilities, graph and all, as module attributes for a plot (the last
+as ``self.last_attn``, every call's in ``self.attn_maps``), its training steps going on at the same batch
+until they run out (a leak held by a module, not by the loop). Kept only as ``self.last_attn`` (one
+forward's graph), the attribute alone makes no OOM at a constant input: an evaluation forward's graph kept
+through the next forward needs about what a training step's backward does (measured: 1.04 times the
+warm-up's most, 1.0 under checkpointing or with a GAN)."""
 
 DISTRIBUTED_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "fsdp1", "fsdp2", "compile_ddp", "ddp_compile"))
 DDP_WRAPPERS = frozenset(("ddp", "ddp_bucket_view", "compile_ddp", "ddp_compile"))
@@ -173,6 +229,25 @@ TILT = 0.04
 """moe_collapse: the router's bias towards expert 0 grows by this much a step; the failing step routes
 every token there."""
 
+ROLLOUT = 8
+"""actor_critic: the environment steps of a rollout (a forward of 16 observations each)."""
+QUEUE_BATCHES = 4
+"""moco_queue: the deque's ``maxlen`` (batches of keys); its module attribute queue keeps ``BANK_ROWS`` rows."""
+ATTN_TOKENS = 32
+"""attn_attribute: the tokens of a sequence (4 sequences a batch)."""
+BEAMS, PROMPT, NEW_TOKENS = 4, 2, 8
+"""generate: the beams (times the size), the prompt's tokens and the tokens generated."""
+EVAL_LEAKS = frozenset(("eval_leak", "eval_train_mode"))
+"""Evaluations that forget ``no_grad`` and keep every batch's output with its graph."""
+KEEPING_PHASES = EVAL_LEAKS | {"trainer_eval"}
+"""Evaluations that keep every batch's output (the failing part: until it runs out)."""
+INFERENCE_PHASES = frozenset(("inference_only", "generate"))
+"""Jobs with no optimizer and no backward."""
+PILING_SHAPES = frozenset(("loss_history_leak", "actor_critic", "attn_attribute"))
+"""Shapes whose failing part is what they keep piling up until it runs out (no escalated step)."""
+TRAINING_LEAKS = PILING_SHAPES | {"kept_outputs"}
+"""Training shapes that keep what they made with its graph (true leaks)."""
+
 CHANGES_FALLBACK = frozenset(
     (
         "no_grad",
@@ -200,6 +275,7 @@ def result_changing() -> frozenset[str]:
     return frozenset(found) if found else CHANGES_FALLBACK
 
 
+@functools.cache
 def bitsandbytes_importable() -> bool:
     try:
         import bitsandbytes  # noqa: F401
@@ -231,20 +307,33 @@ class Job:
         return self.wrapper in DISTRIBUTED_WRAPPERS or self.optimizer == "zero"
 
     @property
+    def values(self) -> frozenset[str]:
+        return frozenset(getattr(self, axis) for axis in AXES)
+
+    @property
     def leaks(self) -> bool:
-        return self.piles_to_oom or self.shape == "kept_outputs"
+        """A true leak: kept with its graph (the evaluations that forget ``no_grad``, the loop that keeps its
+        losses, the rollout that keeps its logits, the window that keeps its micro-batches' outputs)."""
+        return self.phase in EVAL_LEAKS or self.shape in TRAINING_LEAKS
 
     @property
     def piles_to_oom(self) -> bool:
-        """The leak runs on until it runs out (the evaluation that keeps its outputs, the loop that keeps
-        its losses): no escalated step."""
-        return self.phase == "eval_leak" or self.shape == "loss_history_leak"
+        """What it keeps runs on until it runs out (the evaluations that keep their outputs, the loop that
+        keeps its losses, the rollout that keeps its logits): no escalated step."""
+        return self.phase in KEEPING_PHASES or self.shape in PILING_SHAPES
+
+    @property
+    def graph_piles(self) -> bool:
+        """Forwards pile with their graphs and no backward to consume them: the live flag must rise."""
+        return self.phase in EVAL_LEAKS or self.shape == "actor_critic"
 
     @property
     def trains_nothing(self) -> bool:
-        """The failing forward trains nothing (the evaluation that keeps its outputs, an inference job):
-        a result-changing remedy (``no_grad``) may come first."""
-        return self.phase in ("eval_leak", "inference_only")
+        """The failing forward trains nothing and the evidence shows it (model.eval() and a pile of
+        forwards no backward consumes; or no autograd; or no optimizer): a result-changing remedy
+        (``no_grad``) may come first. Not the evaluation left in training mode: its forwards look like
+        a training step's until the evidence says otherwise."""
+        return self.phase in ("eval_leak", "trainer_eval") or self.phase in INFERENCE_PHASES
 
 
 def invalid(job: Job) -> Optional[str]:
@@ -258,7 +347,7 @@ def invalid(job: Job) -> Optional[str]:
         return "no_sync needs a data-parallel wrapper"
     if job.precision == "mixed_policy" and w not in SHARDED:
         return "a mixed-precision policy is FSDP's"
-    if job.models in ("ema", "gan") and w in SHARDED:
+    if job.models in ("ema", "gan", "gan_frozen") and w in SHARDED:
         return "an EMA copy or a GAN pair of sharded models is built otherwise"
     if w == "fsdp1" and (job.accumulation == "summed" or job.shape in ("rl", "tbptt")):
         return "FSDP1 reshards after each forward and takes one backward per forward"
@@ -271,19 +360,31 @@ def invalid(job: Job) -> Optional[str]:
         or job.shape not in ("batches", "growing")
     ):
         return "an inference job has no optimizer step: one value stands for each training-only axis"
-    if job.phase == "eval_leak" and job.shape == "loss_history_leak":
+    if job.phase == "generate" and (
+        job.accumulation != "single"
+        or job.models != "one"
+        or job.optimizer != "sgd"
+        or job.shape != "batches"
+        or w not in ("none", "compile", "checkpointed")
+    ):
+        return "a generation has no optimizer step and grows its own sequence: one value stands for the other axes"
+    if job.phase in KEEPING_PHASES and job.shape in TRAINING_LEAKS:
         return "one leak a job"
+    if job.models == "gan_frozen" and (job.distributed or job.shape == "moe_collapse"):
+        return "DDP reduces all its parameters each backward: a D frozen for a phase needs find_unused_parameters"
+    if job.shape == "actor_critic" and (job.accumulation != "single" or w == "fsdp1"):
+        return "the actor-critic update is one forward over its rollout, one backward"
     if job.shape == "loss_history_leak" and w in SHARDED:
         return "FSDP frees the gathered parameters a retained graph saved: a second backward fails"
     if job.shape == "kept_outputs" and job.accumulation not in ("each", "no_sync"):
         return "kept outputs are a window's of micro-batches, each with its own backward"
-    if job.shape == "kept_outputs" and job.phase == "eval_leak":
-        return "one leak a job"
-    if job.shape == "ramped" and job.phase == "eval_leak":
+    if job.shape == "ramped" and job.phase in KEEPING_PHASES:
         return "a single-batch evaluation's leak takes too long to outgrow a ramp's largest batch"
     if job.shape == "unfreezing" and job.optimizer not in ("adamw_fused", "adamw_foreach", "sgd"):
         return "progressive unfreezing here steps an AdamW or SGD-momentum optimizer built over every parameter"
-    if job.shape == "moe_collapse" and job.models == "gan":
+    if job.phase == "trainer_eval" and job.shape in ("moe_collapse", "replay_buffer", "unfreezing", "ramped"):
+        return "the Trainer-like evaluation keeps a classifier's logits: the MoE, DQN and unfreezing models are none"
+    if job.shape == "moe_collapse" and job.models in ("gan", "gan_frozen"):
         return "a GAN's discriminator over every token needs more than the collapsing experts: no OOM of theirs"
     if job.shape == "unfreezing" and job.distributed:
         return "DDP and FSDP fix the parameters they reduce at construction: unfreezing later is not theirs"
@@ -291,11 +392,18 @@ def invalid(job: Job) -> Optional[str]:
 
 
 def space() -> list[Job]:
-    """Every valid job."""
-    return [j for j in (Job(*values) for values in itertools.product(*AXES.values())) if invalid(j) is None]
+    """Every valid job (a new list each call; the space is built once a process)."""
+    return list(_space())
 
 
-SLOW_SHAPES = frozenset(("ramped", "kept_outputs", "unfreezing", "replay_buffer", "metric_reset", "moe_collapse"))
+@functools.cache
+def _space() -> tuple[Job, ...]:
+    return tuple(j for j in (Job(*values) for values in itertools.product(*AXES.values())) if invalid(j) is None)
+
+
+SLOW_SHAPES = frozenset(
+    ("ramped", "kept_outputs", "unfreezing", "replay_buffer", "metric_reset", "moe_collapse", "attn_attribute")
+)
 """Shapes of longer warm-ups (10 to 20 steps: a ramp, stairs, a ring that fills and stays, epochs) or
 heavier steps (a window of many micro-batches, an MoE dispatch): a second or two each."""
 
@@ -308,14 +416,20 @@ def sample(
     history_leaks_at_most: Optional[int] = None,
     slow_at_most: Optional[int] = None,
     without: frozenset[str] = frozenset(),
+    only: frozenset[str] = frozenset(),
 ) -> list[Job]:
     """``count`` valid jobs, single-process or distributed, deterministic for ``seed``: each value of
     every axis first (where the kind of job allows it), then jobs drawn at random; at most
     ``compiled_at_most`` of them compiled (a compiled job takes seconds), ``history_leaks_at_most``
     of them the loop that keeps its losses (tens of steps before it runs out: seconds too), and
-    ``slow_at_most`` of each of the ``SLOW_SHAPES``; none of the shapes ``without``."""
+    ``slow_at_most`` of each of the ``SLOW_SHAPES``; none with a value (of any axis) in ``without``, and, where
+    ``only`` names values, each with one of them."""
     rng = random.Random(seed)
-    pool = [j for j in space() if j.distributed == distributed and j.shape not in without]
+    pool = [
+        j
+        for j in space()
+        if j.distributed == distributed and not j.values & without and (not only or j.values & only)
+    ]
     rng.shuffle(pool)
     picked: dict[str, Job] = {}
 
@@ -421,8 +535,14 @@ class Truth:
         """Between steps (everything resharded): the parameters as they are held."""
         self.params = list({id(p): p for m in self.models for p in m.parameters()}.values())
         held = {id(p) for o in self.optimizers for g in o.param_groups for p in g["params"]}
-        # no optimizer at all (an inference job): requires_grad alone tells, as the hook reads it
-        self.trained = {id(p) for p in self.params if p.requires_grad and (id(p) in held or not held)}
+        stepped = {id(p) for o in self.optimizers for i in (o, getattr(o, "optim", None)) for p, v in
+                   getattr(i, "state", {}).items() if v}
+        # no optimizer at all (an inference job): requires_grad alone tells, as the hook reads it; one frozen
+        # for a phase (a GAN's discriminator during the generator's update) that its optimizer has stepped trains
+        self.trained = {
+            id(p) for p in self.params
+            if ((p.requires_grad or id(p) in stepped) and id(p) in held) or (p.requires_grad and not held)
+        }
         self.fsdp1 = [m._handle.flat_param for m in self._modules() if getattr(m, "_handle", None) is not None]
         self.fsdp2 = [fp for m in self._modules() for fp in _fsdp2_params(m)]
 
@@ -667,6 +787,49 @@ class MoE(nn.Module):
         return (y * gate.to(y.dtype)[:, None]).reshape(x.shape)
 
 
+class Attention(nn.Module):
+    """Single-head self-attention that keeps its probabilities, graph and all, as module attributes (to plot
+    them later), as visualisation code does: the last call's as ``self.last_attn``, every call's in
+    ``self.attn_maps``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.last_attn: Optional[torch.Tensor] = None
+        self.attn_maps: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, -1)
+        probs = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1)
+        self.last_attn = probs
+        self.attn_maps.append(probs)
+        return self.out(probs @ v)
+
+
+class EvalLoopContainer:
+    """What transformers' ``EvalLoopContainer`` does without ``eval_accumulation_steps``: every batch's logits
+    concatenated on the device until the metric reads them."""
+
+    def __init__(self) -> None:
+        self.tensors: Optional[torch.Tensor] = None
+
+    def add(self, logits: torch.Tensor) -> None:
+        self.tensors = logits if self.tensors is None else torch.cat([self.tensors, logits])
+
+
+class EvalLoop:
+    """A Trainer-like evaluation loop object: its predictions in a container attribute."""
+
+    def __init__(self) -> None:
+        self.preds = EvalLoopContainer()
+
+
+def classifier(job: Job) -> bool:
+    """The jobs whose metric keeps logits: kept outputs, the Trainer-like evaluation."""
+    return job.shape == "kept_outputs" or job.phase == "trainer_eval"
+
+
 def model_of(job: Job) -> nn.Module:
     """The trained model: an ``mlp``; deeper for progressive unfreezing (its Linear layers frozen but
     the last); its middle Linear a mixture of experts for the MoE job."""
@@ -677,8 +840,10 @@ def model_of(job: Job) -> nn.Module:
         return model
     if job.shape == "moe_collapse":
         return nn.Sequential(nn.Linear(D, H), nn.ReLU(), MoE(H, EXPERTS), nn.ReLU(), nn.Linear(H, D))
-    if job.shape == "kept_outputs":
+    if classifier(job):
         return mlp(D, CLASSES)  # a classifier: its logits, the largest output, are what the metric keeps
+    if job.shape == "attn_attribute":
+        return nn.Sequential(nn.Linear(D, H), nn.ReLU(), Attention(H), nn.ReLU(), nn.Linear(H, D))
     return mlp(D, D)
 
 
@@ -695,8 +860,8 @@ class Program:
         self.second: Optional[nn.Module] = None  # the GAN's discriminator
         self.teacher: Optional[nn.Module] = None
         self.ema: Optional[nn.Module] = None
-        width = CLASSES if job.shape == "kept_outputs" else D  # the trained model's output
-        if job.models == "gan":
+        width = CLASSES if classifier(job) else D  # the trained model's output
+        if job.models in ("gan", "gan_frozen"):
             self.second = mlp(width, 1)
         if job.models == "teacher":
             self.teacher = mlp(D, width, 2 * H).requires_grad_(False).eval()
@@ -710,7 +875,7 @@ class Program:
         self.model = self.wrap(self.raw)
         self.critic = self.wrap(self.second) if self.second is not None else None
         trained = [self.model] + ([self.critic] if self.critic is not None else [])
-        self.optimizers = [] if job.phase == "inference_only" else [self.optimizer(m) for m in trained]
+        self.optimizers = [] if job.phase in INFERENCE_PHASES else [self.optimizer(m) for m in trained]
         device.truth.models = [m for m in (self.model, self.critic, self.teacher, self.ema) if m is not None]
         device.truth.optimizers = self.optimizers
         device.truth.settle()
@@ -728,6 +893,10 @@ class Program:
         """metric_reset: this epoch's detached outputs."""
         self.collapsed = False
         """moe_collapse: the failing step routes every token to one expert."""
+        self.keys: collections.deque[torch.Tensor] = collections.deque(maxlen=QUEUE_BATCHES)
+        """moco_queue: the last batches' detached keys (the raw model's ``queue`` attribute: their rows, truncated)."""
+        if job.shape == "moco_queue":
+            self.raw.queue = torch.zeros(0, width, dtype=self.dtype)
 
     # -------------------------------------------------------------- construction
     def wrap(self, raw: nn.Module) -> nn.Module:
@@ -808,6 +977,8 @@ class Program:
         dtype = self.dtype
         if self.job.shape == "growing":
             return torch.randn(4, 2 + 2 * size, D, dtype=dtype)
+        if self.job.shape == "attn_attribute":
+            return torch.randn(4 * size, ATTN_TOKENS, D, dtype=dtype)
         if self.job.shape == "moe_collapse":
             return torch.randn(4 * size, TOKENS, D, dtype=dtype)
         if self.job.shape == "kept_outputs":
@@ -855,12 +1026,16 @@ class Program:
                 return total
             if shape == "replay_buffer":
                 return self._replayed(size)
+            if shape == "actor_critic":
+                return self._actor_critic(size)
             out, extra = self.forward(self.inputs(size))
             loss = out.float().square().mean() + extra
             if shape == "kept_outputs":
                 self.kept.append(out)  # for a metric after the step: the output as returned, graph node and all
             if shape == "metric_reset":
                 self.metric.append(out.detach())
+            if shape == "moco_queue":
+                loss = loss + self._queued(out)
             if shape == "memory_bank":
                 if self.bank:
                     bank = torch.cat(self.bank).float()
@@ -880,6 +1055,38 @@ class Program:
         with torch.no_grad():
             target = self.model(following[rows])
         return (q.float() - 0.99 * target.float()).square().mean() + extra
+
+    def _queued(self, out: torch.Tensor) -> torch.Tensor:
+        """moco_queue: the contrast against the queued keys, then this batch's keys queued (both bounded)."""
+        queue = self.raw.queue
+        extra = torch.zeros((), dtype=torch.float32)
+        if queue.shape[0]:
+            negatives = torch.cat([queue, *self.keys]).float()
+            extra = 0.1 * (out.float() @ negatives.T).logsumexp(-1).mean()
+        keys = out.detach()
+        self.keys.append(keys.clone())
+        self.raw.queue = torch.cat([keys, queue])[:BANK_ROWS]
+        return extra
+
+    def _actor_critic(self, size: int) -> torch.Tensor:
+        """A rollout acting under ``no_grad`` (a forward an environment step), then the update: one forward
+        over the rollout's observations, the policy's and the value's losses."""
+        observations = [torch.randn(16 * size, D, dtype=self.dtype) for _ in range(ROLLOUT)]
+        with torch.no_grad():
+            for obs in observations:
+                self.model(obs)
+        logits, extra = self.forward(torch.cat(observations))
+        logp = logits.float().log_softmax(-1)
+        value = logits.float().mean(-1)
+        return -(logp.max(-1).values * float(torch.rand(()))).mean() + value.square().mean() + extra
+
+    def roll(self, kept: list[Any]) -> None:
+        """One environment step of the rollout that forgets ``no_grad``: its logits and value kept (graphs and
+        all) for the update that never comes before the OOM."""
+        with self.context():
+            logits = self.model(torch.randn(16, D, dtype=self.dtype))
+            kept.append((logits, logits.float().mean(-1)))
+        self.device.feed()
 
     def _collect(self) -> None:
         """replay_buffer: the step's transitions from the environment, into the ring (once full, the
@@ -921,8 +1128,12 @@ class Program:
             self._collect()
         elif shape == "moe_collapse":
             self._route()
+        frozen = self.critic is not None and self.job.models == "gan_frozen"
         if self.critic is not None:
-            self._critic_step(size)
+            self._critic_step(1 if frozen else size)  # gan_frozen: the discriminator steps at the warm-up's batch
+        if frozen:
+            assert self.critic is not None
+            self.critic.requires_grad_(False)  # the generator's update: its gradient flows through D
         keep = self.job.shape == "loss_history_leak"  # kept with its graph, which backward must leave
         if acc == "summed":
             loss = sum((self.unit_loss(size) for _ in range(count)), torch.zeros(()))
@@ -938,6 +1149,9 @@ class Program:
         self.device.feed()
         self.optimizers[0].step()
         self.optimizers[0].zero_grad()
+        if frozen:
+            assert self.critic is not None
+            self.critic.requires_grad_(True)
         self.kept.clear()  # kept_outputs: the metric read them after the step
         self._after_step()
         if shape == "metric_reset" and self.step_count % EPOCH == 0:
@@ -1000,9 +1214,26 @@ class Program:
             kept.append(self.model(self.inputs(1)))
         self.device.feed()
 
+    def evaluate_into(self, loop: EvalLoop) -> None:
+        """One forward of the Trainer-like evaluation: under ``no_grad``, its logits kept by the loop's container."""
+        with torch.no_grad(), self.context():
+            loop.preds.add(self.model(self.inputs(1)).detach())
+        self.device.feed()
+
+    def generate(self, size: int) -> None:
+        """A beam-search-like generation under ``inference_mode``: ``BEAMS * size`` sequences, a token appended a
+        forward, the beams reordered by a score."""
+        with torch.inference_mode(), self.context():
+            x = torch.randn(BEAMS * size, PROMPT, D, dtype=self.dtype)
+            for _ in range(NEW_TOKENS):
+                out = self.model(x)
+                order = out[:, -1].float().sum(-1).argsort(descending=True)
+                x = torch.cat([x[order], out[order, -1:]], dim=1)
+        self.device.feed()
+
     def forwards_per_backward(self) -> int:
         """The most forwards of the model one backward of this job consumes, by its construction."""
-        per_unit = {"rl": 2 * max(warm_sizes(self.job)), "tbptt": WINDOW}.get(self.job.shape, 1)
+        per_unit = {"rl": 2 * max(warm_sizes(self.job)), "tbptt": WINDOW}.get(self.job.shape, 1)  # actor_critic: 1
         return per_unit * (MICRO if self.job.accumulation == "summed" else 1)
 
 
@@ -1057,6 +1288,8 @@ class Outcome:
     module_training: Optional[bool] = None
     grad_enabled: Optional[bool] = None
     """Autograd recorded in the failing forward (the event's ``grad_enabled``)."""
+    module_frozen: Optional[bool] = None
+    """The failing forward's outermost module trains nothing (the event's ``module_frozen``)."""
     error: Optional[str] = None
     seconds: float = 0.0
     parallelism: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -1073,13 +1306,14 @@ def _schedule(
     """The job: the warm-up steps, its phase, then the failing part (armed): the escalated step, or
     ``leak`` forwards of the evaluation that keeps its outputs."""
     device = program.device
-    if job.phase == "inference_only":
+    if job.phase in INFERENCE_PHASES:
         program.model.eval()
+        forward = program.generate if job.phase == "generate" else program.infer
         for size in warm_sizes(job):
-            program.infer(size)
+            forward(size)
             publish()
         device.arm()
-        program.infer(failing_size(job, grow))
+        forward(failing_size(job, grow))
         return
     for size in warm_sizes(job):
         program.step(size)
@@ -1088,19 +1322,24 @@ def _schedule(
         pause()
         program.checkpoint()
         publish()
-    elif job.phase in ("no_grad_validation", "eval_leak"):
+    elif job.phase in ("no_grad_validation", *KEEPING_PHASES):
         pause()
         program.validate()
         publish()
     device.arm()
     if job.piles_to_oom:
         kept: list[Any] = []
+        loop = EvalLoop()
         least = LEAK_MULTIPLE * program.forwards_per_backward() + 16
-        if job.phase == "eval_leak":
-            program.model.eval()
+        if job.phase in ("eval_leak", "trainer_eval"):
+            program.model.eval()  # eval_train_mode leaves the model in training mode
         for _ in range(leak):
-            if job.phase == "eval_leak":
+            if job.phase in EVAL_LEAKS:
                 program.evaluate(kept)
+            elif job.phase == "trainer_eval":
+                program.evaluate_into(loop)
+            elif job.shape == "actor_critic":
+                program.roll(kept)
             else:
                 program.step(1)  # the training leak: its steps go on, each keeping its loss
             device.mark()
@@ -1180,7 +1419,7 @@ def _dry(job: Job, group: Any, grow: int) -> tuple[int, int]:
     device = Device(storages, Truth(), None, None)
     with storages:
         program = Program(job, device, group)
-        leak = (LEAK_MULTIPLE * program.forwards_per_backward() + 16) * 3
+        leak = (LEAK_MULTIPLE * program.forwards_per_backward() + 16) * (6 if job.phase == "trainer_eval" else 3)
         _schedule(job, program, lambda: None, lambda: None, leak, grow)
     try:
         capacity, leak, failed = *_capacity(job, device, program), None
@@ -1253,6 +1492,7 @@ def _real(job: Job, group: Any, capacity: int, leak: int, grow: int, spool: str,
     d = event["diagnosis"]
     out.cause, out.remedies, out.summary = d["cause"], list(d["facts"].get("remedies", [])), d["summary"][:600]
     out.module_training = event.get("module_training")
+    out.module_frozen = event.get("module_frozen")
     out.grad_enabled = event.get("grad_enabled")
     out.consumption = {k: event.get(k) for k in ("forwards_since_backward", "most_forwards_per_backward", "phase")}
     out.parallelism = dict((event.get("job") or {}).get("parallelism") or {})
@@ -1265,6 +1505,9 @@ states filling the device, its demand outgrowing the earlier steps', or activati
 No other process, no memory outside the allocator, one request no larger than a module's output,
 reserved never above allocated at the OOM (no fragmentation), steps and optimizers known."""
 ALLOWED_LEAK = frozenset(("leak",))
+ALLOWED_KEPT = frozenset(("leak", "activations", "model_states"))
+"""The Trainer-like evaluation that keeps every batch's logits, detached, until it runs out: what it keeps (a
+leak of sorts: ``eval_accumulation_steps`` bounds it), or what the device holds besides; never grown demand."""
 ALLOWED_BY_SHAPE = {"ramped": frozenset(("growing_demand",)), "moe_collapse": frozenset(("growing_demand",))}
 """Shapes whose failing step has one cause: the ramp's next doubling, the MoE's collapsed routing (at the
 same batch: its demand grew, its states did not)."""
@@ -1291,6 +1534,8 @@ def leads_here(job: Job, out: Outcome, first: Optional[str]) -> bool:
 def allowed_causes(job: Job) -> frozenset[str]:
     if job.leaks:
         return ALLOWED_LEAK
+    if job.phase == "trainer_eval":
+        return ALLOWED_KEPT
     return ALLOWED_BY_SHAPE.get(job.shape, ALLOWED_TRAINING)
 
 
@@ -1312,11 +1557,61 @@ def in_use(job: Job) -> set[str]:
         used.add("shard")
     if job.wrapper == "ddp_bucket_view":
         used.add("bucket_view")
-    if job.optimizer == "adamw_fused" and job.phase != "inference_only":
+    if job.optimizer == "adamw_fused" and job.phase not in INFERENCE_PHASES:
         used.add("fused_optimizer")
     if job.wrapper == "checkpointed":
         used.add("checkpointing")
     return used
+
+
+LEAK_FIRST = frozenset(("leak", "kept_outputs", "detach_kept"))
+"""What a true leak's first remedy may be: keep nothing alive (or nothing with its graph) that outlives its use;
+never what changes the result (``no_grad``), unless the evidence shows the forward trains nothing."""
+FIRST_FIXES = {"eval_train_mode": LEAK_FIRST, "actor_critic": LEAK_FIRST}
+"""Issue 48: the phases and shapes whose failing part must name one of these first."""
+BOUNDED = frozenset(("moco_queue", "memory_bank", "replay_buffer", "metric_reset"))
+"""Shapes whose detached buffers are bounded (a queue with a cap, a ring, a bank, a metric reset each epoch):
+never told to drop what they keep first, which changes the method."""
+OPTIMIZER_TEXT = re.compile(
+    r"optimizer\.step\(\)|optimizer step|gradient accumulation|accumulate (n micro-batches|their gradients)",
+    re.IGNORECASE,
+)
+"""A remedy text about training (accumulating gradients, ``optimizer.step()``): never to a process with no
+optimizer (``eval_accumulation``'s text is about the evaluation loop's own accumulation)."""
+NO_OPTIMIZER_CHECKED = frozenset(("generate",))
+"""The phases with no optimizer whose remedy texts are checked. inference_only joins once the diagnosis gives it
+no training advice: at 730ea3f its growing-sequence job with autocast is told ``batch`` ("accumulate N
+micro-batches before optimizer.step()") second."""
+
+
+def remedy_text(key: str) -> str:
+    from oomsight.analysis import remedies
+
+    return str(remedies.REMEDY.get(key, ""))
+
+
+def issue48_violations(job: Job, out: Outcome, first: Optional[str]) -> dict[str, str]:
+    """The invariants of issue 48's axes (item 5)."""
+    found: dict[str, str] = {}
+    expected = FIRST_FIXES.get(job.phase) or FIRST_FIXES.get(job.shape)
+    if expected is not None and first not in expected and not (
+        first in result_changing() and leads_here(job, out, first)
+    ):
+        found["first_fix"] = f"{first} first, not one of {sorted(expected)}: {out.remedies}: {out.summary}"
+    if job.shape in BOUNDED and not job.piles_to_oom and first == "leak":
+        found["bounded"] = f"a bounded buffer told to drop what it keeps first: {out.remedies}: {out.summary}"
+    kept = job.phase == "trainer_eval" or job.shape == "attn_attribute"
+    if kept and (out.cause == "growing_demand" or first == "bound_input"):
+        found["kept"] = f"{out.cause}, {first} first, where the input never grew: {out.summary}"
+    if job.models == "gan_frozen" and (first == "frozen_no_grad" or out.module_frozen):
+        found["frozen_phase"] = (
+            f"module_frozen {out.module_frozen}, {first} first, for a model its optimizer holds: {out.remedies}"
+        )
+    if job.phase in NO_OPTIMIZER_CHECKED:
+        texts = [k for k in out.remedies if k != "eval_accumulation" and OPTIMIZER_TEXT.search(remedy_text(k))]
+        if texts:
+            found["no_optimizer"] = f"training advice to a process with no optimizer: {texts} of {out.remedies}"
+    return found
 
 
 def violations(job: Job, out: Outcome) -> dict[str, str]:
@@ -1342,13 +1637,14 @@ def violations(job: Job, out: Outcome) -> dict[str, str]:
     fixes = {"leak", "kept_outputs"} if job.shape == "kept_outputs" else {"leak"}
     if job.leaks and not fixes & set(out.remedies[:2]):
         found["leak_fix"] = f"the leak's fix is not among the first two remedies: {out.remedies}"
-    piles = job.phase == "eval_leak"  # the live flag is the pile of forwards that no backward consumes
-    if not piles and out.flag_max:
+    found.update(issue48_violations(job, out, first))
+    piles = job.graph_piles  # the live flag is the pile of forwards that no backward consumes
+    if not piles and out.flag_max and job.phase != "trainer_eval":  # a pile without graphs: either way
         found["live_flag"] = f"forward_pile_bytes {out.flag_max} on a job that piles no forwards"
     if piles and not out.flag_before_oom:
         found["live_flag"] = "the leak's live flag never rose before its OOM"
     steps = "".join("1" if f else "0" for f in out.step_flags)
-    if job.shape not in ("loss_history_leak", "kept_outputs"):  # the step rows of a job that does not leak
+    if job.shape not in TRAINING_LEAKS:  # the step rows of a job that does not leak
         last = FILLING.get(job.shape)
         if last is None and any(out.step_flags):
             found["live_flag"] = f"the step rows' leak flag up on a job that keeps nothing (per publish: {steps})"

@@ -19,10 +19,13 @@ torch = pytest.importorskip("torch")
 import jobspace  # noqa: E402
 
 SEED = 33
-PENDING: frozenset[str] = frozenset()
-"""Shapes of the space left out of the sample until the diagnosis they test lands (none since issue 43 landed;
-once: kept outputs diagnosed as growing demand or model states, a ramp's GAN job diagnosed as
-activations; an MoE job with a teacher naming bound_input before expert_capacity."""
+PENDING: frozenset[str] = frozenset(
+    ("gan_frozen", "eval_train_mode", "trainer_eval", "generate", "actor_critic", "moco_queue", "attn_attribute")
+)
+"""Values (of any axis) left out of the sample until the diagnosis they test lands. Issue 48's axes (item 5),
+all seven: each still has jobs that violate in this tree (benchmarks/results/job_space_issue48.json lists
+them with their events' facts). Once: kept outputs diagnosed as growing demand or model states, a ramp's GAN
+job diagnosed as activations; an MoE job with a teacher naming bound_input before expert_capacity."""
 SINGLE = jobspace.sample(
     290, SEED, distributed=False, compiled_at_most=2, history_leaks_at_most=8, slow_at_most=10, without=PENDING
 )
@@ -34,7 +37,7 @@ def test_the_sample_is_at_least_300_jobs_and_covers_every_value_this_machine_can
     jobs = SINGLE + DISTRIBUTED
     assert len(jobs) >= 300 and len({j.id for j in jobs}) == len(jobs)
     for axis in jobspace.AXES:
-        runnable = {getattr(j, axis) for j in jobspace.space() if j.shape not in PENDING}
+        runnable = {getattr(j, axis) for j in jobspace.space() if not j.values & PENDING}
         assert {getattr(j, axis) for j in jobs} == runnable, axis
 
 
