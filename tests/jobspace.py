@@ -382,8 +382,8 @@ def invalid(job: Job) -> Optional[str]:
         return "a single-batch evaluation's leak takes too long to outgrow a ramp's largest batch"
     if job.shape == "unfreezing" and job.optimizer not in ("adamw_fused", "adamw_foreach", "sgd"):
         return "progressive unfreezing here steps an AdamW or SGD-momentum optimizer built over every parameter"
-    if job.phase == "trainer_eval" and job.shape in ("moe_collapse", "replay_buffer", "unfreezing", "ramped"):
-        return "the Trainer-like evaluation keeps a classifier's logits: the MoE, DQN and unfreezing models are none"
+    if job.phase == "trainer_eval" and job.shape in ("moe_collapse", "replay_buffer", "unfreezing", "ramped", "tbptt"):
+        return "the Trainer-like evaluation keeps a classifier's logits: no MoE, DQN, unfreezing or recurrent model"
     if job.shape == "moe_collapse" and job.models in ("gan", "gan_frozen"):
         return "a GAN's discriminator over every token needs more than the collapsing experts: no OOM of theirs"
     if job.shape == "unfreezing" and job.distributed:
