@@ -2,10 +2,9 @@
 
 Written from the job's side only (what it allocates, what holds it, and why), without reading oomsight's
 analysis code. Every one runs out of memory; its ``--remedy`` run applies exactly the fix its remedy key
-names and then fits. Three remedy keys are not (yet) keys of ``oomsight.analysis.remedies.REMEDY``; they are
-the names the issue implies: ``eval_accumulation`` (Trainer's ``eval_accumulation_steps``), ``detach_kept``
-(keep ``.detach()`` of what a module keeps), ``worker_cuda`` (keep CUDA out of DataLoader workers).
-``fused_optimizer``, ``eval_batch``, ``no_grad``, ``checkpointing`` and ``bound_input`` exist.
+names and then fits: ``eval_accumulation`` (Trainer's ``eval_accumulation_steps``), ``detach_kept`` (keep
+``.detach()`` of what a module or list keeps), ``worker_cuda`` (keep CUDA out of DataLoader workers),
+``fused_optimizer``, ``bound_batch``, ``checkpointing`` and ``bound_input``.
 
 Where a job's GPU is set from its own measured graph (``_cap_from``, as in ``wl_piles``), the plain and the
 remedy run measure the same plain graph, so both get the same GPU and the plain run runs out where its
@@ -335,7 +334,7 @@ def finetune_spawn_workers_augment_on_gpu(remedy: bool) -> None:
 # --- 5. growing demand: beam search under inference_mode, no optimizer -------------------------------------
 
 
-@workload("growing_demand", "eval_batch")
+@workload("growing_demand", "bound_batch")
 def bart_beam_search_summaries_batch_too_large(remedy: bool) -> None:
     """Summarisation inference only: BART-large (from a config, 12+12 layers x 1024, bf16, no optimizer in
     the process) ``generate()`` with beam search (8 beams, exactly 384 new tokens: ``min_new_tokens`` keeps
@@ -350,7 +349,7 @@ def bart_beam_search_summaries_batch_too_large(remedy: bool) -> None:
     Label **growing_demand**: nothing is kept beyond its need (the cache lives until the call returns, the
     summaries go to the CPU) and there is no graph (inference_mode); it is not one forward's activations
     that do not fit (every forward takes one token a beam, and the first steps fit) but the per-step need,
-    which grows with the tokens generated at this batch x beams. Remedy (``eval_batch``): 16 documents per
+    which grows with the tokens generated at this batch x beams. Remedy (``bound_batch``): 16 documents per
     ``generate()`` call (four calls): a quarter of the caches, and the same summaries (beam search treats
     each document alone; all documents are the same length, so no padding changes).
     """
@@ -407,7 +406,7 @@ def _resnet(width: int, classes: int) -> torch.nn.Module:
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Dropout(0.2), torch.nn.Linear(8 * w, classes))
 
 
-@workload("leak", "no_grad")
+@workload("leak", "detach_kept")
 def resnet_validation_in_train_mode_keeps_logits(remedy: bool) -> None:
     """ResNet-18-shaped classifier (64 base channels, BatchNorm, 100 classes, 64 x 64 images, fp32, SGD),
     training batch 128; every 10 steps a validation pass of 60 batches of 8 that forgets both
@@ -418,9 +417,9 @@ def resnet_validation_in_train_mode_keeps_logits(remedy: bool) -> None:
     saved activations (BatchNorm in train mode saves its batch statistics too) stay alive, about 1/16 of a
     training graph each. The GPU is the states plus 1.6 training graphs (measured at the first forward),
     so the first validation runs out after some 20 batches: graphs of forwards no backward consumes, in a
-    job whose every backward consumed one. Label **leak**. Remedy (``no_grad``): run validation under
-    ``torch.no_grad()`` (and in ``model.eval()``, which changes no memory): the same logits are kept, with
-    no graph; the validation forward trains nothing, so no_grad changes nothing the job learns.
+    job whose every backward consumed one. Label **leak**. Remedy (``detach_kept``): keep ``logits.detach()``:
+    the same logits, the same BatchNorm updates, no graph kept (``no_grad`` would fit too, but in a job that
+    trains nothing shows the validation forward trains nothing, so it may not lead).
     """
     fast_fp32()
     classes, side = 100, pick(64, 16)
@@ -445,13 +444,11 @@ def resnet_validation_in_train_mode_keeps_logits(remedy: bool) -> None:
         if (step + 1) % pick(10, 2):
             continue
         kept, targets = [], []
-        if remedy:
-            model.eval()
-        with torch.no_grad() if remedy else torch.enable_grad():
-            for _batch in range(pick(60, 2)):
-                xv = torch.randn(pick(8, 2), 3, side, side, device=dev())
-                kept.append(model(xv))
-                targets.append(torch.randint(0, classes, (xv.shape[0],), device=dev()))
+        for _batch in range(pick(60, 2)):
+            xv = torch.randn(pick(8, 2), 3, side, side, device=dev())
+            out = model(xv)
+            kept.append(out.detach() if remedy else out)  # the remedy keeps the same logits without their graphs
+            targets.append(torch.randint(0, classes, (xv.shape[0],), device=dev()))
         logits, y = torch.cat(kept), torch.cat(targets)
         top1 = (logits.argmax(-1) == y).float().mean().item()
         print(f"validation top-1 {top1:.4f} over {len(y)} images", flush=True)
@@ -562,6 +559,8 @@ def progan_generator_step_with_frozen_discriminator(remedy: bool) -> None:
         D.requires_grad_(True)
         if it == 0:
             _cap_from(states, d_graph + 0.6 * (step_graph - d_graph), 1, "D's step graph + 0.6 x (G's - D's)")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the cap binds at the next cudaMalloc
         print(f"iteration {it} loss D {loss_d.item():.3f} G {loss_g.item():.3f}", flush=True)
 
 

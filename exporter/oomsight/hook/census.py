@@ -74,6 +74,8 @@ class _Holder:
     framework: Optional[str] = None
     parameter_copies: bool = True
     """Every tensor it holds has a parameter's shape and no graph (an EMA copy, a weight snapshot)."""
+    items: list[tuple[int, int, bool]] = dataclasses.field(default_factory=list)
+    """(storage pointer, bytes, has a graph) of each tensor it holds: a storage two holders share counts once."""
 
 
 class _Walk:
@@ -151,8 +153,9 @@ def take(
     walk.optimizers.clear()
     in_flight = {"tensors": 0, "bytes": 0}
     if held and walk.cut_short != "time":
-        frames = _frame_locals()
-        own = {id(held), id(walk.tensors), id(walk.holders), id(walk.owners), id(frames)}
+        own = {id(held), id(walk.tensors), id(walk.holders), id(walk.owners)}
+        frames = _frame_locals(own)
+        own.add(id(frames))
         own.update(id(local) for _, _, local in frames)
         for where, framework, local in frames:
             for k, v in local.items():
@@ -305,9 +308,10 @@ def _attributes(walk: _Walk, obj: Any, d: dict[str, Any], owner: str, framework:
             h.length = 1
 
 
-def _frame_locals() -> list[tuple[str, Optional[str], dict[str, Any]]]:
+def _frame_locals(own: set[int]) -> list[tuple[str, Optional[str], dict[str, Any]]]:
     """Every thread's running frames but ours: (where, framework, locals). A running frame is no referrer the
-    collector sees, so its locals are read here."""
+    collector sees, so its locals are read here; the dict a frame keeps of them once asked (Python before 3.13)
+    is one more view of the same locals, added to ``own``."""
     out: list[tuple[str, Optional[str], dict[str, Any]]] = []
     for top in list(sys._current_frames().values()):
         f: Optional[FrameType] = top
@@ -315,7 +319,9 @@ def _frame_locals() -> list[tuple[str, Optional[str], dict[str, Any]]]:
             code = f.f_code
             if not code.co_filename.startswith(_HERE):
                 try:
-                    local = dict(f.f_locals)
+                    view = f.f_locals
+                    own.add(id(view))
+                    local = dict(view)
                 except Exception:
                     local = {}
                 where = f"{code.co_name} ({_short(code.co_filename)}:{f.f_lineno})"
@@ -346,7 +352,7 @@ def _count(walk: _Walk, key: Any, kind: str, items: Iterable[Any], container: An
         if entry is None:
             continue
         found = True
-        h.bytes += entry[1]
+        h.items.append(entry)
         if entry[2]:
             h.graph += 1
             h.parameter_copies = False
@@ -495,6 +501,45 @@ def _is_cache(h: _Holder) -> bool:
     return "Cache" in owner or ".key_cache" in h.name or ".value_cache" in h.name or "past_key_values" in h.name
 
 
+def _records(walk: _Walk, in_flight: dict[str, int]) -> list[dict[str, Any]]:
+    """The holders, each storage counted once: named holders first, the largest first. An unnamed tuple or dict
+    (a running call's arguments, a frame's own view of its locals) is the computation in flight, counted there."""
+    seen: set[int] = set()
+    for ptr, size, _ in (i for h in walk.holders.values() if _in_flight(h) for i in h.items):
+        if ptr not in seen:
+            seen.add(ptr)
+            in_flight["bytes"] += size
+            in_flight["tensors"] += 1
+    named = sorted((h for h in walk.holders.values() if not _in_flight(h)), key=lambda h: -sum(i[1] for i in h.items))
+    named.sort(key=lambda h: h.name.startswith("an unnamed"))
+    records = []
+    for h in named:
+        fresh = [i for i in h.items if i[0] not in seen]
+        seen.update(i[0] for i in fresh)
+        if not fresh:
+            continue
+        graph = sum(1 for i in fresh if i[2])
+        records.append(
+            {
+                "name": h.name or f"an unnamed {h.kind}",
+                "kind": "kv_cache" if _is_cache(h) else h.kind,
+                "framework": h.framework,
+                "graph_tensors": graph,
+                "detached_tensors": len(fresh) - graph,
+                "bytes": sum(i[1] for i in fresh),
+                "length": h.length,
+                "cap": h.cap,
+                "parameter_copies": h.parameter_copies and graph == 0,
+            }
+        )
+    records.sort(key=lambda r: -r["bytes"])
+    return records[:HOLDERS]
+
+
+def _in_flight(h: _Holder) -> bool:
+    return h.kind in ("tuple", "dict") and (not h.name or h.name.startswith("an unnamed"))
+
+
 def _result(
     walk: _Walk,
     modules: list[dict[str, Any]],
@@ -504,23 +549,7 @@ def _result(
 ) -> dict[str, Any]:
     graph_ptrs = {ptr: size for ptr, size, graph in walk.tensors.values() if graph}
     detached_ptrs = {ptr: size for ptr, size, graph in walk.tensors.values() if not graph}
-    holders = sorted(walk.holders.values(), key=lambda h: -h.bytes)
-    records = []
-    for h in holders[:HOLDERS]:
-        kind = "kv_cache" if _is_cache(h) else h.kind
-        records.append(
-            {
-                "name": h.name or f"an unnamed {h.kind}",
-                "kind": kind,
-                "framework": h.framework,
-                "graph_tensors": h.graph,
-                "detached_tensors": h.detached,
-                "bytes": h.bytes,
-                "length": h.length,
-                "cap": h.cap,
-                "parameter_copies": h.parameter_copies and h.detached > 0,
-            }
-        )
+    records = _records(walk, in_flight)
     return {
         "complete": walk.cut_short is None,
         "cut_short": walk.cut_short,
