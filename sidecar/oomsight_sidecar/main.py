@@ -25,6 +25,7 @@ from oomsight_server.wsgi import stop as stop_server
 from oomsight_sidecar.admin import AdminApp, ensure_token
 from oomsight_sidecar.claims import ClaimCollector, ClaimReader, start_refresh
 from oomsight_sidecar.events import STATE_DIR, EventPoster
+from oomsight_sidecar.heap import one_arena
 from oomsight_sidecar.kubemetrics import KubernetesCollector
 from oomsight_sidecar.server import CollectWatch, MetricsApp, ServerCollector
 from oomsight_sidecar.settings import AdminSettings, KubernetesSettings, SidecarSettings
@@ -67,6 +68,18 @@ def build_app(
     return MetricsApp(collector, others, CollectWatch(settings.hung_after_seconds))
 
 
+SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
+"""Set by Kubernetes in every container of a pod: where the API server is."""
+
+
+def in_cluster_client() -> KubeApi:
+    """``KubeClient.in_cluster`` where Kubernetes named its API server (:data:`SERVICE_HOST`); elsewhere it fails
+    before the kubernetes package is imported: a failed attempt kept its 42 MiB for the sidecar's life (issue 49)."""
+    if not os.environ.get(SERVICE_HOST):
+        raise RuntimeError(f"not in a Kubernetes pod: {SERVICE_HOST} is not set")
+    return KubeClient.in_cluster()
+
+
 def build_poster(
     settings: SidecarSettings, kube: KubernetesSettings, client_factory: Callable[[], KubeApi]
 ) -> Optional[EventPoster]:
@@ -96,7 +109,7 @@ def run(
     settings: SidecarSettings,
     stop: Optional[threading.Event] = None,
     kube: Optional[KubernetesSettings] = None,
-    client_factory: Callable[[], KubeApi] = KubeClient.in_cluster,
+    client_factory: Callable[[], KubeApi] = in_cluster_client,
     admin: Optional[AdminSettings] = None,
 ) -> int:
     stop = stop or threading.Event()
@@ -117,7 +130,7 @@ def run(
         logger.warning(
             "oomsight sidecar: spool %s not readable yet; /readyz answers 503 until it is", settings.spool_dir
         )
-    loop = _start_event_loop(poster, kube.events_interval_seconds, stop)
+    loop = _start_event_loop(poster, kube.events_interval_seconds, stop, app.trim)
     if claims is not None:
         start_refresh(claims, stop)
     while not stop.wait(0.5):
@@ -157,7 +170,7 @@ def _hostport(server: WSGIServer) -> str:
 
 
 def _start_event_loop(
-    poster: Optional[EventPoster], interval_seconds: float, stop: threading.Event
+    poster: Optional[EventPoster], interval_seconds: float, stop: threading.Event, trim: Callable[[], None]
 ) -> Optional[threading.Thread]:
     if poster is None:
         return None
@@ -165,6 +178,7 @@ def _start_event_loop(
     def loop() -> None:
         while not stop.wait(interval_seconds):
             poster.tick()
+            trim()  # what the tick parsed and let go (oomsight_sidecar.heap)
 
     thread = threading.Thread(target=loop, name="oomsight-events", daemon=True)
     thread.start()
@@ -203,6 +217,7 @@ def main(flags: dict[str, Any]) -> int:
         logger.error("oomsight sidecar: %s", problem)
         return 2  # oomsight.tools.exitcode.USAGE: a file where a folder is wanted (docs/cli.md)
     tune_gc()
+    one_arena()  # before any thread: oomsight_sidecar.heap
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

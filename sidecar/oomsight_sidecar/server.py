@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from oomsight.metrics.collector import SpoolCollector
 from oomsight_server.listener import ServerErrors
 from oomsight_server.wsgi import StartResponse, WsgiApp
+from oomsight_sidecar.heap import Trim
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class MetricsApp:
         collector: SpoolCollector,
         others: Optional[CollectorRegistry] = None,
         watch: Optional[CollectWatch] = None,
+        trim: Optional[Trim] = None,
     ) -> None:
         self.collector = collector
         self.others = others
@@ -102,6 +104,8 @@ class MetricsApp:
         self.metrics: WsgiApp = make_wsgi_app(self.registry)
         self.watch = watch or CollectWatch(hung_after_seconds=20.0)
         self.ready = threading.Event()
+        self.trim = trim or Trim()
+        """Free heap pages given back after a scrape (``oomsight_sidecar.heap``)."""
 
     def check_ready(self) -> bool:
         if not self.ready.is_set() and self.collector.reader.read().readable:
@@ -140,6 +144,7 @@ class MetricsApp:
             raise
         if self.collector.last_inventory is not None and self.collector.last_inventory.readable:
             self.ready.set()
+        self.trim()
         return result
 
     def _metrics_answer(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:

@@ -1,0 +1,60 @@
+"""The sidecar under spool poison (issue 49): a folder of tens of thousands of names is listed without holding
+an entry object for each, the kubernetes package is not imported where no cluster named its API server, and
+the C heap keeps one arena and gives free pages back at most every interval. The real sidecar's peak and
+its memory after the junk is gone are measured by ``benchmarks/bench_scrape_budget.py``."""
+
+import os
+import tracemalloc
+
+from oomsight.wire.reader import Budget
+from oomsight.wire.spool import SpoolReader
+from oomsight_sidecar import heap, main
+
+
+def test_a_folder_of_20000_names_is_listed_to_its_budget_holding_little_on_the_way(tmp_path):
+    folder = tmp_path / "events"
+    folder.mkdir()
+    for i in range(20_000):
+        (folder / f"junk-{i:05d}.json").touch()
+        if i % 5000 == 0:
+            os.utime(folder / f"junk-{i:05d}.json", (2e9, 2e9))  # the newest
+    reader = SpoolReader(str(tmp_path), budget=Budget(entries_per_folder=100))
+    tracemalloc.start()
+    try:
+        paths = reader._files(str(folder))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert paths is not None and len(paths) == 100
+    assert {f"junk-{i:05d}.json" for i in range(0, 20_000, 5000)} <= {os.path.basename(p) for p in paths}
+    assert reader._unlisted[str(folder)] == 19_900
+    assert peak < 4 * 1024 * 1024, peak  # a DirEntry per name held 11 MB here
+
+
+def test_outside_a_cluster_the_kubernetes_client_is_not_built(monkeypatch):
+    built = []
+    monkeypatch.delenv(main.SERVICE_HOST, raising=False)
+    monkeypatch.setattr(main.KubeClient, "in_cluster", classmethod(lambda cls: built.append(1)))
+    try:
+        main.in_cluster_client()
+    except RuntimeError as exc:
+        assert main.SERVICE_HOST in str(exc)
+    else:
+        raise AssertionError("no error outside a cluster")
+    monkeypatch.setenv(main.SERVICE_HOST, "10.0.0.1")
+    main.in_cluster_client()
+    assert built == [1]
+
+
+def test_the_heap_is_trimmed_at_most_once_an_interval():
+    now = [0.0]
+    trim = heap.Trim(interval_seconds=10.0, clock=lambda: now[0])
+    if trim._libc is None:  # not glibc: nothing to do, and nothing done
+        trim()
+        assert trim.trims == 0
+        return
+    for t in (0.0, 1.0, 9.9, 10.0, 10.5, 25.0):
+        now[0] = t
+        trim()
+    assert trim.trims == 3
+    assert heap.one_arena() in (True, False)
