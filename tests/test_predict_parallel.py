@@ -171,7 +171,8 @@ def test_sharding_lowers_the_per_rank_peak_as_the_world_grows_and_offload_remove
         (p["parts_bytes"]["optimizer_state"] for p in peaks), reverse=True
     )
     off = parallel.per_rank(single, parallel.units(model(), 8), parallel.Layout(8, "zero3", offload="params"))
-    assert off["parts_bytes"]["optimizer_state"] == off["parts_bytes"]["parameters"] == 0
+    assert off["parts_bytes"]["optimizer_state"] == 0  # the small model's parameters are all ZeRO-3-persistent:
+    assert off["parts_bytes"]["parameters"] == sum(u.persistent_bytes for u in parallel.units(model(), 8))  # whole
     assert off["per_rank_peak_allocated_bytes"] < peaks[-1]["per_rank_peak_allocated_bytes"]
 
 
@@ -215,11 +216,12 @@ def test_zero2_and_zero3_keep_their_gradient_partition_even_when_the_peak_has_no
     trained = sum(p.numel() for p in model().parameters())
     for kind in ("zero2", "zero3"):
         laid = parallel.per_rank(no_grads, parallel.units(model(), 4), parallel.Layout(4, kind))["parts_bytes"]
-        assert laid["gradients"] == math.ceil(trained / 4) * 4
+        assert laid["gradient_partition"] == math.ceil(trained / 4) * 4
         offloaded = parallel.Layout(4, kind, offload="optimizer")
-        assert parallel.per_rank(no_grads, parallel.units(model(), 4), offloaded)["parts_bytes"]["gradients"] == 0
+        off = parallel.per_rank(no_grads, parallel.units(model(), 4), offloaded)["parts_bytes"]
+        assert off["gradient_partition"] == 0
     zero1 = parallel.per_rank(no_grads, parallel.units(model(), 4), parallel.Layout(4, "zero1"))["parts_bytes"]
-    assert zero1["gradients"] == 0  # stage 1 keeps the full gradients only while they exist
+    assert zero1.get("gradients", 0) == 0  # stage 1 keeps the full gradients only while they exist
 
 
 def test_the_largest_batch_per_rank_is_the_last_whose_per_rank_peak_fits() -> None:

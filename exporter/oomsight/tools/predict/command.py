@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from oomsight.analysis.units import format_bytes
 from oomsight.tools import exitcode
-from oomsight.tools.predict import inputs
+from oomsight.tools.predict import inputs, optimizer
 
 EXAMPLE = (
     "examples:\n  oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB\n"
@@ -67,6 +67,9 @@ def add(sub: Any) -> None:
                    "the next forward returns, as a hand-written loop does; a Trainer drops them")  # fmt: skip
     p.add_argument("--optimizer", choices=("adamw", "sgd", "adamw8bit"), default="adamw",
                    help="default adamw; adamw8bit: bitsandbytes' 8-bit state")  # fmt: skip
+    p.add_argument("--optimizer-impl", choices=optimizer.IMPLEMENTATIONS, default=None,
+                   help="torch's implementation (its foreach=/fused= arguments): foreach (CUDA's default: "
+                   "list-wide temporaries), fused (none), for-loop (one parameter's at a time)")  # fmt: skip
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="the parameters' dtype (default as built)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sample of a transformers config")
     p.add_argument("--lora", default=None, help="RANK[:MODULE,...]: LoRA adapters (PEFT's where installed)")
@@ -130,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         return exitcode.USAGE
     try:
         result = _predict(args, user_spec)
+        if args.capacity_bytes is not None and not args.generate and not _fits(args, result):
+            result["changes"] = _changes(args, user_spec)
     except Exception as exc:  # the user's model could not be traced: say so in one line
         print(f"oomsight predict: {untraceable(exc)}"[:600], file=sys.stderr)
         return exitcode.REFUSED
@@ -181,6 +186,11 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     """The model spec the flags describe: the named model, config or user file, then ``--dtype``,
     ``--lora`` and ``--quantize`` applied to what its ``build()`` returns, in that order."""
     found = _base_spec(args)
+    if args.optimizer_impl and found.get("optimizer"):
+        raise SpecError(
+            "--optimizer-impl applies to the optimizer predict builds (--optimizer); the --module's own "
+            "'optimizer' chooses its implementation itself (foreach=, fused=)"
+        )
     if args.lora:  # a target the model does not have is the user's to fix, not the trace's (exit 2)
         inputs.check_lora_targets(found["build"], args.lora_targets, importlib.util.find_spec("peft") is not None)
     found = {**found, "build": _adapted(args, found["build"])}
@@ -313,11 +323,48 @@ def _in_user_file(exc: BaseException, path: str) -> str:
     return f"{type(exc).__name__}: {_first_line(str(exc))}" + (f" (line {lines[-1]})" if lines else "")
 
 
+def _fits(args: argparse.Namespace, result: dict[str, Any]) -> bool:
+    """Whether the job as given fits: per rank, or on one GPU its peak reserved within the budget."""
+    if "parallel" in result:
+        return bool(result["parallel"].get("fits", True))
+    return int(result["prediction"]["peak_reserved_bytes"]) <= _budget(args, 1)
+
+
+def _changes(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
+    """The cheapest change that fits (``change.py``): each predicted with the job's other settings."""
+    from oomsight.tools.predict import change
+
+    job = {**vars(args), "own_optimizer": bool(spec.get("optimizer")), "own_step": bool(spec.get("step")),
+           "config": "config" in spec}  # fmt: skip
+
+    def peak_of(overrides: dict[str, Any]) -> int:
+        variant = argparse.Namespace(**{**vars(args), **overrides, "gpus_needed": False, "largest_batch": False})
+        return _job_peak(variant, _spec(variant) if "checkpointing" in overrides else spec)
+
+    world = args.world_size
+    found = change.search(change.candidates(job), peak_of, _budget(args, world), _usable(args, world))
+    return {**found.to_dict(), "margin": args.margin}
+
+
+def _job_peak(args: argparse.Namespace, spec: dict[str, Any]) -> int:
+    """The peak reserved per rank of the job the flags describe, with no search."""
+    from oomsight.tools.predict import predict_peak, sharded
+
+    if args.parallel and sharded.traced(_layout(args)):
+        return int(_per_rank(args, spec, {})["per_rank_peak_reserved_bytes"])
+    make_optimizer = spec.get("optimizer") or _optimizer(args)
+    p = predict_peak(spec["build"], lambda n: spec["batch"](n, "cpu"), args.batch, make_optimizer, spec.get("step"),
+                     **_trace_settings(args))  # fmt: skip
+    if not args.parallel:
+        return p.peak_reserved_bytes
+    return int(_per_rank(args, spec, in_order(p.to_dict()))["per_rank_peak_reserved_bytes"])
+
+
 def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     from oomsight.tools.predict import largest_batch, predict_peak
 
     kwargs = _trace_settings(args)
-    optimizer = spec.get("optimizer") or _optimizer(args.optimizer)
+    make_optimizer = spec.get("optimizer") or _optimizer(args)
 
     def batch(n: int) -> Any:
         return spec["batch"](n, "cpu")
@@ -326,7 +373,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
 
     if args.parallel and sharded.traced(_layout(args)):  # the rank is traced itself: no one-GPU trace
         return _predict_traced_rank(args, spec)
-    p = predict_peak(spec["build"], batch, args.batch, optimizer, spec.get("step"), **kwargs)
+    p = predict_peak(spec["build"], batch, args.batch, make_optimizer, spec.get("step"), **kwargs)
     out: dict[str, Any] = {"prediction": in_order(p.to_dict())}
     if "seq_len" in spec and not args.generate:
         out["prediction"]["seq_len"] = spec["seq_len"]
@@ -337,11 +384,11 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     if args.parallel:
         out["parallel"] = _per_rank(args, spec, out["prediction"])
         if args.largest_batch and "usable_bytes" in out["parallel"]:
-            out["largest_batch_per_rank"] = _largest_per_rank(args, spec, batch, optimizer, kwargs)
+            out["largest_batch_per_rank"] = _largest_per_rank(args, spec, batch, make_optimizer, kwargs)
     # one GPU searches whenever it has a capacity; generation (hundreds of forwards a try) when asked
     if args.capacity_bytes is not None and not args.parallel and (args.largest_batch or not args.generate):
         search = largest_batch(
-            spec["build"], batch, _usable(args, 1), optimizer, spec.get("step"), margin=args.margin,
+            spec["build"], batch, _usable(args, 1), make_optimizer, spec.get("step"), margin=args.margin,
             start=args.batch, judge="reserved", known={args.batch: p}, **kwargs,
         )  # fmt: skip
         out["largest_batch"] = {k: v for k, v in search.to_dict().items() if k != "prediction"}
@@ -375,7 +422,7 @@ def parallel_search(peak_of: Any, budget: int, start: int) -> dict[str, Any]:
     return parallel.largest_batch(peak_of, budget, start=start)
 
 
-def _largest_per_rank(args: argparse.Namespace, spec: dict[str, Any], batch: Any, optimizer: Any,
+def _largest_per_rank(args: argparse.Namespace, spec: dict[str, Any], batch: Any, make_optimizer: Any,
                       kwargs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """The largest micro-batch per rank whose per-rank peak fits the usable capacity less the margin."""
     import torch
@@ -388,7 +435,7 @@ def _largest_per_rank(args: argparse.Namespace, spec: dict[str, Any], batch: Any
         laid_units = parallel.units(spec["build"](), layout.shards)
 
     def peak_of(b: int) -> tuple[int, int]:
-        p = predict_peak(spec["build"], batch, b, optimizer, spec.get("step"), **kwargs)
+        p = predict_peak(spec["build"], batch, b, make_optimizer, spec.get("step"), **kwargs)
         laid = parallel.per_rank(in_order(p.to_dict()), laid_units, layout)
         slack = max(0, p.peak_reserved_bytes - p.peak_allocated_bytes)  # judged on reserved
         line = laid["moments_bytes"]["forward_backward"] + slack
@@ -429,14 +476,9 @@ def _generate_facts(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str,
     }
 
 
-def _optimizer(name: str) -> Any:
-    import torch
-
-    from oomsight.tools.predict import adapter
-
-    if name == "sgd":
-        return functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9)
-    return adapter.AdamW8bit if name == "adamw8bit" else torch.optim.AdamW
+def _optimizer(args: argparse.Namespace) -> Any:
+    """The optimizer ``--optimizer`` and ``--optimizer-impl`` name (``optimizer.factory``)."""
+    return optimizer.factory(args.optimizer, args.optimizer_impl)
 
 
 def _usable(args: argparse.Namespace, world: int) -> int:
@@ -481,6 +523,7 @@ def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[s
         found = parallel.per_rank(prediction, parallel.units(model, layout.shards), layout)
         slack = int(prediction["peak_reserved_bytes"]) - int(prediction["peak_allocated_bytes"])
         found["per_rank_peak_reserved_bytes"] = found["per_rank_peak_allocated_bytes"] + max(0, slack)
+    found["notes"] = parallel.layout_notes(model, layout)
     if args.capacity_bytes is not None:
         budget = _budget(args, layout.world_size)
         found["usable_bytes"], found["fits"] = budget, found["per_rank_peak_reserved_bytes"] <= budget
@@ -524,20 +567,21 @@ def _traced_rank(args: argparse.Namespace, spec: dict[str, Any], layout: Any, ba
 
     kwargs = {**_trace_settings(args), "steps": 2}
     param_dtype = _dtype(args.mixed_precision)
-    optimizer = spec.get("optimizer") or _optimizer(args.optimizer)
+    make_optimizer = spec.get("optimizer") or _optimizer(args)
 
     def batch(n: int) -> Any:
         return spec["batch"](n, "cpu")
 
     if "config" in spec:
         traced = sharded.predict_config_rank(
-            spec["config"], lambda c: _adapted(args, hfmodel.builder(c)), batch, batch_size, layout, optimizer,
+            spec["config"], lambda c: _adapted(args, hfmodel.builder(c)), batch, batch_size, layout, make_optimizer,
             param_dtype=param_dtype, **kwargs,
         )  # fmt: skip
     else:
         traced = sharded.predict_rank(
-            spec["build"], batch, batch_size, layout, optimizer, spec.get("step"), param_dtype=param_dtype, **kwargs
-        ).to_dict()
+            spec["build"], batch, batch_size, layout, make_optimizer, spec.get("step"), param_dtype=param_dtype,
+            **kwargs,
+        ).to_dict()  # fmt: skip
     return {
         **asdict(layout),
         "per_rank_peak_allocated_bytes": int(traced["peak_allocated_bytes"]),
@@ -606,6 +650,7 @@ def _prose_job(result: dict[str, Any]) -> list[str]:
             f"{format_bytes(par['per_rank_peak_allocated_bytes'])} ({parts}); peak reserved "
             f"{format_bytes(par['per_rank_peak_reserved_bytes'])}"
         )
+        lines.extend(f"note: {note}" for note in par.get("notes", []))
         if "fits" in par:
             lines.append(f"per rank its peak reserved {'fits' if par['fits'] else 'does not fit'} "
                          f"{format_bytes(par['usable_bytes'])} (the GPU less context, NCCL, margin)")  # fmt: skip
@@ -627,7 +672,7 @@ def _prose(result: dict[str, Any]) -> str:
         lines = _prose_job(result)
         par = result["parallel"]
         lines.insert(1 if result.get("gpu") else 0, f"traced: {par['traced']}; the peak falls in the {par['moment']}")
-        return "\n".join(lines)
+        return "\n".join([*lines, *_prose_changes(result)])
     lines = [
         f"batch {p['batch_size']}, {p['steps']} steps: peak allocated {format_bytes(p['peak_allocated_bytes'])}, "
         f"peak reserved {format_bytes(p['peak_reserved_bytes'])}"
@@ -644,5 +689,25 @@ def _prose(result: dict[str, Any]) -> str:
             f"largest batch under {format_bytes(search['capacity_bytes'])} with {search['margin']:.0%} kept free: "
             f"{search['max_batch_size']} ({len(search['tried'])} predictions, {search['seconds']:.0f} s)"
         )
+    lines.extend(_prose_changes(result))
     lines.append(f"(predicted in {p['seconds']:.1f} s on the CPU; docs/prediction.md says how and how well)")
     return "\n".join(lines)
+
+
+def _prose_changes(result: dict[str, Any]) -> list[str]:
+    """The cheapest change that fits, and the changes tried before it."""
+    found = result.get("changes")
+    if not found:
+        return []
+    budget = format_bytes(found["budget_bytes"])
+
+    def said(t: dict[str, Any]) -> str:
+        results = "changes results" if t["changes_results"] else "results unchanged"
+        margin = " (within the GPU, not its margin)" if t.get("within_capacity") and not t["fits"] else ""
+        return f"{t['flags']} ({t['why']}; {results}): peak reserved {format_bytes(t['peak_reserved_bytes'])}{margin}"
+
+    cheapest = found["cheapest"]
+    lines = [f"does not fit {budget} as given; " + (f"the cheapest change that fits: {said(cheapest)}" if cheapest
+             else "no single change tried fits")]  # fmt: skip
+    lines.extend(f"  tried: {said(t)}" for t in found["tried"] if t is not cheapest and not t["fits"])
+    return lines

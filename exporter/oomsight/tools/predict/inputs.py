@@ -133,6 +133,7 @@ def _not_applying(args: argparse.Namespace) -> Optional[str]:
         "cache": (args.generate, "--cache applies to --generate (the key/value cache of inference)"),
         "seq_len": (not args.generate, "--seq-len does not apply with --generate: its PROMPT is the tokens"),
         "keep_outputs": (not args.generate, "--keep-outputs applies to a training step, not --generate"),
+        "optimizer_impl": (not args.generate, "--optimizer-impl applies to a training step, not --generate"),
         "shard_size": (args.parallel, "--shard-size (hybrid sharding) applies to --parallel fsdp or fsdp2"),
         "no_reshard": (args.parallel, "--no-reshard applies to --parallel fsdp or fsdp2"),
         "offload": (args.parallel, "--offload applies to --parallel fsdp, fsdp2 or zero1-3"),
@@ -159,8 +160,11 @@ def _not_applying(args: argparse.Namespace) -> Optional[str]:
 
 def _check_job(args: argparse.Namespace) -> Optional[str]:
     """The flags of issue 28 (configs, adapters, several GPUs, --gpu): what is wrong, or None."""
-    from oomsight.tools.predict import gpu  # torch is imported only where a check needs it (--parallel)
+    from oomsight.tools.predict import gpu, optimizer  # torch is imported only where a check needs it (--parallel)
 
+    wrong_impl = optimizer.check(args.optimizer, getattr(args, "optimizer_impl", None))
+    if wrong_impl:
+        return wrong_impl
     if args.generate and (args.lora or args.quantize == "8bit" or args.parallel):
         return "--generate takes neither --lora, --quantize 8bit nor --parallel (one GPU, inference)"
     if args.lora:

@@ -8,11 +8,36 @@ every rank) is kept as traced:
 | layout | parameters | gradients | optimizer state | what the layout adds |
 | --- | --- | --- | --- | --- |
 | ddp | full | full | full | buckets = trained gradient bytes (0 with a bucket view, grads then always alive) |
-| zero1 | full | full | 1/N (+ fp32 master 1/N for 16-bit params) | one IPG bucket |
-| zero2 | full | 1/N, kept | as zero1 | one IPG bucket |
-| zero3 | 1/N | 1/N, kept | as zero1 | the unit in flight + one prefetched, gathered; one IPG bucket |
+| zero1-3 | DeepSpeed's own buffers, each named (``ZeroBuffers``, ``_zero``): see below | | | |
 | fsdp, fsdp2 | padded shards | 1/N | 1/N | the unit in flight + one prefetched; the reduce-scatter input of
   the largest unit; fsdp2's root unit stays gathered (its ``reshard_after_forward`` is False) |
+
+ZeRO (DeepSpeed cannot be installed here, so it is laid out from DeepSpeed's own buffers, not traced),
+with ψ the trained elements, N the ranks, g the parameters' item size (2 for bf16); DeepSpeed's names in
+brackets, the whole table with its sources in docs/prediction.md ("ZeRO, rank by rank"):
+
+- ``parameters``: full for zero1/2 (``bit16_groups_flat``); zero3 ψ/N·g (``ds_tensor``) and the
+  parameters of at most ``param_persistence_threshold`` elements whole;
+- ``gathered_parameters`` (zero3): ``max_live_parameters``·g, at least the largest module, fetched whole;
+  ``prefetch_bucket`` (zero3): ``prefetch_bucket_size``·g;
+- ``gradients`` (zero1): every gradient as it forms (``param.grad`` until the epilogue reduces it);
+  ``gradient_in_flight`` (zero2/3): the one gradient a hook has not yet copied into the bucket;
+- ``gradient_partition``: ψ/N·g (``averaged_gradients``, ``grads_in_partition``;
+  ``grad_partitions_flat_buffer``), zero1 at the step only;
+- ``reduce_bucket``: ``reduce_bucket_size``·g, twice for zero1/2 with ``overlap_comm`` (``ipg_buffer``;
+  ``__ipg_bucket_flat_buffer``);
+- ``fp32_master`` 4ψ/N (``single_partition_of_fp32_groups``; ``fp32_partitioned_groups_flat``),
+  ``optimizer_state`` Adam's 8ψ/N on it;
+- at the step only: ``fp32_gradients`` 4ψ/N (zero1/2: ``single_grad_partition``), zero3 one sub-group's
+  4·min(``sub_group_size``, ψ/N); ``optimizer_step_temporaries``: the one-GPU step's, scaled to the fp32
+  elements stepped at once.
+
+The forward/backward moment is taken where the rest of the step (activations, temporaries, workspaces)
+is highest beside the gradients the layout keeps of it (``predictor._StatesHeld``): for ZeRO-2/3 that is
+the loss backward (every activation and the logits' gradients alive, one gradient in flight), not a
+one-GPU peak late in the backward where full gradients pile up. FSDP-style gathered units are never
+added beside DeepSpeed's buffers. ``allgather_bucket_size`` (stage 1/2) chunks the all-gather of the
+updated partitions into ``bit16_groups_flat`` in place: no memory of its own.
 
 ``--no-reshard`` keeps every unit gathered from its forward to its backward (FSDP2
 ``reshard_after_forward=False``, FSDP1 ``SHARD_GRAD_OP``). ``--offload optimizer`` puts optimizer
@@ -38,6 +63,32 @@ PARALLEL = ("ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3")
 OFFLOAD = ("optimizer", "params")
 ZERO_REDUCE_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's ``reduce_bucket_size`` default (``runtime/zero/config.py``): elements of one IPG bucket."""
+
+
+@dataclass(frozen=True)
+class ZeroBuffers:
+    """DeepSpeed's ZeRO settings that size its buffers, at their defaults (``DeepSpeedZeroConfig``,
+    ``deepspeed/runtime/zero/config.py``; counts are elements, not bytes)."""
+
+    reduce_bucket_size: int = ZERO_REDUCE_BUCKET_ELEMENTS
+    """Elements reduced at a time: one flat IPG buffer of the gradients' dtype (5e8)."""
+    allgather_bucket_size: int = 500_000_000
+    """Stage 1/2: elements all-gathered at a time after the step, into the flat 16-bit groups in place (5e8)."""
+    prefetch_bucket_size: int = 50_000_000
+    """``stage3_prefetch_bucket_size``: parameter elements fetched ahead of use (5e7)."""
+    max_live_parameters: int = 1_000_000_000
+    """``stage3_max_live_parameters``: parameters resident per GPU before releasing (1e9)."""
+    param_persistence_threshold: int = 100_000
+    """``stage3_param_persistence_threshold``: parameters this small are never partitioned (1e5)."""
+    sub_group_size: int = 1_000_000_000
+    """Stage 3: elements of the fp32 partition stepped at a time, its fp32 gradients made per sub-group (1e9)."""
+    contiguous_gradients: bool = True
+    """Gradients copied into one partition buffer as they are produced (stage 2/3)."""
+    overlap_comm: Optional[bool] = None
+    """None: DeepSpeed's dynamic default, True for stage 3 and False for 1/2; stage 1/2 then keep two IPG buffers."""
+
+
+ZERO = ZeroBuffers()
 GATHERED_UNITS = 2
 """Units gathered at once: the one computing and one prefetched (FSDP1's limiter allows 2 all-gathers
 in flight; FSDP2 prefetches one; ZeRO-3's prefetch bucket is of the same order)."""
@@ -75,6 +126,10 @@ class Unit:
     """The padded shards of the trained parameters: what a rank's gradients and optimizer state scale with."""
     largest_module_numel: int = 0
     """The most parameters one module of the unit holds directly (DeepSpeed's ``largest_layer_params``)."""
+    numel: int = 0
+    """Every parameter's elements, trained or frozen."""
+    persistent_bytes: int = 0
+    """The parameters of at most ``ZERO.param_persistence_threshold`` elements: ZeRO-3 keeps them whole."""
 
 
 def units(model: nn.Module, world_size: int) -> list[Unit]:
@@ -89,7 +144,9 @@ def units(model: nn.Module, world_size: int) -> list[Unit]:
             mine = {id(p) for p in params}
             largest = max((sum(p.numel() for p in m.parameters(recurse=False) if id(p) in mine)
                            for m in module.modules()), default=0)  # fmt: skip
-            found.append(dataclasses.replace(_unit(name or "(root)", params, world_size), largest_module_numel=largest))
+            small = sum(p.numel() * p.element_size() for p in params if p.numel() <= ZERO.param_persistence_threshold)
+            found.append(dataclasses.replace(_unit(name or "(root)", params, world_size), largest_module_numel=largest,
+                                             persistent_bytes=small))  # fmt: skip
     return found
 
 
@@ -119,6 +176,7 @@ def _unit(name: str, params: Sequence[torch.Tensor], world: int) -> Unit:
         trained_bytes=sum(p.numel() * p.element_size() for p in trained),
         trained_numel=sum(p.numel() for p in trained),
         trained_shard_bytes=sum(shard(p) for p in trained),
+        numel=sum(p.numel() for p in params),
     )
 
 
@@ -154,6 +212,8 @@ def per_rank(prediction: dict[str, Any], model_units: list[Unit], layout: Layout
     peaks of different moments (the one-GPU step's unsharded foreach temporary beside gathered
     layers) is never taken. A prediction without ``moments`` is one moment, its peak."""
     moments = prediction.get("moments") or {}
+    if layout.parallel.startswith("zero"):
+        return _zero_rank(prediction, model_units, layout)
     whole = {k: prediction[k] for k in ("peak_allocated_bytes", "by_category_bytes")}
     fb = moments.get("forward_backward") or whole
     transient = int(moments.get("optimizer_step_transient_bytes", 0))
@@ -177,8 +237,6 @@ def _laid_out(
     params_c, grads_c, opt_c = (int(cats.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state"))
     kind = layout.parallel
     trained = sum(u.trained_bytes for u in model_units)
-    trained_numel = sum(u.trained_numel for u in model_units)
-    grad_itemsize = trained // trained_numel if trained_numel else 4
     if step_transient is None:
         parts: dict[str, int] = {"rest_of_step": int(fb["peak_allocated_bytes"]) - params_c - grads_c - opt_c}
     else:  # the optimizer step: every gradient exists; the activations are gone
@@ -189,14 +247,6 @@ def _laid_out(
         parts["gradients"] = trained if layout.bucket_view else grads_c
         parts["ddp_buckets"] = 0 if layout.bucket_view else trained
         share = 1.0
-    elif kind.startswith("zero"):
-        parts.update(_zero(kind, params_c, grads_c, opt_c, model_units, layout, trained_numel, grad_itemsize))
-        share = (4 / grad_itemsize) / layout.world_size  # DeepSpeed steps on fp32 partitions
-        if step_transient is None:
-            parts["gathered_parameters"] = (
-                sum(u.param_bytes for u in _gathered(model_units)) if kind == "zero3" else 0
-            )
-            parts["ipg_bucket"] = min(ZERO_REDUCE_BUCKET_ELEMENTS, trained_numel) * grad_itemsize
     else:
         parts.update(_fsdp(kind, grads_c, opt_c, model_units, layout, during_step=step_transient is not None))
         if layout.shards < layout.world_size and step_transient is None:  # HSDP: all-reduce across replicas
@@ -230,29 +280,95 @@ def zero_model_states(
     return 4 * largest_layer + int((2 if offload else 18) * total_numel / world)
 
 
-def _zero(kind: str, params_c: int, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout,
-          trained_numel: int, grad_itemsize: int) -> dict[str, int]:  # fmt: skip
-    """ZeRO's states by DeepSpeed's partition rules: Adam state in fp32 (the one-GPU state rescaled to
-    4 bytes an element), an fp32 gradient partition and an fp32 master partition for 16-bit
-    parameters, a 16-bit gradient partition (stage 2/3; stage 1 keeps the full gradients)."""
-    w, off = layout.world_size, layout.offload
-    sixteen_bit = grad_itemsize < 4
-    part = math.ceil(trained_numel / w)
-    parts = {
-        "optimizer_state": 0 if off else math.ceil(opt_c * (4 / grad_itemsize) / w),
-        "fp32_master": 0 if off or not sixteen_bit else 4 * part,
-        "fp32_gradient_partition": 0 if off or not sixteen_bit else 4 * part,
-        "gradients": grads_c if kind == "zero1" else (0 if off else part * grad_itemsize),
-    }
+def _zero_rank(prediction: dict[str, Any], model_units: list[Unit], layout: Layout,
+               buffers: ZeroBuffers = ZERO) -> dict[str, Any]:  # fmt: skip
+    """A ZeRO rank laid out from DeepSpeed's buffers (the module's second table), moment by moment: the
+    forward/backward moment where the layout's own rank is highest (``predictor._StatesHeld``) and the
+    optimizer step; the larger is the peak."""
+    moments = prediction.get("moments") or {}
+    held = moments.get("outside_states") or _one_moment(prediction)
+    name = "rest_and_gradients" if layout.parallel == "zero1" else "rest_and_one_gradient"
+    at = held.get(name) or held["rest"]
+    rest = {k: int(v) for k, v in at["by_category_bytes"].items() if k not in ("parameters", "gradients",
+                                                                                "optimizer_state")}  # fmt: skip
+    in_flight = min(int(at["gradients_bytes"]), int(held["largest_gradient_bytes"]))
+    opt_c = max(int(d.get("optimizer_state", 0)) for d in _category_dicts(prediction))
+    fb = {**rest, **_zero_states(model_units, layout, buffers, opt_c, at["gradients_bytes"], in_flight)}
+    kept = {k: rest.get(k, 0) for k in ("workspace", "buffers")}
+    step = {**kept, **_zero_states(model_units, layout, buffers, opt_c, None, 0,
+                                   int(moments.get("optimizer_step_transient_bytes", 0)))}  # fmt: skip
+    peak, parts, moment = sum(fb.values()), fb, "forward_backward"
+    if sum(step.values()) > peak:
+        peak, parts, moment = sum(step.values()), step, "optimizer_step"
+    return {**asdict(layout), "per_rank_peak_allocated_bytes": peak, "parts_bytes": parts, "moment": moment,
+            "moments_bytes": {"forward_backward": sum(fb.values()), "optimizer_step": sum(step.values())},
+            "moment_parts_bytes": {"forward_backward": fb, "optimizer_step": step},
+            "zero_buffers": asdict(buffers), "units": len(model_units),
+            "largest_unit_bytes": max(u.param_bytes for u in model_units)}  # fmt: skip
+
+
+def _one_moment(prediction: dict[str, Any]) -> dict[str, Any]:
+    """A prediction without its moments apart (an older one, or one made by hand): its one forward/backward
+    figure, every gradient of it counted as in flight (never fewer bytes than it holds)."""
+    fb = (prediction.get("moments") or {}).get("forward_backward") or prediction
+    cats = fb["by_category_bytes"]
+    grads = int(cats.get("gradients", 0))
+    states = sum(int(cats.get(k, 0)) for k in ("parameters", "gradients", "optimizer_state"))
+    at = {"rest_bytes": int(fb["peak_allocated_bytes"]) - states, "gradients_bytes": grads, "by_category_bytes": cats}
+    if sum(int(v) for v in cats.values()) < int(fb["peak_allocated_bytes"]):  # what no category names
+        at["by_category_bytes"] = {**cats, "rest_of_step": int(fb["peak_allocated_bytes"]) - sum(cats.values())}
+    return {"largest_gradient_bytes": grads, "rest": at}
+
+
+def _category_dicts(prediction: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every by-category figure of a one-GPU prediction (the optimizer state exists from the first step on)."""
+    moments = prediction.get("moments") or {}
+    found = [prediction.get("by_category_bytes") or {}]
+    found.append((moments.get("forward_backward") or {}).get("by_category_bytes"))
+    found.append((moments.get("last_step") or {}).get("backward_start_by_category_bytes"))
+    return [d for d in found if d]
+
+
+def _zero_states(model_units: list[Unit], layout: Layout, buffers: ZeroBuffers, opt_c: int,
+                 gradients_now: Optional[int], in_flight: int, step_transient: int = 0) -> dict[str, int]:  # fmt: skip
+    """One ZeRO rank's model states and DeepSpeed's buffers: ``gradients_now`` is the one-GPU gradients at a
+    forward/backward moment (None: the optimizer step, with the one-GPU step's ``step_transient``)."""
+    kind, w, off = layout.parallel, layout.world_size, layout.offload
+    trained = sum(u.trained_bytes for u in model_units)
+    psi = sum(u.trained_numel for u in model_units)
+    g = trained // psi if psi else 2
+    part = math.ceil(psi / w)
+    stepped = min(buffers.sub_group_size, part) if kind == "zero3" else part  # fp32 elements stepped at once
+    overlap = buffers.overlap_comm if buffers.overlap_comm is not None else kind == "zero3"
+    parts = {"parameters": sum(u.param_bytes for u in model_units)}
     if kind == "zero3":
-        # stage 3 converts the 16-bit gradients to fp32 per sub-group at the step; DeepSpeed's estimate
-        # (18P/N with the 16-bit parameter shard inside) leaves 2 bytes a parameter for them
-        parts["fp32_gradient_partition"] = 0 if off or not sixteen_bit else 2 * part
-        parts["parameters"] = 0 if off == "params" else sum(u.flat_shard_bytes for u in model_units)
-        parts["largest_layer_buffer"] = 4 * max((u.largest_module_numel for u in model_units), default=0)
+        persistent = sum(u.persistent_bytes for u in model_units)
+        flat = sum(u.flat_shard_bytes for u in model_units)
+        # the small parameters stay whole on every rank (offloaded or not); their shards are in the flat partition
+        parts["parameters"] = persistent if off == "params" else flat + persistent - math.ceil(persistent / w)
+    states = {
+        "gradient_partition": 0 if off or (kind == "zero1" and gradients_now is not None) else part * g,
+        "fp32_master": 0 if off else 4 * part,
+        "optimizer_state": 0 if off else math.ceil(opt_c * (4 / g) / w),
+    }
+    if gradients_now is None:  # the optimizer step: fp32 gradients and the optimizer's own temporaries
+        states["fp32_gradients"] = 0 if off else 4 * stepped
+        share = (4 / g) * stepped / psi if psi else 0.0
+        states["optimizer_step_temporaries"] = 0 if off else math.ceil(step_transient * share)
+        return {**parts, **states}
+    if kind == "zero1":
+        parts["gradients"] = int(gradients_now)
     else:
-        parts["parameters"] = params_c
-    return parts
+        parts["gradient_in_flight"] = in_flight
+    parts["reduce_bucket"] = buffers.reduce_bucket_size * g * (2 if overlap and kind != "zero3" else 1)
+    if kind == "zero3":
+        total = sum(u.numel for u in model_units)
+        itemsize = sum(u.param_bytes for u in model_units) / total if total else 2
+        largest = max((u.largest_module_numel for u in model_units), default=0)
+        live = max(largest, min(buffers.max_live_parameters, total))
+        parts["gathered_parameters"] = math.ceil(live * itemsize)
+        parts["prefetch_bucket"] = math.ceil(min(buffers.prefetch_bucket_size, max(0, total - live)) * itemsize)
+    return {**parts, **states}
 
 
 def _fsdp(kind: str, grads_c: int, opt_c: int, model_units: list[Unit], layout: Layout,
@@ -320,3 +436,62 @@ def largest_batch(
 
 def _with_world(layout: Layout, world: int) -> Layout:
     return dataclasses.replace(layout, world_size=world)
+
+
+PADDING_NOTED = 0.01
+"""A layout's padding is named once it adds this share to a rank's parameter shard (1 %): FSDP1's and
+ZeRO's flat buffers pad by fewer than N elements a unit, which no one need hear about; FSDP2 pads each
+parameter's dim 0, which for a parameter of fewer rows than ranks (Mixtral's fused experts) is most of it."""
+
+
+def layout_notes(model: nn.Module, layout: Layout) -> list[str]:
+    """What the layout pads or replicates, in words (issue 51): where a rank holds more than 1/N."""
+    notes = _padding_notes(model, layout)
+    kind, n = layout.parallel, layout.shards
+    replicated = {
+        "ddp": "DDP replicates the model: every rank holds all the parameters, gradients and optimizer state",
+        "zero1": "ZeRO-1 replicates the 16-bit parameters and the gradients on every rank; only the optimizer "
+        "state and the fp32 master are partitioned",
+        "zero2": "ZeRO-2 replicates the 16-bit parameters on every rank; gradients, optimizer state and the "
+        "fp32 master are partitioned",
+    }
+    if kind in replicated:
+        notes.append(replicated[kind])
+    if kind == "zero3":
+        small = [p for p in model.parameters() if p.numel() <= ZERO.param_persistence_threshold]
+        if small:
+            size = sum(p.numel() * p.element_size() for p in small)
+            notes.append(
+                f"ZeRO-3 keeps {len(small)} parameters of at most {ZERO.param_persistence_threshold:,} elements "
+                f"whole on every rank (stage3_param_persistence_threshold): {size:,} B replicated"
+            )
+    if layout.shards < layout.world_size:
+        notes.append(f"hybrid sharding replicates over {layout.world_size // n} groups: each rank holds 1/{n} of the "
+                     f"model, not 1/{layout.world_size}")  # fmt: skip
+    return notes
+
+
+def _padding_notes(model: nn.Module, layout: Layout) -> list[str]:
+    kind, n = layout.parallel, layout.shards
+    if kind not in ("fsdp2", "fsdp", "zero1", "zero2", "zero3") or n < 2:
+        return []
+    params = [(name, p) for name, p in model.named_parameters()]
+    exact = sum(p.numel() * p.element_size() for _, p in params) / n
+    if kind == "fsdp2":
+        held = {name: _unit(name, [p], n).shard_bytes for name, p in params}
+    else:  # one flat buffer a unit, padded to a multiple of N elements
+        held = {u.name: u.flat_shard_bytes for u in units(model, n)}
+    extra = sum(held.values()) - exact
+    if extra < PADDING_NOTED * exact:
+        return []
+    if kind != "fsdp2":
+        return [f"{kind} pads each unit's flat buffer to a multiple of {n}: {extra:,.0f} B per rank over 1/{n}"]
+    few = [(name, p) for name, p in params if p.dim() and p.shape[0] % n and
+           held[name] >= 1.5 * p.numel() * p.element_size() / n]  # fmt: skip
+    if not few:
+        return [f"FSDP2 pads dim 0 of each parameter to a multiple of {n}: {extra:,.0f} B per rank over 1/{n}"]
+    name, p = max(few, key=lambda item: item[1].numel())
+    rows, kept = p.shape[0], math.ceil(p.shape[0] / n)
+    return [f"FSDP2 pads dim 0 to a multiple of {n}: {len(few)} parameters have fewer rows than that, or not a "
+            f"multiple of it (the largest: {name}, shape {tuple(p.shape)}: each rank holds {kept} of its {rows} "
+            f"rows, {kept}/{rows} of it instead of 1/{n}); {extra:,.0f} B per rank over 1/{n}"]  # fmt: skip

@@ -104,6 +104,7 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
     for first, end in windows:
         in_step[first:end] = [True] * (end - first)
     level: list[int] = []  # allocated after each event
+    held = _StatesHeld(trace)
     for i, (aid, size) in enumerate(trace.events):
         if aid > 0:
             if trace.categories.get(aid) == HOST:
@@ -116,12 +117,16 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
                 oom = True
                 break
             sizes[aid] = size
+            held.born(aid, size)
             step_max = max(step_max, alloc.stats.allocated)
             if alloc.stats.peak_allocated > before:
                 peak_at = i
         elif -aid in handles:
             alloc.free(handles.pop(-aid))
+            held.died(-aid, sizes[-aid])
         level.append(alloc.stats.allocated)
+        if not in_step[i]:
+            held.seen(i, alloc.stats.allocated)
         if i + 1 in ends:
             step_peaks.append(step_max)
             step_max = alloc.stats.allocated
@@ -147,8 +152,57 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
             },
             "optimizer_step_transient_bytes": transient,
             "last_step": _last_step(trace, level, sizes),
+            "outside_states": held.moments(lambda at: _live_by_category(trace, sizes, at)),
         },
     }
+
+
+STATES = ("parameters", "gradients", "optimizer_state")
+"""The model states: what a sharded layout lays out anew on each rank; the rest of a moment (activations,
+temporaries, workspaces, buffers) is the same micro-batch's on every rank."""
+
+
+class _StatesHeld:
+    """Outside every optimizer step, the moments where what is not a model state (``rest``: activations,
+    temporaries, workspaces, buffers) is highest beside the gradients a layout keeps of it: none (ZeRO-2/3
+    with every gradient reduced: ``rest``), the one gradient not yet moved into a reduce bucket (ZeRO-2/3:
+    ``rest_and_one_gradient``, the largest gradient at most) and all of them (ZeRO-1: ``rest_and_gradients``).
+    A layout takes its own moment, so the loss backward (every activation and the logits' gradients alive,
+    no gradient yet) is not hidden behind a one-GPU peak late in the backward where gradients pile up."""
+
+    def __init__(self, trace: Any) -> None:
+        self.category = trace.categories
+        grads = [size for aid, size in trace.events if aid > 0 and trace.categories.get(aid) == STATES[1]]
+        self.largest_gradient = max(grads, default=0)
+        self.states = 0
+        self.gradients = 0
+        self.best: dict[str, tuple[int, int, int, int]] = {}  # name: (value, event, rest, gradients)
+
+    def born(self, aid: int, size: int) -> None:
+        self._count(aid, size)
+
+    def died(self, aid: int, size: int) -> None:
+        self._count(aid, -size)
+
+    def _count(self, aid: int, size: int) -> None:
+        cat = self.category.get(aid)
+        if cat in STATES:
+            self.states += size
+            if cat == STATES[1]:
+                self.gradients += size
+
+    def seen(self, at: int, allocated: int) -> None:
+        rest, grads = allocated - self.states, self.gradients
+        for name, value in (("rest", rest), ("rest_and_one_gradient", rest + min(grads, self.largest_gradient)),
+                            ("rest_and_gradients", rest + grads)):  # fmt: skip
+            if value > self.best.get(name, (-1,))[0]:
+                self.best[name] = (value, at, rest, grads)
+
+    def moments(self, by_category: Callable[[int], dict[str, int]]) -> dict[str, Any]:
+        found: dict[str, Any] = {"largest_gradient_bytes": self.largest_gradient}
+        for name, (_value, at, rest, grads) in self.best.items():
+            found[name] = {"rest_bytes": rest, "gradients_bytes": grads, "by_category_bytes": by_category(at)}
+        return found
 
 
 def _last_step(trace: Any, level: list[int], sizes: dict[int, int]) -> dict[str, Any]:
