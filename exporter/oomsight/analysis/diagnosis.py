@@ -427,8 +427,8 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
             Cause.GROWING_DEMAND,
             ["bound_input", "eval_batch"],
             f"Forwards ran for seconds at up to {fb(int(earlier))} (sampled), then one needed {fb(ev.need)} "
-            f"({fb(ev.allocated)} allocated plus {fb(ev.requested)} requested): its input grew (a longer "
-            "sequence, a larger batch). Bound what one forward takes in.",
+            f"({fb(ev.allocated)} allocated plus {fb(ev.requested)} requested): more than any forward before it"
+            f"{_input_said(ev)}.",
         )
     demand = ev.trend.demand
     if not ev.outgrew(ev.step_need) and not ev.trend.growing and demand is None:
@@ -448,12 +448,14 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
     maybe_routed = bool(ev.experts) or "expert_parameters_bytes" not in (ev.f.get("model_states") or {})
     if demand is not None and demand.input_rose:
         grew = f": its input grew from {demand.first_input:,} to {demand.last_input:,} elements a forward"
+    elif ev.same_input is not None:
+        grew = (
+            f": at the same input ({ev.same_input:,} elements a forward, no more than the earlier steps took), what "
+            "the step computes or keeps grew"
+        )
     else:
-        grew = ": the input grew (batch or sequence" + (
-            "; in a mixture-of-experts model, also more tokens routed to one expert: these facts cannot tell the "
-            "two apart)"
-            if maybe_routed
-            else ")"
+        grew = _input_said(ev) + (
+            "; in a mixture-of-experts model, more tokens routed to one expert grow it too" if maybe_routed else ""
         )
     return ev.result(
         Cause.GROWING_DEMAND,
@@ -463,6 +465,14 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         + ". Defragmenting cannot help; bound what one forward takes in, or keep less of each step."
         + _kept_until_backward(ev),
     )
+
+
+def _input_said(ev: Evidence) -> str:
+    """What the event records of the input one forward took in, said as recorded (never guessed)."""
+    now = int(ev.f.get("input_elements", -1) or -1)
+    if now > 0:
+        return f" (the largest input one forward took in since the last step row: {now:,} elements)"
+    return " (what one forward took in is not recorded: a larger batch or a longer sequence would raise it so)"
 
 
 def _demand_summary(ev: Evidence, demand: Optional[trend.Demand]) -> str:
