@@ -419,7 +419,7 @@ def test_the_command_predicts_a_users_module_and_prints_json(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--model", "gpt3"), "unknown model 'gpt3'"),
+        (("--model", "gpt3"), "--model gpt3: no model of that name (did you mean gpt2?"),
         (("--model", "gpt2", "--capacity", "lots"), "--capacity"),
         (("--model", "gpt2", "--batch", "0"), "--batch"),
         (("--module", "nofile.py:spec"), "nofile.py"),

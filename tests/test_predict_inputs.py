@@ -72,6 +72,12 @@ REFUSED = [
     ("generate-past-learned-positions", ["--model", GPT2_SMALL, "--generate", "60:10"],
      "70 tokens, past the 64 positions"),
     ("capacity-without-unit", ["--model", "gpt2", "--capacity", "40"], "'40' has no unit: write 40GB"),
+    ("capacity-negative", ["--model", "gpt2", "--capacity", "-5GiB"], "--capacity: '-5GiB' is negative"),
+    ("flag-without-value", ["--model", "gpt2", "--capacity"], "argument --capacity: expected one argument"),
+    ("model-misspelt", ["--model", "lama"], "no model of that name (did you mean llama?"),
+    ("model-hub-id-not-cached", ["--model", "no-such-org/no-such-model"],
+     "not in the local Hugging Face cache, and predict downloads nothing"),
+    ("model-path-missing", ["--model", "./no/such/config.json"], "no such file or folder"),
     ("lora-target-missing", ["--model", SMALL, "--lora", "8:nonexistent"], "the model has no module named nonexistent"),
     ("lora-target-misspelt", ["--model", SMALL, "--lora", "8:q_prj"], "did you mean q_proj?"),
     ("lora-target-a-norm", ["--model", SMALL, "--lora", "8:input_layernorm"],
@@ -235,3 +241,45 @@ def test_keep_outputs_holds_the_logits_of_a_hand_written_loop_through_the_next_f
     assert kept["step_peak_allocated_bytes"][0] - dropped["step_peak_allocated_bytes"][0] >= logits
     # the backward's peak (here the answer) holds this step's logits too
     assert logits <= kept["peak_allocated_bytes"] - dropped["peak_allocated_bytes"] <= logits + 16 * 1024
+
+
+def test_a_wrong_model_name_is_refused_before_torch_is_imported_with_the_local_folder_named(tmp_path: Path) -> None:
+    """Issue 50: a wrong name took 14-33 s (the transformers import) and gave no hint; now the name's form is
+    checked first, and the line says that a local folder holding config.json works."""
+    code = (
+        "import argparse, sys\n"
+        "from oomsight.tools.predict import command\n"
+        "p = argparse.ArgumentParser(prog='oomsight'); command.add(p.add_subparsers())\n"
+        "for name in ('lama', 'some-org/some-model', 'gone/config.json'):\n"
+        "    a = p.parse_args(['predict', '--model', name]); assert a.handler(a) == 2\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter"), "HF_HUB_CACHE": str(tmp_path)}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]" and time.monotonic() - started < 10
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 3 and all("a local folder holding config.json" in line for line in lines)
+
+
+def test_a_hub_id_in_the_local_cache_is_read_from_its_snapshot(tmp_path: Path, monkeypatch: Any) -> None:
+    folder = tmp_path / "models--org--tiny"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("abc123")
+    snapshot = folder / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip
+    (snapshot / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    args = argparse.Namespace(model="org/tiny")
+    assert inputs.check_model(args) is None and args.model == str(snapshot / "config.json")
+    assert hfmodel.load_config(args.model).hidden_size == 64
+    assert "not in the local Hugging Face cache" in str(inputs.check_model(argparse.Namespace(model="org/other")))
+
+
+def test_the_names_checked_before_torch_are_the_named_models() -> None:
+    from oomsight.tools.predict import models
+
+    assert set(inputs.NAMED_MODELS) == set(models.MODELS)

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from oomsight.analysis.units import format_bytes
 from oomsight.tools import exitcode
@@ -90,6 +90,20 @@ def add(sub: Any) -> None:
     p.add_argument("--expandable-segments", action="store_true", help="model expandable_segments:True")
     p.add_argument("--json", action="store_true", help="print JSON instead of prose")
     p.set_defaults(handler=run)
+    _one_line_errors(p)
+
+
+def _one_line_errors(p: argparse.ArgumentParser) -> None:
+    """predict's own parser says what is wrong in one line (exit 2), not the usage's 16: ``--capacity -5GiB``
+    reaches ``parse_bytes`` as a value (argparse took it for an unknown option), and argparse's own errors
+    (a flag without its value, a choice not offered) are one line naming ``--help``."""
+    if hasattr(p, "_negative_number_matcher"):  # argparse's test of a value that starts with '-'
+        p._negative_number_matcher = inputs.NEGATIVE_SIZE
+
+    def error(message: str) -> NoReturn:
+        p.exit(exitcode.USAGE, f"oomsight predict: {message} (oomsight predict --help lists the flags)\n")
+
+    p.error = error  # type: ignore[method-assign]
 
 
 def _add_parallel_arguments(p: Any) -> None:

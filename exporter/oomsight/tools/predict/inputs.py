@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import inspect
+import os
 import re
 import typing
 from typing import Any, Callable, Optional
@@ -47,6 +48,18 @@ DEFAULT_TARGETS = ("q_proj", "v_proj")
 """LoRA's target modules when none are given (PEFT's default for Llama-style models)."""
 MODULE_KEYS = ("build", "batch", "optimizer", "step")
 """What ``--module``'s function may return (the first two required)."""
+NAMED_MODELS = ("bert", "gpt2", "gpt2-checkpointed", "llama", "llama-checkpointed", "resnet50", "vit_b_16")
+"""The names of ``models.MODELS``, here so that a wrong name is refused before torch is imported (a test
+keeps the two equal)."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""A Hugging Face Hub repository id, ``ORG/NAME``: read from the local cache where it is there, never downloaded."""
+MODEL_FORMS = (
+    "a named model (oomsight predict --list), a local folder holding config.json, a config.json, "
+    "or TYPE:KEY=VALUE,... (e.g. llama:hidden_size=2048,num_hidden_layers=16)"
+)
+NEGATIVE_SIZE = re.compile(r"^-[0-9.]+(e[0-9]+)?\s*[A-Za-z]*$")
+"""``-5GiB``: read as a (negative) value of its flag, so ``parse_bytes`` can say what is wrong with it,
+not as an unknown option followed by argparse's usage."""
 
 
 class InputError(ValueError):
@@ -58,6 +71,8 @@ class InputError(ValueError):
 
 def parse_bytes(text: str) -> int:
     """``80GiB``, ``40 GB``, ``1e9B`` → bytes (``UNITS``, case as written); ``ValueError`` otherwise."""
+    if text.strip().startswith("-"):
+        raise ValueError(f"{text.strip()!r} is negative: give the memory the process may use, e.g. 80GiB")
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if m and not m.group(2):
         raise ValueError(
@@ -102,7 +117,51 @@ def check(args: argparse.Namespace) -> Optional[str]:
             args.capacity_bytes = parse_bytes(args.capacity)
         except ValueError as exc:
             return f"--capacity: {exc}"
-    return _check_lengths(args) or _not_applying(args) or _check_job(args)
+    return check_model(args) or _check_lengths(args) or _not_applying(args) or _check_job(args)
+
+
+def check_model(args: argparse.Namespace) -> Optional[str]:
+    """``--model``'s form, before torch or transformers is imported (a wrong name took 14-33 s, the whole
+    transformers import, to be refused): a named model, an existing path, ``TYPE:...``, or a Hub id found in
+    the local Hugging Face cache (``args.model`` becomes its config.json); anything else refused in one line."""
+    name = getattr(args, "model", None)
+    if not name or name in NAMED_MODELS or ":" in name or os.path.exists(name):
+        return None
+    if HUB_ID.match(name):
+        cached = hub_cached_config(name)
+        if cached:
+            args.model = cached
+            return None
+        return (
+            f"--model {name}: not in the local Hugging Face cache, and predict downloads nothing; save its "
+            f"configuration once (AutoConfig.from_pretrained('{name}').save_pretrained('DIR')) and give --model DIR: "
+            "a local folder holding config.json works"
+        )
+    if name.endswith(".json") or os.sep in name or name.startswith((".", "~")):
+        return f"--model {name}: no such file or folder (give {MODEL_FORMS})"
+    close = difflib.get_close_matches(name, NAMED_MODELS, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"--model {name}: no model of that name ({hint}give {MODEL_FORMS})"
+
+
+def hub_cached_config(repo: str) -> Optional[str]:
+    """The config.json of Hub repository ``repo`` in the local Hugging Face cache (``HF_HUB_CACHE``, else
+    ``HF_HOME``/hub, else ~/.cache/huggingface/hub): the revision ``refs/main`` names, else the newest
+    snapshot holding one; None where the cache has none."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    folder = os.path.join(cache, "models--" + repo.replace("/", "--"))
+    try:
+        with open(os.path.join(folder, "refs", "main")) as f:
+            main = os.path.join(folder, "snapshots", f.read().strip(), "config.json")
+        if os.path.isfile(main):
+            return main
+    except OSError:  # no refs/main: a snapshot of another revision may still hold one
+        pass
+    snapshots = os.path.join(folder, "snapshots")
+    revisions = os.listdir(snapshots) if os.path.isdir(snapshots) else []
+    found = [f for f in (os.path.join(snapshots, r, "config.json") for r in revisions) if os.path.isfile(f)]
+    return max(found, key=os.path.getmtime) if found else None
 
 
 def _check_lengths(args: argparse.Namespace) -> Optional[str]:
