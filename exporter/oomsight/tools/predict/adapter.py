@@ -25,8 +25,6 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from oomsight.tools.predict import inputs
-
 QUANT_BLOCK = 64
 """Weights per absmax of bitsandbytes' 4-bit quantization (``blocksize`` default)."""
 NESTED_BLOCK = 256
@@ -39,8 +37,6 @@ OPTIM_BLOCK = 256
 """Elements per absmax of the 8-bit optimizer state (``blockwise`` updates)."""
 OPTIM_MIN_8BIT = 4096
 """bitsandbytes' ``min_8bit_size``: smaller tensors keep fp32 state."""
-DEFAULT_TARGETS = inputs.DEFAULT_TARGETS
-parse_lora = inputs.parse_lora
 LORA_ALPHA_PER_RANK = 2
 """``lora_alpha = 2 x rank`` (a common choice; the scaling multiplies, it holds no memory)."""
 QUANTIZE = ("4bit", "4bit-double", "8bit")

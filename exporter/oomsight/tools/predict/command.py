@@ -25,6 +25,7 @@ from typing import Any, NoReturn, Optional
 from oomsight.analysis.units import format_bytes
 from oomsight.tools import exitcode
 from oomsight.tools.predict import inputs, optimizer
+from oomsight.tools.predict.predictor import DEFAULT_MARGIN
 
 EXAMPLE = (
     "examples:\n  oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB\n"
@@ -86,7 +87,8 @@ def add(sub: Any) -> None:
     _add_parallel_arguments(p)
     p.add_argument("--steps", type=int, default=3, help="training steps traced (default 3)")
     p.add_argument("--capacity", default=None, help="memory the process may use, e.g. 80GiB: search the largest batch")
-    p.add_argument("--margin", type=float, default=0.10, help="share of --capacity kept free (default 0.10)")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"share of --capacity kept free (default {DEFAULT_MARGIN:.2f})")  # fmt: skip
     p.add_argument("--expandable-segments", action="store_true", help="model expandable_segments:True")
     p.add_argument("--json", action="store_true", help="print JSON instead of prose")
     p.set_defaults(handler=run)
