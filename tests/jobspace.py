@@ -1578,7 +1578,7 @@ OPTIMIZER_TEXT = re.compile(
 )
 """A remedy text about training (accumulating gradients, ``optimizer.step()``): never to a process with no
 optimizer (``eval_accumulation``'s text is about the evaluation loop's own accumulation)."""
-NO_OPTIMIZER_CHECKED = frozenset(("generate",))
+NO_OPTIMIZER_CHECKED = frozenset(("generate", "inference_only"))
 """The phases with no optimizer whose remedy texts are checked. inference_only joins once the diagnosis gives it
 no training advice: at 730ea3f its growing-sequence job with autocast is told ``batch`` ("accumulate N
 micro-batches before optimizer.step()") second."""
@@ -1634,7 +1634,8 @@ def violations(job: Job, out: Outcome) -> dict[str, str]:
         found["first_remedy"] = f"{first} first on a training forward: {out.remedies}"
     if expected is not None and first != expected:
         found["first_fix"] = f"{first} first, not {expected}: {out.remedies}: {out.summary}"
-    fixes = {"leak", "kept_outputs"} if job.shape == "kept_outputs" else {"leak"}
+    # keep nothing alive, keep no graph on what is kept (detach_kept), or a framework's own way to move it
+    fixes = {"leak", "detach_kept"} | ({"kept_outputs", "eval_accumulation"} if job.shape == "kept_outputs" else set())
     if job.leaks and not fixes & set(out.remedies[:2]):
         found["leak_fix"] = f"the leak's fix is not among the first two remedies: {out.remedies}"
     found.update(issue48_violations(job, out, first))

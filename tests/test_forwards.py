@@ -168,10 +168,13 @@ def test_a_validation_phase_in_a_training_job_that_keeps_its_graphs_is_a_leak(ho
     d = ev["diagnosis"]
     # a training job: the forward may train, so the remedy that keeps the result comes first, and
     # no_grad says what it changes
-    assert d["cause"] == "leak" and d["facts"]["remedies"][:2] == ["leak", "no_grad"], d["summary"]
-    assert d["facts"]["changes_result"] == ["no_grad", "eval_batch"]
-    assert "This changes the result" in d["remedies"][1] and "This changes" not in d["remedies"][0]
-    assert "after the last optimizer step" in d["summary"]
+    # (the census names what keeps them: the list `outputs`, and says to keep their .detach())
+    assert d["cause"] == "leak" and d["facts"]["remedies"][:3] == ["detach_kept", "leak", "no_grad"], d["summary"]
+    assert d["facts"]["changes_result"] == ["no_grad"]
+    assert "This changes the result" in d["remedies"][2] and "This changes" not in d["remedies"][0]
+    assert "list local `outputs` of _evaluate" in d["summary"] and "the most one backward consumed together is 1" in (
+        d["summary"]
+    )
 
 
 def _paused(hook_on):
@@ -198,26 +201,28 @@ def test_a_training_mode_pile_in_a_job_whose_backwards_took_one_forward_each_rai
     assert kept
 
 
-def _train_summed(model, opt, steps, forwards):
-    """Steps that sum ``forwards`` forwards' losses before one backward (an episode, a window)."""
-    for _ in range(steps):
-        sum(model(torch.randn(2, 8)).sum() for _ in range(forwards)).backward()
+def _train_summed(model, opt, forwards):
+    """Steps that each sum a number of forwards' losses before one backward (``forwards``: one count a step, an
+    episode's length)."""
+    for n in forwards:
+        sum(model(torch.randn(2, 8)).sum() for _ in range(n)).backward()
         opt.step()
         opt.zero_grad()
 
 
 def test_a_training_mode_pile_beyond_what_backwards_consumed_raises_no_flag(hook_on, spool):
-    """A job whose backwards consume several forwards together (an episode): a longer episode than any before
-    (its backward still to come) in a model left in training mode keeps the flag down; the same forwards in
-    eval mode raise it."""
+    """A job whose backwards consume several forwards together, as many as its episodes are long (they vary): a
+    longer episode than any before (its backward still to come) in a model left in training mode keeps the flag
+    down; the same forwards in eval mode raise it. Where every backward took the same number (a fixed window),
+    the same pile raises it in training mode too."""
     cuda = FakeCuda(total=CAPACITY)
     hook = hook_on(cuda)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train_summed(model, opt, 2, forwards=2)
+    _train_summed(model, opt, forwards=[1, 2])
     hook.steps.last_step_wall -= 5.0
     hook._arm_forwards_in_a_pause()
-    assert hook.forwards.most_consumed == 2
+    assert (hook.forwards.least_consumed, hook.forwards.most_consumed) == (1, 2)
     kept = _evaluate(cuda, model, batches=10, kept_per_forward=GIB)
     assert len(hook.forwards.series(0)) == 10 and hook.forwards.training is True
     assert hook.forwards.pile(0, CAPACITY) is None
@@ -488,4 +493,20 @@ def test_an_evaluation_that_keeps_its_graphs_right_after_the_last_step_is_rowed_
     assert hook.forwards.pile(0, CAPACITY) is not None  # the live flag
     _evaluate(cuda, model, batches=1, kept_per_forward=0, oom_at=1, base=18 * GIB)
     d = _event(spool)["diagnosis"]
-    assert d["cause"] == "leak" and d["facts"]["remedies"][:2] == ["leak", "no_grad"], d["summary"]
+    assert d["cause"] == "leak" and d["facts"]["remedies"][:3] == ["detach_kept", "leak", "no_grad"], d["summary"]
+
+
+def test_a_training_mode_pile_beyond_a_fixed_window_raises_the_flag(hook_on, spool):
+    """Every backward consumed the same two forwards (a fixed window): a pile beyond the bound in training mode
+    is no longer window the job has shown (issue 48: a validation in training mode keeping its logits)."""
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train_summed(model, opt, forwards=[2, 2])
+    hook.steps.last_step_wall -= 5.0
+    hook._arm_forwards_in_a_pause()
+    assert (hook.forwards.least_consumed, hook.forwards.most_consumed) == (2, 2)
+    kept = _evaluate(cuda, model, batches=10, kept_per_forward=GIB)
+    assert hook.forwards.training is True and hook.forwards.pile(0, CAPACITY) is not None
+    assert kept

@@ -286,7 +286,11 @@ def unconsumed(f: OomFacts) -> bool:
     (``trend.unconsumed``): only then is a pile of them a leak rather than the step's activations."""
     training = f.get("module_training")
     return trend.unconsumed(
-        f.get("forwards_since_backward"), f.get("most_forwards_per_backward"), trains(f), training
+        f.get("forwards_since_backward"),
+        f.get("most_forwards_per_backward"),
+        trains(f),
+        training,
+        f.get("least_forwards_per_backward"),
     )
 
 

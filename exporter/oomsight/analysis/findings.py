@@ -67,25 +67,43 @@ def kept_graphs(ev: Evidence) -> Optional[Diagnosis]:
     held = [h for h in holders(ev) if int(h.get("graph_tensors") or 0) > 0 and h.get("kind") in UNBOUNDED]
     if not held or not _beyond_consumed(ev):
         return None
+    rose = ev.forward_pile or ev.piled or ev.trend.leak or ev.short_leak
+    if not rose and sum(int(h.get("bytes") or 0) for h in held) < th.value("kept_share") * ev.total:
+        return None  # graphs kept, but no memory rose with them: named in the facts, not blamed
     top = held[0]
     ev.facts["held_by"] = top.get("name")
     ev.facts["held_graph_tensors"] = int(top.get("graph_tensors") or 0)
     pending, most = ev.pending, ev.consumed
     consumed = f"the most one backward consumed together is {most}" if most is not None else "no backward consumed any"
-    keys = ["detach_kept", "leak", "no_grad"] if ev.f.get("grad_enabled") else ["detach_kept", "leak"]
+    recording = bool(ev.f.get("grad_enabled"))
+    # where the forward trains nothing (no optimizer, no backward ever) autograd itself is the waste: no_grad first
+    keys = ["no_grad", "detach_kept", "leak"] if recording and ev.trains_nothing else ["detach_kept", "leak"]
+    keys += ["no_grad"] if recording and not ev.trains_nothing else []
     return ev.result(
         Cause.LEAK,
         keys,
         f"{pending} forwards recorded an autograd graph since a backward last consumed one, and {consumed}; "
-        f"{_says(top)}. Each kept output holds its forward's activations through its graph.",
+        f"{_says(top)}. Each kept output holds its forward's activations through its graph.{_rise(ev)}",
     )
+
+
+def _rise(ev: Evidence) -> str:
+    """The memory rise the counters recorded beside what the census saw holding it."""
+    if ev.forward_pile:
+        return f" The memory left after each forward rose by {fb(ev.forward_pile)}, by about the same each forward."
+    if ev.piled:
+        return f" Even the lowest memory rose by {fb(ev.piled)} over the last seconds."
+    if ev.trend.leak:
+        return f" The memory left between optimizer steps rose by {fb(ev.trend.floor_growth_bytes)}."
+    return ""
 
 
 def _beyond_consumed(ev: Evidence) -> bool:
     pending, most = ev.pending, ev.consumed
     if pending is None:
         return False
-    return trend.unconsumed(pending, most, ev.training, ev.f.get("module_training"))
+    least = ev.f.get("least_forwards_per_backward")
+    return trend.unconsumed(pending, most, ev.training, ev.f.get("module_training"), least)
 
 
 def kept_tensors(ev: Evidence) -> Optional[Diagnosis]:

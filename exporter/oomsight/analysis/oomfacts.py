@@ -55,6 +55,7 @@ class OomFacts(TypedDict, total=False):
     forwards_memory: Sequence[Sequence[float]]  # since the last step: [forward, time, allocated, peak, start] (1.7)
     forwards_since_backward: Optional[int]  # forwards recording a graph since a backward consumed one (1.8)
     most_forwards_per_backward: Optional[int]  # the most one backward consumed; None: none did (1.8)
+    least_forwards_per_backward: Optional[int]  # the fewest one backward consumed; None: none did (1.11)
     backwards_memory: Sequence[Sequence[float]]  # since the last step: [backward, time, allocated] (1.10)
     input_elements: int  # the most one forward took in since the last step row; -1 unknown (1.10)
     largest_free_block_bytes: Optional[int]
@@ -176,7 +177,8 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         captured_by=str(event.get("captured_by") or "observer"),
         allocator_backend=str(event.get("process", {}).get("allocator_backend") or ""),
     )
-    for key in ("forwards_since_backward", "most_forwards_per_backward", "input_elements"):  # only where it says
+    consumption = ("forwards_since_backward", "most_forwards_per_backward", "least_forwards_per_backward")
+    for key in (*consumption, "input_elements"):  # only where it says
         if key in event:
             facts[key] = event[key]
     return facts

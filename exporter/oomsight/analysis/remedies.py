@@ -196,7 +196,14 @@ REPLACES = {"expandable": "split"}
 """A remedy in use is replaced by the next one in line (expandable segments on: limit splitting)."""
 
 WITHOUT_GRAD = {"checkpointing": "", "set_to_none": "", "batch": "eval_batch", "autocast": "half_precision"}
-WITHOUT_OPTIMIZER = {"bound_input": "bound_batch", "backward_each": "", "fused_optimizer": "", "set_to_none": ""}
+WITHOUT_OPTIMIZER = {
+    "bound_input": "bound_batch",
+    "backward_each": "",
+    "fused_optimizer": "",
+    "set_to_none": "",
+    "batch": "eval_batch",
+    "kept_outputs": "detach_kept",
+}
 """For a process with no optimizer (inference, generation, evaluation alone): advice about accumulating
 gradients before ``optimizer.step()`` takes its inference form, and optimizer advice goes."""
 """For a forward that ran without autograd: what does not apply (nothing is saved for a backward)

@@ -423,7 +423,13 @@ def forward_pile(rows: Sequence[Sequence[float]], capacity_bytes: int) -> Option
         return None
 
 
-def unconsumed(pending: Optional[int], most: Optional[int], trains: bool, training: Optional[bool] = None) -> bool:
+def unconsumed(
+    pending: Optional[int],
+    most: Optional[int],
+    trains: bool,
+    training: Optional[bool] = None,
+    least: Optional[int] = None,
+) -> bool:
     """Whether the forwards that recorded a graph since the last backward (``pending``) go beyond what
     this job's own backwards have consumed: ``most`` is the most forwards whose graphs one backward
     consumed (None: no backward ever ran through the model). A training job (``trains``) whose
@@ -436,10 +442,13 @@ def unconsumed(pending: Optional[int], most: Optional[int], trains: bool, traini
     calling it a leak would advise ``no_grad`` on a forward that trains. That word holds only where the job's
     backwards have shown they keep graphs across forwards (``most`` > 1): a job whose every backward consumed one
     forward keeps no episode or window, so a pile there (a validation in training mode without ``no_grad``, a
-    rollout that forgets it) is beyond what it consumes whatever the flag says."""
+    rollout that forgets it) is beyond what it consumes whatever the flag says. Nor where every backward consumed
+    the same number (``least`` = ``most``: a fixed window of micro-batches, crops or a BPTT length): such a job has
+    shown no longer episode, so a pile beyond the bound is beyond it too. Only backwards of varying size (episodes)
+    make a longer one the job's own."""
     if most is None:
         return not trains
-    if trains and training is True and most > 1:
+    if trains and training is True and most > 1 and (least is None or least < most):
         return False
     return pending is not None and pending > beyond_consumed(most)
 

@@ -481,9 +481,9 @@ def _framework_of_file(filename: str) -> Optional[str]:
     marker = f"{os.sep}site-packages{os.sep}"
     at = filename.find(marker)
     if at < 0:
-        return None
+        return "torch" if f"{os.sep}torch{os.sep}" in filename else None
     top = filename[at + len(marker) :].split(os.sep, 1)[0]
-    return None if top in ("torch", "oomsight") or top.endswith(".py") else top
+    return None if top == "oomsight" or top.endswith(".py") else top
 
 
 def _framework_of_class(cls: type) -> Optional[str]:
@@ -537,7 +537,12 @@ def _records(walk: _Walk, in_flight: dict[str, int]) -> list[dict[str, Any]]:
 
 
 def _in_flight(h: _Holder) -> bool:
-    return h.kind in ("tuple", "dict") and (not h.name or h.name.startswith("an unnamed"))
+    """A holder that is the computation in flight, not something kept: a tuple (it cannot grow: a call's
+    arguments, an output pair), an unnamed dict (a call's keyword arguments, a frame's own dict of its locals) or
+    a local of torch's own frames (checkpointing's unpacking, compile's and the module call's arguments)."""
+    unnamed = not h.name or h.name.startswith("an unnamed")
+    torch_local = h.framework == "torch" and h.name.startswith("local")
+    return h.kind == "tuple" or (h.kind == "dict" and unnamed) or torch_local
 
 
 def _result(

@@ -94,6 +94,9 @@ class ForwardMemory:
         self.pending = 0
         """Forwards of the model that recorded a graph since a backward last consumed one."""
         self.most_consumed: Optional[int] = None
+        self.least_consumed: Optional[int] = None
+        """The fewest forwards one backward consumed (each backward's count once it ends; wire 1.11): equal to
+        ``most_consumed`` where the job's windows are fixed (micro-batches, crops), less where they vary (episodes)."""
         """The most forwards whose graphs one backward consumed; None: no backward ever ran through one."""
         self.training: Optional[bool] = None
         """The model's training flag at its last forward (``model.eval()`` makes it False)."""
@@ -306,6 +309,8 @@ class ForwardMemory:
             if steps != self._backward_steps:
                 self._backward_steps, self._backwards = steps, {}
             self._backward_count += 1
+            if self._run > 0 and (self.least_consumed is None or self._run < self.least_consumed):
+                self.least_consumed = self._run
             now = self.clock()
             if now - self._backward_read < self.min_interval:
                 return  # at most every min_interval_seconds, as the forward rows: a steady rise stays steady
@@ -325,6 +330,7 @@ class ForwardMemory:
         return {
             "forwards_since_backward": self.pending,
             "most_forwards_per_backward": self.most_consumed,
+            "least_forwards_per_backward": self.least_consumed,
             "input_elements": self.input_max,
         }
 
@@ -353,7 +359,9 @@ class ForwardMemory:
         backwards consumed (``trend.unconsumed``), else None; the rows judged again only after a new row."""
         if self.stepped():  # the rows of before a step are stale, whatever was judged of them
             return None
-        if not trend.unconsumed(self.pending, self.most_consumed, self.steps() > 0, self.training):
+        if not trend.unconsumed(
+            self.pending, self.most_consumed, self.steps() > 0, self.training, self.least_consumed
+        ):
             return None
         return self.book.judged(index, capacity_bytes, lambda rows: trend.forward_pile(rows, capacity_bytes))
 

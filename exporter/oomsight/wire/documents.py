@@ -322,8 +322,9 @@ class Parallelism(TypedDict):
     sharding: NotRequired[Optional[str]]
     #: ranks one parameter is sharded over
     shard_size: NotRequired[Optional[int]]
-    #: FSDP2 frees the gathered parameters after forward
-    reshard_after_forward: NotRequired[Optional[bool]]
+    #: FSDP2: true frees the gathered parameters after forward; an integer N reshards them to groups of N ranks,
+    #: kept until the backward; false keeps them (bool; an integer since 1.11)
+    reshard_after_forward: NotRequired[Optional[Any]]
     #: DDP: gradients are views of the buckets
     gradient_as_bucket_view: NotRequired[Optional[bool]]
     #: parameters or optimizer state live on the CPU
@@ -633,6 +634,9 @@ class OomEvent(TypedDict):
     #: oldest first, at most 64: rows [backward, time, allocated_bytes] (backward: its number in the process)
     #: (since 1.10)
     backwards_memory: NotRequired[list[list[float]]]
+    #: the fewest forwards whose graphs one backward consumed together (equal to the most: fixed windows) (since
+    #: 1.11)
+    least_forwards_per_backward: NotRequired[Optional[int]]
     #: what holds the device's bytes at the OOM (null: not taken) (since 1.11)
     census: NotRequired[Optional[Census]]
 

@@ -291,7 +291,11 @@ PARALLELISM = Table(
             "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (FSDP2: by its reshard setting)",
         ),
         nullable("shard_size", "int", "ranks one parameter is sharded over"),
-        nullable("reshard_after_forward", "bool", "FSDP2 frees the gathered parameters after forward"),
+        nullable(
+            "reshard_after_forward", "any",
+            "FSDP2: true frees the gathered parameters after forward; an integer N reshards them to groups of N ranks, "
+            "kept until the backward; false keeps them (bool; an integer since 1.11)",
+        ),
         nullable("gradient_as_bucket_view", "bool", "DDP: gradients are views of the buckets"),
         nullable("offload", "bool", "parameters or optimizer state live on the CPU"),
         nullable(
@@ -315,7 +319,10 @@ CENSUS_HOLDER = Table(
         req("bytes", "int", "their storages' bytes"),
         nullable("length", "int", "the container's length"),
         nullable("cap", "int", "a deque's maxlen: it never holds more"),
-        opt("parameter_copies", "bool", "every tensor has a parameter's shape and no graph (EMA, snapshots)", default=False),
+        opt(
+            "parameter_copies", "bool", "every tensor has a parameter's shape and no graph (EMA, snapshots)",
+            default=False,
+        ),
     ),
     since=CENSUS,
 )
@@ -358,7 +365,9 @@ CENSUS_TABLE = Table(
         nullable("cut_short", "str", "time or objects: the budget that cut it short; failed: it raised"),
         req("seconds", "number", "what it took, in the failing thread"),
         opt("objects", "int", "garbage-collected objects walked", default=0),
-        opt("graph_tensors", "int", "tensors on the device with an autograd graph, outside the model states", default=0),
+        opt(
+            "graph_tensors", "int", "tensors on the device with an autograd graph, outside the model states", default=0
+        ),
         opt("graph_bytes", "int", "their storages' bytes", default=0),
         opt("detached_tensors", "int", "tensors on the device without a graph, outside the model states", default=0),
         opt("detached_bytes", "int", "their storages' bytes", default=0),
@@ -570,7 +579,15 @@ OOM_EVENT = Table(
             "the process)",
             items="row", since=OBSERVED,
         ),
-        nullable("census", "object", "what holds the device's bytes at the OOM (null: not taken)", table=CENSUS_TABLE, since=CENSUS),
+        nullable(
+            "least_forwards_per_backward", "int",
+            "the fewest forwards whose graphs one backward consumed together (equal to the most: fixed windows)",
+            since=CENSUS,
+        ),
+        nullable(
+            "census", "object", "what holds the device's bytes at the OOM (null: not taken)", table=CENSUS_TABLE,
+            since=CENSUS,
+        ),
     ),
     kind="oom_event",
 )
