@@ -202,7 +202,7 @@ HOSTILE_VALUES: list[Any] = [
 POISON_DOCUMENTS, JUNK_FILES = 10_000, 100_000
 
 
-def poison(spool: str) -> int:
+def poison(spool: str, total: int = POISON_DOCUMENTS) -> int:
     """:data:`POISON_DOCUMENTS` documents, each the tape's snapshot (then event) with one key set to one of the
     :data:`HOSTILE_VALUES`, every key in turn, written under the hook's own names."""
     from hostile import EVENT, SNAPSHOT, paths_of, put
@@ -211,7 +211,7 @@ def poison(spool: str) -> int:
     for doc, folder in ((SNAPSHOT, "snapshots"), (EVENT, "events")):
         for prefix, key in paths_of(doc):
             for value in HOSTILE_VALUES:
-                if n >= POISON_DOCUMENTS:
+                if n >= total:
                     return n
                 changed = json.loads(json.dumps(doc))
                 target = changed
@@ -224,9 +224,9 @@ def poison(spool: str) -> int:
     return n
 
 
-def junk(spool: str) -> None:
+def junk(spool: str, count: int = JUNK_FILES) -> None:
     """:data:`JUNK_FILES` files across the three folders: empty or a lone ``{``, half of them named ``*.json``."""
-    for i in range(JUNK_FILES):
+    for i in range(count):
         folder = ("snapshots", "events", "profiles")[i % 3]
         with open(os.path.join(spool, folder, f"junk-{i}.json" if i % 2 else f"junk-{i}"), "wb") as fh:
             fh.write(b"" if i % 4 else b"{")
