@@ -1,15 +1,16 @@
 """``oomsight predict``'s inputs (issue 34, step 4): every bad input is one line on stderr and exit 2
-within 10 s, no traceback, run through the real command; ``--module``'s contract by its example file;
-the head of each architecture; sliding windows in the key/value cache figure."""
+within 10 s of the child's CPU time (never wall time: docs/testing.md), no traceback, run through the real
+command; ``--module``'s contract by its example file; the head of each architecture; sliding windows in the
+key/value cache figure."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,17 @@ def a_model_made():
 
 
 def cli(*argv: str) -> tuple[subprocess.CompletedProcess, float]:
-    """``python -m oomsight predict ARGV`` as a user runs it: the result and its wall time."""
+    """``python -m oomsight predict ARGV`` as a user runs it: the result and the CPU seconds it took (user and
+    system, the child's own: docs/testing.md, no wall-clock deadline on a shared machine)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter")}
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "oomsight", "predict", *argv], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=ROOT)  # fmt: skip
-    return done, time.monotonic() - started
+    return _cpu_timed([sys.executable, "-m", "oomsight", "predict", *argv], env)
+
+
+def _cpu_timed(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 REFUSED = [
@@ -100,13 +106,13 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(("argv", "said"), [pytest.param(a, s, id=i) for i, a, s in REFUSED])
-def test_each_bad_input_is_one_line_and_exit_2_within_10_s(argv: list[str], said: str) -> None:
+def test_each_bad_input_is_one_line_and_exit_2_within_10_s_of_cpu(argv: list[str], said: str) -> None:
     done, seconds = cli(*argv)
     assert done.returncode == exitcode.USAGE, done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("oomsight predict: "), done.stderr
     assert said in done.stderr
-    assert seconds < 10, f"{seconds:.1f} s"
+    assert seconds < 10, f"{seconds:.1f} s of CPU"
 
 
 @pytest.mark.parametrize(
@@ -255,10 +261,9 @@ def test_a_wrong_model_name_is_refused_before_torch_is_imported_with_the_local_f
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "exporter"), "HF_HUB_CACHE": str(tmp_path)}
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    done, seconds = _cpu_timed([sys.executable, "-c", code], env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]" and time.monotonic() - started < 10
+    assert done.stdout.strip() == "[]" and seconds < 3, f"{seconds:.1f} s of CPU"
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 3 and all("a local folder holding config.json" in line for line in lines)
 
