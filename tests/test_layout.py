@@ -3,7 +3,8 @@ its length, as the anchors split by concern (client_python's ``exposition.py`` i
 largest module 666). No line count decides a module's size; what can be checked is that each module
 says what its concern is (a docstring; ``__main__`` entry points excepted), that none is a grab bag
 by name (``utils``, ``helpers``, ``common``), and that no function anywhere in the library, the
-sidecar, the webhook, the dashboards or the benchmarks is over 60 lines (generated modules included).
+platform the sidecar and the webhook stand on (``server/``), the sidecar, the webhook, the dashboards
+or the benchmarks is over 60 lines (generated modules included).
 The layers themselves are import-linter's contracts (``.importlinter``: the folder is the layer).
 
     python tests/test_layout.py    # lists every module and function that breaks these rules
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULE_ROOTS = ("exporter/oomsight", "sidecar", "webhook", "dashboards")
+MODULE_ROOTS = ("exporter/oomsight", "server", "sidecar", "webhook", "dashboards")
 FUNCTION_ROOTS = (*MODULE_ROOTS, "benchmarks")
 MAX_FUNCTION_LINES = 60
 GRAB_BAGS = frozenset({"utils", "util", "helpers", "helper", "common", "misc"})
@@ -64,6 +65,13 @@ def test_every_module_says_what_it_holds_and_none_is_a_grab_bag() -> None:
 
 def test_no_function_is_over_60_lines() -> None:
     assert long_functions() == []
+
+
+def test_the_checks_walk_every_package_folder() -> None:
+    """A package folder (one with ``py.typed``) the checks do not walk escapes the house's rules."""
+    packages = {p.parent.relative_to(ROOT).parts[0] for p in ROOT.glob("*/*/py.typed")}
+    walked = {root.split("/")[0] for root in MODULE_ROOTS}
+    assert packages <= walked, f"not walked by the layout checks: {sorted(packages - walked)}"
 
 
 def test_the_checks_see_a_long_function_a_module_without_a_docstring_and_a_grab_bag(
