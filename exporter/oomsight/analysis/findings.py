@@ -21,12 +21,21 @@ UNBOUNDED = ("list", "dict", "tuple", "set", "attribute")
 
 
 def holders(ev: Evidence) -> list[Mapping[str, Any]]:
+    """The census's holders that the job reaches by a name (a local, a global, a model's module path): one reached
+    by none, or only by its class (a ``WeakKeyDictionary`` inside torch's checkpointing), is nothing the job's code
+    names and nothing a sentence can point it to."""
     census = ev.f.get("census") or {}
     found = census.get("holders") if isinstance(census, Mapping) else None
-    return [h for h in found or [] if isinstance(h, Mapping)]
+    return [
+        h
+        for h in found or []
+        if isinstance(h, Mapping)
+        and not str(h.get("name", "")).startswith("an unnamed")
+        and h.get("reached_by") not in ("class", "none")
+    ]
 
 
-def _says(h: Mapping[str, Any]) -> str:
+def says(h: Mapping[str, Any]) -> str:
     n_graph, n_det = int(h.get("graph_tensors") or 0), int(h.get("detached_tensors") or 0)
     what = []
     if n_graph:
@@ -83,7 +92,7 @@ def kept_graphs(ev: Evidence) -> Optional[Diagnosis]:
         Cause.LEAK,
         keys,
         f"{pending} forwards recorded an autograd graph since a backward last consumed one, and {consumed}; "
-        f"{_says(top)}. Each kept output holds its forward's activations through its graph.{_rise(ev)}",
+        f"{says(top)}. Each kept output holds its forward's activations through its graph.{_rise(ev)}",
     )
 
 
@@ -123,7 +132,7 @@ def kept_tensors(ev: Evidence) -> Optional[Diagnosis]:
     if framework == "transformers" and not graphs:
         keys.append("eval_accumulation")
     keys += ["kept_outputs", "leak"]
-    said = "; ".join(_says(h) for h in counted[:3])
+    said = "; ".join(says(h) for h in counted[:3])
     return ev.result(
         Cause.LEAK,
         keys,

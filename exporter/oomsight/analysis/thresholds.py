@@ -332,6 +332,8 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "findings.bounded_growth": ((2,), "a buffer holding at least half the growth explains it"),
     "findings.kept_tensors": ((3,), "the three largest holders are said"),
     "findings.own_children": ((4,), "the first four children are named"),
+    "forecast._Rates": ((2, 32, 50), "whole steps sum exactly below 2**50; at most 32 partly counted rows a row "
+                        "before the one-pass sum; a rise's two bounds"),
     "forecast._leak": ((2,), "the stairs are looked for in the last two windows of recent_rows"),
     "forecast._demand": ((2,), "the running peak's later half"),
     "forecast._fit": ((2,), "a line fit's degrees of freedom (n - 2), a square"),

@@ -192,7 +192,8 @@ def _model_states(walk: _Walk, roots: Sequence[Any], optimizers: Sequence[Any]) 
             size, held = 0, False
             for p in child.parameters():
                 size += _mark(walk, p)
-                _mark(walk, p.grad)
+                if p.is_leaf:  # a non-leaf's .grad is never populated (and reading it warns)
+                    _mark(walk, p.grad)
                 walk.param_shapes.add(tuple(p.shape))
                 held = held or id(p) in trained
             for b in child.buffers():
@@ -502,18 +503,16 @@ def _is_cache(h: _Holder) -> bool:
 
 
 def _records(walk: _Walk, in_flight: dict[str, int]) -> list[dict[str, Any]]:
-    """The holders, each storage counted once: named holders first, the largest first. An unnamed tuple or dict
-    (a running call's arguments, a frame's own view of its locals) is the computation in flight, counted there."""
+    """The holders, each storage counted once: named holders first, the largest first; a storage a named holder
+    keeps is its, whatever else refers to it for the moment (the call concatenating onto it). An unnamed tuple or
+    dict (a running call's arguments, a frame's own view of its locals) is the computation in flight, counted
+    there with what no named holder keeps."""
+    kept = sorted((h for h in walk.holders.values() if not _in_flight(h)), key=lambda h: -sum(i[1] for i in h.items))
+    kept.sort(key=lambda h: h.name.startswith("an unnamed"))
     seen: set[int] = set()
-    for ptr, size, _ in (i for h in walk.holders.values() if _in_flight(h) for i in h.items):
-        if ptr not in seen:
-            seen.add(ptr)
-            in_flight["bytes"] += size
-            in_flight["tensors"] += 1
-    named = sorted((h for h in walk.holders.values() if not _in_flight(h)), key=lambda h: -sum(i[1] for i in h.items))
-    named.sort(key=lambda h: h.name.startswith("an unnamed"))
     records = []
-    for h in named:
+    roots = {name.split(".", 1)[0] for name in walk.module_names.values()}
+    for h in kept:
         fresh = [i for i in h.items if i[0] not in seen]
         seen.update(i[0] for i in fresh)
         if not fresh:
@@ -530,10 +529,28 @@ def _records(walk: _Walk, in_flight: dict[str, int]) -> list[dict[str, Any]]:
                 "length": h.length,
                 "cap": h.cap,
                 "parameter_copies": h.parameter_copies and graph == 0,
+                "reached_by": _reached_by(h.name, roots),
             }
         )
+    for ptr, size, _ in (i for h in walk.holders.values() if _in_flight(h) for i in h.items):
+        if ptr not in seen:
+            seen.add(ptr)
+            in_flight["bytes"] += size
+            in_flight["tensors"] += 1
     records.sort(key=lambda r: -r["bytes"])
     return records[:HOLDERS]
+
+
+def _reached_by(name: str, roots: set[str]) -> str:
+    """How the job reaches a holder, read off its name: a frame's ``local``, a ``global``, a model's ``module`` path,
+    only its ``class`` (an object no name of the job's leads to), or ``none``."""
+    if name.startswith("local `"):
+        return "local"
+    if name.startswith("global `"):
+        return "global"
+    if not name or name.startswith("an unnamed"):
+        return "none"
+    return "module" if name.split(".", 1)[0] in roots else "class"
 
 
 def _in_flight(h: _Holder) -> bool:

@@ -466,6 +466,9 @@ class CensusHolder(TypedDict):
     cap: NotRequired[Optional[int]]
     #: every tensor has a parameter's shape and no graph (EMA, snapshots)
     parameter_copies: NotRequired[bool]
+    #: how the job reaches it: local, global, module (a model's path), class (only its class: no name of the
+    #: job's leads to it), none; empty: not said
+    reached_by: NotRequired[str]
 
 
 class CensusModule(TypedDict):

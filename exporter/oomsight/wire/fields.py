@@ -323,6 +323,11 @@ CENSUS_HOLDER = Table(
             "parameter_copies", "bool", "every tensor has a parameter's shape and no graph (EMA, snapshots)",
             default=False,
         ),
+        opt(
+            "reached_by", "str", "how the job reaches it: local, global, module (a model's path), class (only its "
+            "class: no name of the job's leads to it), none; empty: not said",
+            default="",
+        ),
     ),
     since=CENSUS,
 )
