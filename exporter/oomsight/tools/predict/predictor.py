@@ -100,9 +100,7 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
     peak_at, step_peaks, step_max, oom = -1, [], 0, False
     ends = set(trace.step_ends)
     windows = getattr(trace, "optimizer_windows", [])
-    in_step = [False] * (len(trace.events) + 1)
-    for first, end in windows:
-        in_step[first:end] = [True] * (end - first)
+    in_step = _in_optimizer_step(len(trace.events), windows)
     level: list[int] = []  # allocated after each event
     held = _StatesHeld(trace)
     for i, (aid, size) in enumerate(trace.events):
@@ -130,14 +128,6 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
         if i + 1 in ends:
             step_peaks.append(step_max)
             step_max = alloc.stats.allocated
-    outside = [i for i in range(len(level)) if not in_step[i]]
-    fb_at = max(outside, key=lambda i: level[i]) if outside else -1
-    transient = 0
-    # a later step's rise only: the first one's also makes the optimizer's state, which a layout counts apart
-    for first, end in windows[1:] or windows:
-        inside = level[first:end]
-        if inside:
-            transient = max(transient, max(inside) - (level[first - 1] if first else 0))
     return {
         "peak_allocated": alloc.stats.peak_allocated,
         "peak_reserved": alloc.stats.peak_reserved,
@@ -146,15 +136,41 @@ def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> d
         "oom": oom,
         "moments": {
             "peak_in_optimizer_step": bool(0 <= peak_at < len(in_step) and in_step[peak_at]),
-            "forward_backward": {
-                "peak_allocated_bytes": level[fb_at] if fb_at >= 0 else 0,
-                "by_category_bytes": _live_by_category(trace, sizes, fb_at),
-            },
-            "optimizer_step_transient_bytes": transient,
+            "forward_backward": _forward_backward(trace, level, sizes, in_step),
+            "optimizer_step_transient_bytes": _optimizer_step_transient(level, windows),
             "last_step": _last_step(trace, level, sizes),
             "outside_states": held.moments(lambda at: _live_by_category(trace, sizes, at)),
         },
     }
+
+
+def _in_optimizer_step(events: int, windows: list[tuple[int, int]]) -> list[bool]:
+    """Per event (and one past the last): whether it falls inside an optimizer step's window."""
+    in_step = [False] * (events + 1)
+    for first, end in windows:
+        in_step[first:end] = [True] * (end - first)
+    return in_step
+
+
+def _forward_backward(trace: Any, level: list[int], sizes: dict[int, int], in_step: list[bool]) -> dict[str, Any]:
+    """The highest moment outside every optimizer step: its allocated bytes and their categories."""
+    outside = [i for i in range(len(level)) if not in_step[i]]
+    fb_at = max(outside, key=lambda i: level[i]) if outside else -1
+    return {
+        "peak_allocated_bytes": level[fb_at] if fb_at >= 0 else 0,
+        "by_category_bytes": _live_by_category(trace, sizes, fb_at),
+    }
+
+
+def _optimizer_step_transient(level: list[int], windows: list[tuple[int, int]]) -> int:
+    """The largest rise of allocated bytes inside an optimizer step over the level just before it."""
+    transient = 0
+    # a later step's rise only: the first one's also makes the optimizer's state, which a layout counts apart
+    for first, end in windows[1:] or windows:
+        inside = level[first:end]
+        if inside:
+            transient = max(transient, max(inside) - (level[first - 1] if first else 0))
+    return transient
 
 
 STATES = ("parameters", "gradients", "optimizer_state")
