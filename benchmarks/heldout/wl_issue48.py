@@ -18,6 +18,7 @@ import copy
 import functools
 import math
 import tempfile
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -496,6 +497,18 @@ def _discriminator(chans: list[int]) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.LazyLinear(1))
 
 
+def _g_step_measured(G: Any, D: Any, z: torch.Tensor, remedy: bool) -> tuple[torch.Tensor, int]:
+    """G's step output through the frozen D, and the plain (unchecked) step's graph bytes, measured in both runs."""
+    G.checkpointed = False
+    plain, g_graph = _measured(lambda: G(z))
+    out, d_fake_graph = _measured(lambda: D(plain))
+    G.checkpointed = remedy
+    if remedy:
+        del plain, out
+        out = D(G(z))
+    return out, g_graph + d_fake_graph
+
+
 @workload("activations", "checkpointing")
 def progan_generator_step_with_frozen_discriminator(remedy: bool) -> None:
     """Unconditional GAN at 256 x 256: a ProGAN-shaped generator (512 ... 32 channels) and a discriminator
@@ -539,15 +552,7 @@ def progan_generator_step_with_frozen_discriminator(remedy: bool) -> None:
         D.requires_grad_(False)
         z = torch.randn(batch, 512, device=dev())
         if it == 0:  # the plain generator's graph in both runs (the remedy run drops this one)
-            G.checkpointed = False
-            plain, g_graph = _measured(lambda z=z: G(z))
-            out, d_fake_graph = _measured(lambda plain=plain: D(plain))
-            G.checkpointed = remedy
-            step_graph = g_graph + d_fake_graph
-            if remedy:
-                del plain, out
-                fake = G(z)
-                out = D(fake)
+            out, step_graph = _g_step_measured(G, D, z, remedy)
             print(f"graphs: D's step {d_graph / GIB:.2f} GiB, G's step {step_graph / GIB:.2f} GiB", flush=True)
         else:
             out = D(G(z))
@@ -573,6 +578,12 @@ def _moco_encoder(width: int, dim: int) -> torch.nn.Module:
         torch.nn.Conv2d(3, w, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(w), torch.nn.ReLU(),
         _Basic(w, 2 * w, 2), _Basic(2 * w, 4 * w, 2), _Basic(4 * w, 8 * w, 2),
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8 * w, dim))
+
+
+def _momentum_update(enc_k: torch.nn.Module, enc_q: torch.nn.Module) -> None:
+    with torch.no_grad():  # the momentum encoder
+        for pk, pq in zip(enc_k.parameters(), enc_q.parameters()):
+            pk.mul_(0.999).add_(pq.detach(), alpha=0.001)
 
 
 @workload("growing_demand", "bound_input")
@@ -630,9 +641,7 @@ def moco_deque_queue_fills_then_batch_grows(remedy: bool) -> None:
             del q, pos, neg, logits
         opt.step()
         opt.zero_grad(set_to_none=True)
-        with torch.no_grad():  # the momentum encoder
-            for pk, pq in zip(enc_k.parameters(), enc_q.parameters()):
-                pk.mul_(0.999).add_(pq.detach(), alpha=0.001)
+        _momentum_update(enc_k, enc_q)
         queue.extend(keys)  # one push per micro-batch: at most 512 keys each, the deque keeps the last 200
         if step % 50 == 0 or step >= grow_at:
             print(f"step {step} batch {batch} queue {sum(len(t) for t in queue)} keys loss {loss.item():.3f}",

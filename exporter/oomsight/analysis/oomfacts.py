@@ -177,9 +177,13 @@ def facts_from_event(event: Mapping[str, Any]) -> OomFacts:
         captured_by=str(event.get("captured_by") or "observer"),
         allocator_backend=str(event.get("process", {}).get("allocator_backend") or ""),
     )
-    consumption = ("forwards_since_backward", "most_forwards_per_backward", "least_forwards_per_backward")
-    for key in (*consumption, "input_elements"):  # only where it says
-        if key in event:
+    for key in (
+        "forwards_since_backward",
+        "most_forwards_per_backward",
+        "least_forwards_per_backward",
+        "input_elements",
+    ):
+        if key in event:  # only where it says
             facts[key] = event[key]
     return facts
 

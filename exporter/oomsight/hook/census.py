@@ -537,7 +537,7 @@ def _records(walk: _Walk, in_flight: dict[str, int]) -> list[dict[str, Any]]:
             seen.add(ptr)
             in_flight["bytes"] += size
             in_flight["tensors"] += 1
-    records.sort(key=lambda r: -r["bytes"])
+    records.sort(key=lambda r: -int(r["bytes"] or 0))
     return records[:HOLDERS]
 
 
