@@ -113,7 +113,8 @@ class Ledger:
         self._lost = False
         self._written: Any = None
         self._on_disk: Optional[tuple[Optional[FileIdentity], ...]] = None
-        """(inode, size, ``mtime_ns``, ``ctime_ns``) of the file and of its copy as last written: another is put back."""
+        """(inode, size, ``mtime_ns``, ``ctime_ns``) of the file and of its copy as last written: another is put
+        back."""
         self._loaded = False
         self._now = 0.0
         if path is not None:
