@@ -455,7 +455,10 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         )
     else:
         grew = _input_said(ev) + (
-            "; in a mixture-of-experts model, more tokens routed to one expert grow it too" if maybe_routed else ""
+            "; in a mixture-of-experts model more tokens routed to one expert grow it too, and these facts cannot tell "
+            "the two apart"
+            if maybe_routed
+            else ""
         )
     return ev.result(
         Cause.GROWING_DEMAND,

@@ -74,6 +74,9 @@ class _Holder:
     framework: Optional[str] = None
     parameter_copies: bool = True
     """Every tensor it holds has a parameter's shape and no graph (an EMA copy, a weight snapshot)."""
+    fallback: str = ""
+    """An attribute holder's name by its owner's class, kept while the walk up looks for a name the job uses."""
+    attr: str = ""
     items: list[tuple[int, int, bool]] = dataclasses.field(default_factory=list)
     """(storage pointer, bytes, has a graph) of each tensor it holds: a storage two holders share counts once."""
 
@@ -307,6 +310,9 @@ def _attributes(walk: _Walk, obj: Any, d: dict[str, Any], owner: str, framework:
             h.name = f"{owner}.{attr}"[:NAME_CHARS]
             h.framework = framework
             h.length = 1
+            h.attr = attr
+            if id(obj) not in walk.module_names and id(obj) not in walk.local_names:
+                h.fallback, h.name = h.name, ""  # only its class names it: look further up (_name_holders)
 
 
 def _frame_locals(own: set[int]) -> list[tuple[str, Optional[str], dict[str, Any]]]:
@@ -374,8 +380,8 @@ def _count(walk: _Walk, key: Any, kind: str, items: Iterable[Any], container: An
 def _name_holders(walk: _Walk, own: set[int], frames: list[Any]) -> None:
     """Names for the containers that hold tensors, walking up through what refers to them: a running frame's
     local, a module's global, an object's (a module's) attribute, up to ``NAME_DEPTH`` containers."""
-    named = [(h, walk.owners[k]) for k, h in walk.holders.items() if h.kind != "attribute"]
-    pending = {id(c): (h, "") for h, c in named}
+    named = [(h, walk.owners[k]) for k, h in walk.holders.items() if h.kind != "attribute" or h.fallback]
+    pending = {id(c): (h, f".{h.attr}" if h.kind == "attribute" else "") for h, c in named}
     objects = {id(c): c for h, c in named}
     del named
     for _ in range(NAME_DEPTH):
@@ -417,7 +423,7 @@ def _name_holders(walk: _Walk, own: set[int], frames: list[Any]) -> None:
         objects = {k: nxt_objects[k] for k in pending}
     for h in walk.holders.values():
         if not h.name:
-            h.name = f"an unnamed {h.kind}"
+            h.name = h.fallback or f"an unnamed {h.kind}"
     walk.owners.clear()
 
 
