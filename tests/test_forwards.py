@@ -210,18 +210,24 @@ def _train_summed(model, opt, forwards):
         opt.zero_grad()
 
 
+def _paused_after(hook_on, forwards):
+    """Steps of the given forwards per backward (``_train_summed``), then a pause that arms the rows again."""
+    cuda = FakeCuda(total=CAPACITY)
+    hook = hook_on(cuda)
+    model = _model()
+    model.opt = torch.optim.SGD(model.parameters(), lr=0.1)  # alive as long as the model, as a job's is
+    _train_summed(model, model.opt, forwards)
+    hook.steps.last_step_wall -= 5.0
+    hook._arm_forwards_in_a_pause()
+    return cuda, hook, model
+
+
 def test_a_training_mode_pile_beyond_what_backwards_consumed_raises_no_flag(hook_on, spool):
     """A job whose backwards consume several forwards together, as many as its episodes are long (they vary): a
     longer episode than any before (its backward still to come) in a model left in training mode keeps the flag
     down; the same forwards in eval mode raise it. Where every backward took the same number (a fixed window),
     the same pile raises it in training mode too."""
-    cuda = FakeCuda(total=CAPACITY)
-    hook = hook_on(cuda)
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train_summed(model, opt, forwards=[1, 2])
-    hook.steps.last_step_wall -= 5.0
-    hook._arm_forwards_in_a_pause()
+    cuda, hook, model = _paused_after(hook_on, [1, 2])
     assert (hook.forwards.least_consumed, hook.forwards.most_consumed) == (1, 2)
     kept = _evaluate(cuda, model, batches=10, kept_per_forward=GIB)
     assert len(hook.forwards.series(0)) == 10 and hook.forwards.training is True
@@ -499,13 +505,7 @@ def test_an_evaluation_that_keeps_its_graphs_right_after_the_last_step_is_rowed_
 def test_a_training_mode_pile_beyond_a_fixed_window_raises_the_flag(hook_on, spool):
     """Every backward consumed the same two forwards (a fixed window): a pile beyond the bound in training mode
     is no longer window the job has shown (issue 48: a validation in training mode keeping its logits)."""
-    cuda = FakeCuda(total=CAPACITY)
-    hook = hook_on(cuda)
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _train_summed(model, opt, forwards=[2, 2])
-    hook.steps.last_step_wall -= 5.0
-    hook._arm_forwards_in_a_pause()
+    cuda, hook, model = _paused_after(hook_on, [2, 2])
     assert (hook.forwards.least_consumed, hook.forwards.most_consumed) == (2, 2)
     kept = _evaluate(cuda, model, batches=10, kept_per_forward=GIB)
     assert hook.forwards.training is True and hook.forwards.pile(0, CAPACITY) is not None

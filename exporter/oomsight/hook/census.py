@@ -67,7 +67,6 @@ class _Holder:
     kind: str
     graph: int = 0
     detached: int = 0
-    bytes: int = 0
     cap: Optional[int] = None
     length: Optional[int] = None
     name: str = ""
