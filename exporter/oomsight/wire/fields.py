@@ -632,3 +632,11 @@ def tables() -> list[Table]:
         visit(t)
     return out
 
+
+PREDICTED_PEAK_ANNOTATION = "oomsight.io/predicted-peak-bytes"
+"""Pod annotation ``oomsight predict --annotate`` writes: the predicted peak allocated
+bytes, as a decimal integer string (annotation values are strings)."""
+
+PREDICTED_PEAK_RESERVED_ANNOTATION = "oomsight.io/predicted-peak-reserved-bytes"
+"""Pod annotation beside ``PREDICTED_PEAK_ANNOTATION``: the predicted peak reserved bytes
+(what the caching allocator holds from the driver), when the prediction gives it."""
