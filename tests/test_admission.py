@@ -203,13 +203,15 @@ ANNOTATION_KEYS = [
         "events",
         "profile-every-seconds",
         "profile-steps",
+        "predicted-peak-bytes",
         "sidecar-memory-limit",
         "status",
     )
 ] + ["prometheus.io/scrape", "prometheus.io/port", "a/b~c"]
 ODD_STRINGS = [
     *("", "oomsight-sidecar", "oomsight-startup", "oomsight-spool", "/var/run/oomsight", "PYTHONPATH"),
-    *("OOMSIGHT_DIR", "OOMSIGHT_ARTIFACTS_MAX_BYTES", "nvidia.com/gpu", "true", "false", "21400", "21401"),
+    *("OOMSIGHT_DIR", "OOMSIGHT_ARTIFACTS_MAX_BYTES", "OOMSIGHT_PREDICTION", "nvidia.com/gpu", "true", "false"),
+    *("21400", "21401", "32212254720"),
     *("Always", "1Gi", "0", "1e99999", "9" * 30, "+7", "1_0", "²", "/tmp/msg", "pytorch,train", "injected"),
 ]
 pod_values = st.one_of(

@@ -1,14 +1,18 @@
 """The admission logic (pod -> JSONPatch) on realistic pods: patch applied with jsonpatch,
 result validated against the Kubernetes schemas, and re-injection changes nothing."""
 
+import base64
 import copy
 import dataclasses
+import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomsight_webhook.injection import InjectionSettings, quantity_bytes
+from oomsight.wire.fields import PREDICTED_PEAK_ANNOTATION, PREDICTED_PEAK_RESERVED_ANNOTATION
+from oomsight_webhook.admission import Admitter
+from oomsight_webhook.injection import ANN_PREDICTED_PEAK, InjectionSettings, quantity_bytes
 from oomsight_webhook.mutation import mutate
 from oomsight_webhook.podspec import SIDECAR_NAME, SPOOL_PATH, STARTUP_NAME, STARTUP_PATH
 
@@ -321,6 +325,7 @@ annotation_maps = st.one_of(
                 "oomsight.io/native-sidecar",
                 "oomsight.io/metrics-port",
                 "oomsight.io/containers",
+                "oomsight.io/predicted-peak-bytes",
                 "prometheus.io/scrape",
                 "a/b~c",
             ]
@@ -591,3 +596,102 @@ def test_a_pythonpath_entry_without_a_value_gets_one_by_a_patch_that_applies():
     pod["spec"]["containers"][0]["env"] = [{"name": "PYTHONPATH"}]
     patched, _ = inject(pod)
     assert env_of(patched["spec"]["containers"][0])["PYTHONPATH"] == STARTUP_PATH
+
+
+# --- the predicted peak: oomsight predict --annotate -> OOMSIGHT_PREDICTION (docs/prediction.md) ---
+
+FIELD = "metadata.annotations['oomsight.io/predicted-peak-bytes']"
+BY_ANNOTATION = {"fieldRef": {"apiVersion": "v1", "fieldPath": FIELD}}
+
+
+def predicted(name, value="32212254720", **more):
+    pod = fixture(name)
+    pod["metadata"].setdefault("annotations", {}).update({"oomsight.io/predicted-peak-bytes": value, **more})
+    return pod
+
+
+def test_the_webhook_reads_the_annotation_that_oomsight_predict_writes():
+    assert ANN_PREDICTED_PEAK == PREDICTED_PEAK_ANNOTATION == "oomsight.io/predicted-peak-bytes"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_predicted_peak_reaches_only_the_training_container_by_the_downward_api(native):
+    settings = dataclasses.replace(SETTINGS, native_sidecar=native)
+    pod, m = inject(predicted("job-pod.yaml"), settings)
+    validate(pod)
+    train, shipper = pod["spec"]["containers"][:2]
+    assert env_of(train)["OOMSIGHT_PREDICTION"] == BY_ANNOTATION
+    assert "env" not in shipper  # no GPU: no spool, no prediction
+    sidecar = by_name(pod["spec"]["initContainers" if native else "containers"], SIDECAR_NAME)
+    assert "OOMSIGHT_PREDICTION" not in env_of(sidecar)
+    assert not [w for w in m.warnings if "predicted" in w]
+    assert mutate(pod, settings).patch == []
+
+
+def test_without_the_annotation_no_container_gets_a_prediction():
+    pod, _ = inject(fixture("pytorchjob-worker.yaml"))
+    assert all("OOMSIGHT_PREDICTION" not in env_of(c) for c in pod["spec"]["containers"])
+
+
+def test_the_reserved_annotation_alone_sets_nothing_the_hook_reads_no_reserved_value_from_env():
+    pod = fixture("pytorchjob-worker.yaml")
+    pod["metadata"]["annotations"][PREDICTED_PEAK_RESERVED_ANNOTATION] = "34359738368"
+    patched, m = inject(pod)
+    assert "OOMSIGHT_PREDICTION" not in env_of(by_name(patched["spec"]["containers"], "pytorch"))
+    assert not [w for w in m.warnings if "predicted" in w]
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        {"name": "OOMSIGHT_PREDICTION", "value": "/etc/prediction/gpt2.json"},
+        {"name": "OOMSIGHT_PREDICTION", "valueFrom": {"configMapKeyRef": {"name": "pred", "key": "bytes"}}},
+    ],
+)
+def test_a_containers_own_prediction_wins_over_the_annotation(own):
+    pod = predicted("pytorchjob-worker.yaml")
+    by_name(pod["spec"]["containers"], "pytorch").setdefault("env", []).append(own)
+    patched, m = inject(pod)
+    env = by_name(patched["spec"]["containers"], "pytorch")["env"]
+    assert [e for e in env if e["name"] == "OOMSIGHT_PREDICTION"] == [own]
+    assert not [w for w in m.warnings if "predicted" in w]
+
+
+def test_a_container_with_env_from_keeps_what_it_may_set_and_the_pod_says_why():
+    pod = predicted("pytorchjob-worker.yaml")
+    by_name(pod["spec"]["containers"], "pytorch")["envFrom"] = [{"configMapRef": {"name": "job-settings"}}]
+    patched, m = inject(pod)
+    validate(patched)
+    assert "OOMSIGHT_PREDICTION" not in env_of(by_name(patched["spec"]["containers"], "pytorch"))
+    assert [w for w in m.warnings if "envFrom may set OOMSIGHT_PREDICTION" in w] != []
+    assert mutate(patched, SETTINGS).patch == []
+
+
+@pytest.mark.parametrize("value", ["abc", "", "-5", "30GiB", "4.5e9", "²", "9" * 4301, "1" * 19])
+def test_a_malformed_predicted_peak_is_handed_to_the_hook_with_a_warning_and_the_pod_still_injected(value):
+    patched, m = inject(predicted("job-pod.yaml", value))
+    validate(patched)
+    assert env_of(patched["spec"]["containers"][0])["OOMSIGHT_PREDICTION"] == BY_ANNOTATION
+    (warning,) = [w for w in m.warnings if "predicted-peak-bytes" in w]
+    assert "not a whole number of bytes" in warning and len(warning) < 240
+
+
+def test_a_review_whose_predicted_peak_is_no_string_is_answered_allowed_and_injected_without_it():
+    """The API server keeps annotations as strings; a malformed review may not."""
+    pod = predicted("job-pod.yaml")
+    pod["metadata"]["annotations"]["oomsight.io/predicted-peak-bytes"] = {"bytes": 32212254720}
+    request = {
+        "uid": "0c4e6a1e-7f1a-4d52-9b8e-3c2a1d0e9f87",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "object": pod,
+    }
+    body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+    answer = Admitter(SETTINGS).admit(body.encode(), "application/json")
+    response = json.loads(answer.body)["response"]
+    assert answer.status == 200 and response["allowed"] is True
+    patched = apply(pod, json.loads(base64.b64decode(response["patch"])))
+    assert "OOMSIGHT_PREDICTION" not in env_of(patched["spec"]["containers"][0])
+    assert env_of(patched["spec"]["containers"][0])["OOMSIGHT_DIR"] == SPOOL_PATH
+    assert any(w.startswith("oomsight: ignored oomsight.io/predicted-peak-bytes=") for w in response["warnings"])

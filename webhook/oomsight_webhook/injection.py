@@ -14,9 +14,10 @@ import re
 from collections.abc import Mapping
 from typing import Callable, Optional, TypeVar
 
-from oomsight.config import ConfigError, ascii_bool, ascii_int
+from oomsight.config import ENV_PREDICTION, ConfigError, ascii_bool, ascii_int
 from oomsight.config.table import defaults, read_group, variables
 from oomsight.config.variables import DEFAULT_ADMIN_PORT, INJECT
+from oomsight.wire.fields import PREDICTED_PEAK_ANNOTATION
 
 _VARIABLE = variables(INJECT)
 _DEFAULT = defaults(INJECT, "inject")
@@ -41,6 +42,10 @@ ANN_PROFILE_STEPS = PREFIX + "profile-steps"
 """Scheduled profiling windows (memory-only by default): set as OOMSIGHT_PROFILE_* in the target containers."""
 PROFILE_STEPS_MAX = 100
 PROFILE_EVERY_MAX_SECONDS = 7 * 86_400
+ANN_PREDICTED_PEAK = PREDICTED_PEAK_ANNOTATION
+"""Written by ``oomsight predict --annotate``: the predicted peak allocated bytes. The target containers
+get ``OOMSIGHT_PREDICTION`` from it through the downward API (``docs/prediction.md``)."""
+PREDICTED_PEAK_MAX = 2**63 - 1
 ANN_RESOURCES = {
     "cpu_request": PREFIX + "sidecar-cpu-request",
     "memory_request": PREFIX + "sidecar-memory-request",
@@ -198,6 +203,9 @@ class PodOptions:
     artifacts_max_bytes: Optional[int] = None
     """``OOMSIGHT_ARTIFACTS_MAX_BYTES`` for the target containers, derived from the spool
     volume's ``sizeLimit`` (``oomsight.wire.spool.artifacts_cap_bytes``); None sets nothing."""
+    predicted_peak: bool = False
+    """The pod carries :data:`ANN_PREDICTED_PEAK` as a string: the target containers get
+    ``OOMSIGHT_PREDICTION`` from it, by reference, so the hook reads the annotation's own value."""
 
 
 def pod_options(
@@ -233,6 +241,7 @@ def pod_options(
         profile_every_seconds=ann.get(ANN_PROFILE_EVERY, None, _positive_or_none, "a whole number of seconds"),
         profile_steps=ann.get(ANN_PROFILE_STEPS, None, _steps_or_none, f"1 to {PROFILE_STEPS_MAX} steps"),
         host_network=host_network,
+        predicted_peak=_predicted_peak(annotations.get(ANN_PREDICTED_PEAK), ann.warnings),
     )
     return _free_ports(opts, settings, taken_ports, ann.warnings), ann.warnings
 
@@ -275,6 +284,23 @@ class _Overrides:
             self.warnings.append(f"oomsight: ignored {key}={str(raw)[:40]!r}: expected {expected}")
             return default
         return value
+
+
+def _predicted_peak(raw: object, warnings: list[str]) -> bool:
+    """Whether to hand the annotation to the hook. Any string is handed on: the hook reads it as
+    ``OOMSIGHT_PREDICTION`` and counts a value it cannot use (``oomsight_hook_errors_total``), where
+    the fleet sees it; one that is not a whole number of bytes also gets a warning here."""
+    if raw is None:
+        return False
+    if not isinstance(raw, str):  # only a malformed review: the API server keeps annotations as strings
+        warnings.append(f"oomsight: ignored {ANN_PREDICTED_PEAK}={str(raw)[:40]!r}: expected a whole number of bytes")
+        return False
+    if _whole_or_none(raw.strip(), 1, PREDICTED_PEAK_MAX) is None:
+        warnings.append(
+            f"oomsight: {ANN_PREDICTED_PEAK}={raw[:40]!r} is not a whole number of bytes; the hook gets it as "
+            f"{ENV_PREDICTION} and counts a value it cannot read as an error"
+        )
+    return True
 
 
 def native_sidecars_supported(git_version: str) -> Optional[bool]:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from oomsight.config import (
     ENV_ARTIFACTS_MAX_BYTES,
     ENV_DIR,
+    ENV_PREDICTION,
     ENV_PROFILE_EVERY,
     ENV_PROFILE_STEPS,
     ENV_TERMINATION_MESSAGE_PATH,
@@ -22,6 +23,7 @@ from oomsight.config import (
 from oomsight.wire.spool import artifacts_cap_bytes
 from oomsight_server.owner import controller_owner
 from oomsight_webhook.injection import (
+    ANN_PREDICTED_PEAK,
     ANN_STATUS,
     QUANTITY_MAX,
     InjectionSettings,
@@ -38,6 +40,7 @@ from oomsight_webhook.podspec import (
     STARTUP_NAME,
     STARTUP_PATH,
     STARTUP_VOLUME,
+    field_env,
     sidecar_container,
     spool_volume,
     startup_container,
@@ -82,6 +85,7 @@ def mutate(pod: Any, settings: InjectionSettings) -> Mutation:
     warnings += _ensure_sidecar(b, pod, spec, settings, opts)
     for i in targets:
         _ensure_spool_access(b, i, containers[i], opts)
+        warnings += _ensure_prediction(b, i, containers[i], opts)
     warnings += _ensure_annotations(b, annotations, settings, opts)
     if b.ops:
         b.put(pointer("metadata", "annotations"), annotations, ANN_STATUS, "injected")
@@ -203,6 +207,25 @@ def _ensure_spool_access(b: PatchBuilder, index: int, container: Mapping[str, An
     custom = isinstance(message_path, str) and message_path != DEFAULT_TERMINATION_MESSAGE_PATH
     if custom and ENV_TERMINATION_MESSAGE_PATH not in present:  # the hook writes a fatal OOM's diagnosis there
         b.append(pointer(*base, "env"), env, {"name": ENV_TERMINATION_MESSAGE_PATH, "value": message_path})
+
+
+def _ensure_prediction(b: PatchBuilder, index: int, container: Mapping[str, Any], opts: PodOptions) -> list[str]:
+    """``OOMSIGHT_PREDICTION`` from the pod's predicted-peak annotation (the downward API), unless the
+    container sets the variable itself, or may through ``envFrom``, whose contents the webhook cannot see."""
+    if not opts.predicted_peak:
+        return []
+    env = _list(container.get("env"))
+    if ENV_PREDICTION in _strings(env, "name"):
+        return []  # the container's own prediction wins
+    if container.get("envFrom"):
+        name = str(container.get("name"))[:40]
+        return [
+            f"oomsight: {ANN_PREDICTED_PEAK} not handed to container {name!r}: its envFrom may set {ENV_PREDICTION}; "
+            f"set it in its env (docs/prediction.md)"
+        ]
+    field = f"metadata.annotations['{ANN_PREDICTED_PEAK}']"
+    b.append(pointer(*path_of(index), "env"), env, field_env(ENV_PREDICTION, field))
+    return []
 
 
 def _ensure_zero_code(

@@ -49,12 +49,14 @@ ENV_ARTIFACTS_MAX_BYTES = BY_KEYWORD["artifacts_max_bytes"].variable
 ENV_PROFILE_EVERY = BY_KEYWORD["profile_every_seconds"].variable
 ENV_PROFILE_STEPS = BY_KEYWORD["profile_steps"].variable
 ENV_TERMINATION_MESSAGE_PATH = BY_KEYWORD["termination_message_path"].variable
+ENV_PREDICTION = BY_KEYWORD["prediction"].variable
 
 __all__ = [
     "BY_KEYWORD",
     "DEFAULT_METRICS_PORT",
     "ENV_ARTIFACTS_MAX_BYTES",
     "ENV_DIR",
+    "ENV_PREDICTION",
     "ENV_PROFILE_EVERY",
     "ENV_PROFILE_STEPS",
     "ENV_TERMINATION_MESSAGE_PATH",
