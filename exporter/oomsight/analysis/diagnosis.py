@@ -30,7 +30,7 @@ from oomsight.analysis import remedies, trend
 from oomsight.analysis import thresholds as th
 from oomsight.analysis.evidence import CAUSES, GENERATION_FRAMES, MODULE_FRAME, Cause, Evidence, on_stack
 from oomsight.analysis.oomfacts import ModelStates, OomFacts, facts_from_event, leak_growth, states_held
-from oomsight.analysis.units import format_bytes as fb
+from oomsight.analysis.wording import say
 from oomsight.wire.schema import Diagnosis
 
 __all__ = ["CAUSES", "Cause", "ModelStates", "OomFacts", "diagnose", "facts_from_event", "leak_growth"]
@@ -86,7 +86,7 @@ def findings(ev: Evidence) -> dict[str, Diagnosis]:
 
 def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
     if ev.others is not None and _decisive(ev, ev.others, ev.outside or 0):
-        return _other_process(ev, ev.others, f"Other processes hold {fb(ev.others)} of the {fb(ev.total)} GPU.")
+        return _other_process(ev, ev.others, say("outside.others", held=ev.others, total=ev.total))
     if ev.outside is None:
         return None
     nv = ev.f.get("nvml")
@@ -96,17 +96,13 @@ def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
         return _other_process(
             ev,
             ev.outside,
-            f"NVML lists {listed} processes on this GPU and {fb(ev.outside)} of it is used outside this "
-            "process's PyTorch allocator: by the other processes (and this process's CUDA context).",
+            say("outside.listed", listed=listed, outside=ev.outside),
         )
     if ev.outside_leak is not None:
         return ev.result(
             Cause.NON_PYTORCH_MEMORY,
             ["outside_leak", "non_pytorch", "history"],
-            f"Memory outside PyTorch's allocator (NVML's memory of this process minus reserved, now "
-            f"{fb(ev.outside)}) rose by {fb(ev.outside_leak)} step after step: a leak outside the allocator, "
-            "allocations a CUDA extension makes itself or NCCL communicators (hundreds of MB each) created "
-            "per step, never freed.",
+            say("outside.leak", outside=ev.outside, growth=ev.outside_leak),
         )
     if ev.outside < th.value("outside_share") * ev.total and not _outside_decides(ev):
         return None
@@ -114,14 +110,12 @@ def _outside_rule(ev: Evidence) -> Optional[Diagnosis]:
         return ev.result(
             Cause.NON_PYTORCH_MEMORY,
             ["non_pytorch", "other_process"],
-            f"{fb(ev.outside)} of the GPU is used outside this process's PyTorch allocator: by its CUDA "
-            "context, NCCL and libraries, or by other processes (NVML cannot see process IDs here to tell "
-            "them apart).",
+            say("outside.unseen_pids", outside=ev.outside),
         )
     return ev.result(
         Cause.NON_PYTORCH_MEMORY,
         ["non_pytorch"],
-        f"{fb(ev.outside)} of the GPU is used by this process outside PyTorch's allocator.",
+        say("outside.own", outside=ev.outside),
     )
 
 
@@ -146,7 +140,7 @@ def _decisive(ev: Evidence, held: int, own_outside: int) -> bool:
 def _other_process(ev: Evidence, held: int, summary: str) -> Diagnosis:
     own = max(ev.need, ev.prior_peak or 0)
     if own <= ev.total:
-        summary += f" This job's own known need ({fb(own)}) would fit the GPU alone."
+        summary += say("outside.own_fits", own=own)
     return ev.result(Cause.OTHER_PROCESS, ["other_process"], summary)
 
 
@@ -158,27 +152,16 @@ def _leak_rule(ev: Evidence) -> Optional[Diagnosis]:
         ev.facts["bounded_by"] = bounded.get("name")
         return None
     if t.leak:
-        summary = (
-            f"The memory that survives between optimizer steps rose by {fb(t.floor_growth_bytes)} "
-            f"({fb(int(t.floor_slope))} a step) while each step's own working memory stayed the same: "
-            "something keeps tensors alive from every step."
-        )
+        summary = say("leak.floor", growth=t.floor_growth_bytes, slope=int(t.floor_slope))
     elif ev.short_leak is not None:
-        summary = (
-            f"The memory that survives between optimizer steps rose by {fb(ev.short_leak)} at every step "
-            "since the first one while each step's own working memory stayed the same: something keeps "
-            "tensors alive from every step (here so much that it ran out within a few steps)."
-        )
+        summary = say("leak.short", growth=ev.short_leak)
         ev.facts["floor_growth_bytes"] = ev.short_leak
     elif ev.window_kept is not None:
         return _window_rule(ev, *ev.window_kept)
     elif ev.piled is not None:
         return _piled_rule(ev, ev.piled)
     elif ev.legacy_leak is not None:
-        summary = (
-            f"The memory that survives between steps grew by {fb(ev.legacy_leak)} step after step "
-            "before the OOM: something keeps tensors alive."
-        )
+        summary = say("leak.legacy", growth=ev.legacy_leak)
         ev.facts["floor_growth_bytes"] = ev.legacy_leak
     else:
         return None
@@ -193,38 +176,27 @@ def _window_rule(ev: Evidence, growth: int, backwards: int) -> Diagnosis:
     return ev.result(
         Cause.LEAK,
         ["kept_outputs", "leak", "history"],
-        f"Within this accumulation window the memory left after each backward rose by {fb(growth)} over "
-        f"{backwards} backwards, by about the same each, though each backward frees its micro-batch's "
-        "activations: the loop keeps something of every micro-batch until the optimizer step (outputs or "
-        "logits in a list for a metric).",
+        say("leak.window", growth=growth, backwards=backwards),
     )
 
 
 def _piled_rule(ev: Evidence, growth: int) -> Diagnosis:
     when = (
-        "with no optimizer step in this process"
+        say("piled.no_step")
         if ev.f.get("last_step_time") is None
-        else (f"{ev.f.get('time', 0.0) - (ev.f.get('last_step_time') or 0.0):.0f} s after the last optimizer step")
+        else say("piled.after_step", seconds=ev.f.get("time", 0.0) - (ev.f.get("last_step_time") or 0.0))
     )
     if on_stack(ev.f, GENERATION_FRAMES):
         ev.facts["piled_up_bytes"] = growth
         return ev.result(
             Cause.GROWING_DEMAND,
             ["bound_input", "eval_batch", "half_precision"],
-            f"In generation, {when}, memory rose by {fb(growth)} over the last seconds, forward after "
-            "forward: the key/value cache grows with every token. Bound the new tokens or the batch.",
+            say("piled.generation", when=when, growth=growth),
         )
     ev.facts["floor_growth_bytes"] = growth
     graphs = bool(ev.f.get("grad_enabled")) or ev.forward_pile is not None
-    rose = (
-        f"the memory left after each forward rose by {fb(growth)}, by about the same each forward"
-        if ev.forward_pile is not None
-        else f"even the lowest memory rose by {fb(growth)} over the last seconds"
-    )
-    summary = (
-        f"In a loop of forwards {when} (evaluation, inference), {rose}: something keeps tensors from "
-        "every batch" + (", with their autograd graphs (autograd is recording)." if graphs else ".")
-    )
+    rose = say("piled.each_forward" if ev.forward_pile is not None else "piled.lowest", growth=growth)
+    summary = say("piled.loop", when=when, rose=rose) + (say("piled.with_graphs") if graphs else ".")
     return ev.result(Cause.LEAK, ["no_grad", "leak", "eval_batch"] if graphs else ["leak", "eval_batch"], summary)
 
 
@@ -244,28 +216,25 @@ def _model_states_rule(ev: Evidence) -> Optional[Diagnosis]:
         return ev.result(
             Cause.MODEL_STATES,
             ["half_precision", "shard"],
-            f"The model's weights alone need {fb(states)} of the {fb(ev.total)} capacity (no optimizer in "
-            f"this process; the OOM came at {fb(ev.allocated)} allocated): a smaller batch cannot make room.",
+            say("states.no_optimizer", states=states, total=ev.total, allocated=ev.allocated),
         )
     if states < bar:  # activations are gone by optimizer.step()
         return ev.result(
             Cause.MODEL_STATES,
             ["fused_optimizer", *_model_states_order(ev)],
-            f"The OOM came inside optimizer.step(), where activations are already freed: parameters, "
-            f"gradients and optimizer state ({fb(states)}) and the optimizer's own temporaries did not "
-            f"fit in the {fb(ev.total)} capacity ({fb(ev.allocated)} allocated, {fb(ev.requested)} "
-            "requested).",
+            say("states.in_step", states=states, total=ev.total, allocated=ev.allocated, requested=ev.requested),
         )
-    where = " in optimizer.step()" if in_step else ""
-    gathered = f", {fb(ev.unsharded)} of them all-gathered parameters" if ev.unsharded else ""
+    where = say("states.where_step") if in_step else ""
+    gathered = say("states.gathered", gathered=ev.unsharded) if ev.unsharded else ""
     # in optimizer.step() with states that fit the capacity: the foreach temporaries did not (docs/diagnosis.md)
     fused = ["fused_optimizer"] if in_step and states < ev.total and not _states_rose(ev) else []
     return ev.result(
         Cause.MODEL_STATES,
         [*fused, *_untrained_first(ev), *_layout_first(ev), *_model_states_order(ev)],
-        f"Parameters, gradients and optimizer state need {fb(states)} of the {fb(ev.total)} capacity{gathered} "
-        f"(the OOM came{where} at {fb(ev.allocated)} allocated){_frozen_part(ev)}: no batch size or activation "
-        "remedy can make room.",
+        say(
+            "states.fill", states=states, total=ev.total, gathered=gathered, where=where, allocated=ev.allocated,
+            frozen=_frozen_part(ev),
+        ),
     )
 
 
@@ -296,20 +265,21 @@ def _frozen_weights(ev: Evidence, states: int) -> Diagnosis:
     return ev.result(
         Cause.MODEL_STATES,
         [*_untrained_first(ev), "quantize_base", "offload_frozen", "smaller_base", "light_optimizer"],
-        f"Frozen weights{_modules(ev)} take {fb(ev.frozen)} of the {fb(states)} of parameters, gradients and "
-        f"optimizer state, against a {fb(ev.total)} capacity (the OOM came at {fb(ev.allocated)} allocated): "
-        "no activation remedy makes room for weights; shrink or move the frozen model.",
+        say(
+            "states.frozen", modules=_modules(ev), frozen=ev.frozen, states=states, total=ev.total,
+            allocated=ev.allocated,
+        ),
     )
 
 
 def _modules(ev: Evidence) -> str:
-    return f" ({', '.join(ev.frozen_modules)})" if ev.frozen_modules else ""
+    return say("frozen.modules", names=", ".join(ev.frozen_modules)) if ev.frozen_modules else ""
 
 
 def _frozen_part(ev: Evidence) -> str:
-    part = f"; {fb(ev.frozen)} of the parameters are frozen{_modules(ev)}" if ev.frozen else ""
+    part = say("frozen.part", frozen=ev.frozen, modules=_modules(ev)) if ev.frozen else ""
     if ev.untrained_grads:
-        part += f", yet {fb(ev.untrained_grads)} of gradients were computed for parameters no optimizer trains"
+        part += say("frozen.untrained", grads=ev.untrained_grads)
     return part
 
 
@@ -353,18 +323,12 @@ def _frozen_forward_rule(ev: Evidence) -> Optional[Diagnosis]:
     recording = bool(ev.f.get("grad_enabled"))
     keys = ["frozen_no_grad", "precompute_frozen", "frozen_half"] if recording else ["precompute_frozen", "frozen_half"]
     keys = [*_untrained_first(ev), *keys]
-    weights = f" Frozen weights{_modules(ev)}: {fb(ev.frozen)}." if ev.frozen else ""
+    weights = say("frozen_forward.weights", modules=_modules(ev), frozen=ev.frozen) if ev.frozen else ""
     return ev.result(
         Cause.ACTIVATIONS,
         [*keys, "offload_frozen", "eval_batch"],
-        f"The OOM came in the forward of a frozen model (no trainable parameter: a teacher, reference or reward "
-        f"model) inside a training step: {fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of "
-        f"{fb(ev.total)}"
-        + (
-            ", with autograd recording, so its activations are kept for a backward that gives it nothing."
-            if recording
-            else "."
-        )
+        say("frozen_forward", needed=_needed(ev))
+        + (say("frozen_forward.recording") if recording else ".")
         + weights,
     )
 
@@ -379,8 +343,7 @@ def _oversized_rule(ev: Evidence) -> Optional[Diagnosis]:
     return ev.result(
         Cause.OVERSIZED_REQUEST,
         ["oversized", "bound_input"],
-        f"One request of {fb(ev.requested)} is more than half of the {fb(ev.usable)} this process could "
-        "use (reserved plus free).",
+        say("oversized", requested=ev.requested, usable=ev.usable),
     )
 
 
@@ -390,17 +353,11 @@ def _evaluation_rule(ev: Evidence) -> Optional[Diagnosis]:
     if not ev.evaluating or _fragmented(ev):
         return None
     recording = bool(ev.f.get("grad_enabled"))
-    needed = f"{fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of {fb(ev.total)}"
     return ev.result(
         Cause.ACTIVATIONS,
         # never cast the weights being trained; eval mode alone does not show the forward trains nothing
         ["no_grad", "eval_batch", "checkpointing"] if recording else ["eval_batch"],
-        f"An evaluation forward (the model is in eval mode) does not fit: {needed}"
-        + (
-            ", with autograd recording, so every activation is kept for a backward that never comes."
-            if recording
-            else "; an evaluation batch needs its own size, not the training batch's."
-        ),
+        say("evaluation", needed=_needed(ev)) + say("evaluation.recording" if recording else "evaluation.own_batch"),
     )
 
 
@@ -413,9 +370,7 @@ def _huge_activation(ev: Evidence) -> Diagnosis:
     return ev.result(
         Cause.ACTIVATIONS,
         [*first, "batch", "oversized", "bound_input"],
-        f"One tensor of {fb(ev.requested)}, more than half of the {fb(ev.usable)} this process could use "
-        "(reserved plus free), was asked for inside the model's forward: an activation, whose size "
-        "follows the batch and the sequence length.",
+        say("huge_activation", requested=ev.requested, usable=ev.usable),
     )
 
 
@@ -426,9 +381,10 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         return ev.result(
             Cause.GROWING_DEMAND,
             ["bound_input", "eval_batch"],
-            f"Forwards ran for seconds at up to {fb(int(earlier))} (sampled), then one needed {fb(ev.need)} "
-            f"({fb(ev.allocated)} allocated plus {fb(ev.requested)} requested): more than any forward before it"
-            f"{_input_said(ev)}.",
+            say(
+                "demand.forwards", earlier=int(earlier), need=ev.need, allocated=ev.allocated, requested=ev.requested,
+                input=_input_said(ev),
+            ),
         )
     demand = ev.trend.demand
     if not ev.outgrew(ev.step_need) and not ev.trend.growing and demand is None:
@@ -440,59 +396,37 @@ def _demand_rule(ev: Evidence) -> Optional[Diagnosis]:
         return ev.result(
             Cause.GROWING_DEMAND,
             ["expert_capacity", "bound_input", "checkpointing", *each, "batch"],
-            summary + f", at the same input ({elements:,} elements a forward) in a model with experts "
-            f"({fb(ev.experts)} of expert parameters): the routing grew it, more tokens sent to one expert. "
-            "Defragmenting cannot help; bound what one expert takes." + _kept_until_backward(ev),
+            summary + say("demand.routing", elements=elements, experts=ev.experts) + _kept_until_backward(ev),
         )
     # experts seen, or a writer older than 1.10 that could not say: routing may be the growth too
     maybe_routed = bool(ev.experts) or "expert_parameters_bytes" not in (ev.f.get("model_states") or {})
     if demand is not None and demand.input_rose:
-        grew = f": its input grew from {demand.first_input:,} to {demand.last_input:,} elements a forward"
+        grew = say("demand.input_rose", first=demand.first_input, last=demand.last_input)
     elif ev.same_input is not None:
-        grew = (
-            f": at the same input ({ev.same_input:,} elements a forward, no more than the earlier steps took), what "
-            "the step computes or keeps grew"
-        )
+        grew = say("demand.same_input", elements=ev.same_input)
     else:
-        grew = _input_said(ev) + (
-            "; in a mixture-of-experts model more tokens routed to one expert grow it too, and these facts cannot tell "
-            "the two apart"
-            if maybe_routed
-            else ""
-        )
+        grew = _input_said(ev) + (say("demand.maybe_routed") if maybe_routed else "")
     return ev.result(
         Cause.GROWING_DEMAND,
         ["bound_input", "checkpointing", *each, "batch", *(["expert_capacity"] if maybe_routed else [])],
-        summary
-        + grew
-        + ". Defragmenting cannot help; bound what one forward takes in, or keep less of each step."
-        + _kept_until_backward(ev),
+        summary + grew + say("demand.end") + _kept_until_backward(ev),
     )
 
 
 def _input_said(ev: Evidence) -> str:
     """What the event records of the input one forward took in, said as recorded (never guessed)."""
     now = int(ev.f.get("input_elements", -1) or -1)
-    if now > 0:
-        return f" (the largest input one forward took in since the last step row: {now:,} elements)"
-    return " (what one forward took in is not recorded: a larger batch or a longer sequence would raise it so)"
+    return say("input.recorded", elements=now) if now > 0 else say("input.unrecorded")
 
 
 def _demand_summary(ev: Evidence, demand: Optional[trend.Demand]) -> str:
     """What the failing step needed against the earlier steps, and how their own memory rose."""
-    own = fb(ev.step_need) if ev.step_need is not None else "unknown"
-    prior = fb(ev.prior_transient) if ev.prior_transient is not None else "unknown"
-    summary = (
-        f"The failing step needed at least {fb(ev.need)} ({fb(ev.allocated)} allocated plus "
-        f"{fb(ev.requested)} requested), {own} of it on top of what survives between steps, against at most "
-        f"{prior} in any earlier step (earlier peaks up to "
-        f"{fb(ev.prior_peak) if ev.prior_peak is not None else 'unknown'})"
+    summary = say(
+        "demand.step", need=ev.need, allocated=ev.allocated, requested=ev.requested, own=ev.step_need,
+        prior=ev.prior_transient, peak=ev.prior_peak,
     )
     if demand is not None:
-        summary += (
-            f"; the steps' own memory rose from {fb(demand.first_bytes)} to {fb(demand.last_bytes)} through the step "
-            "rows while what survives between steps did not explain it"
-        )
+        summary += say("demand.rose", first=demand.first_bytes, last=demand.last_bytes)
     return summary
 
 
@@ -501,14 +435,12 @@ def _kept_until_backward(ev: Evidence) -> str:
     if (ev.pending or 0) <= 1 or ev.consumed is None:
         return ""
     least = ev.f.get("least_forwards_per_backward")
-    between = f"between {least} and {ev.consumed}" if least is not None and least < ev.consumed else f"{ev.consumed}"
-    said = (
-        f" {ev.pending} forwards have kept their graphs since the last backward; this job's backwards consumed "
-        f"{between} together: a longer episode, window or accumulation keeps more"
-    )
+    varied = least is not None and least < ev.consumed
+    between = say("kept.between", least=least, most=ev.consumed) if varied else f"{ev.consumed}"
+    said = say("kept.pending", pending=ev.pending, between=between)
     held = [h for h in census_findings.holders(ev) if int(h.get("graph_tensors") or 0) > 0]
     if held:  # what holds them, as the census saw it: the user tells a longer episode from outputs kept for nothing
-        said += f"; {census_findings.says(held[0])}"
+        said += say("kept.holder", holder=census_findings.says(held[0]))
     return said + "."
 
 
@@ -531,9 +463,7 @@ def _fragmentation_rule(ev: Evidence) -> Optional[Diagnosis]:
     return ev.result(
         Cause.FRAGMENTATION,
         [fix, "shapes"],
-        f"{fb(ev.requested)} were requested while {fb(ev.cached_free)} sat reserved but unallocated "
-        f"(largest free block {fb(block) if block is not None else 'unknown'}) and {fb(ev.free)} were "
-        "free, and the step needed no more than earlier steps did: enough bytes, no block large enough.",
+        say("fragmentation", requested=ev.requested, cached_free=ev.cached_free, block=block, free=ev.free),
     )
 
 
@@ -550,10 +480,7 @@ def _stranded_rule(ev: Evidence) -> Optional[Diagnosis]:
     return ev.result(
         Cause.FRAGMENTATION,
         ["graph_pools", "fused_optimizer" if ev.f.get("phase") == "optimizer" else "checkpointing"],
-        f"{fb(ev.requested)} were requested while {fb(spare)} sat unallocated in private pools (CUDA graphs, "
-        f"MemPool; {fb(ev.private)} reserved there) and only {fb(own)} were free or cached for everything "
-        "else: the bytes existed, held by the graphs' pools, which lend nothing to other allocations (not "
-        "holes in the default pool: expandable segments cannot help).",
+        say("stranded", requested=ev.requested, spare=spare, private=ev.private, own=own),
     )
 
 
@@ -564,13 +491,11 @@ def _graph_pool_rule(ev: Evidence) -> Optional[Diagnosis]:
     if ev.private < th.value("private_pool_share") * ev.total:
         return None
     spare = ev.f.get("private_pool_free_bytes")
-    unused = f", {fb(int(spare))} of it unallocated" if isinstance(spare, int) else ""
+    unused = say("graph_pools.unused", spare=int(spare)) if isinstance(spare, int) else ""
     return ev.result(
         Cause.ACTIVATIONS,
         ["graph_pools", "checkpointing", "batch"],
-        f"{fb(ev.private)} of the {fb(ev.reserved)} reserved sit in private pools (CUDA graphs, MemPool){unused}: "
-        f"only their own graphs can use them, and the rest of the step needed {fb(ev.need)} of "
-        f"{fb(ev.total)}. Not fragmentation of the default pool.",
+        say("graph_pools", private=ev.private, reserved=ev.reserved, unused=unused, need=ev.need, total=ev.total),
     )
 
 
@@ -592,50 +517,44 @@ def _fallback(ev: Evidence) -> Diagnosis:
         return ev.result(
             Cause.EXHAUSTION,
             ["batch", "autocast", "checkpointing", "compile"],
-            f"The job needs more than the {fb(ev.total)} capacity: {fb(ev.allocated)} allocated and "
-            f"{fb(ev.requested)} more requested (no optimizer step was seen, so memory by category is unknown).",
+            say("exhaustion.no_step", total=ev.total, allocated=ev.allocated, requested=ev.requested),
         )
     states = ev.states or 0
-    gathered = f", all-gathered parameters {fb(ev.unsharded)}" if ev.unsharded else ""
+    gathered = say("activations.gathered", gathered=ev.unsharded) if ev.unsharded else ""
     parts = f"{_frozen_part(ev)}{gathered}"
     return ev.result(
         Cause.ACTIVATIONS,
         [*_layout_first(ev), "checkpointing", "autocast", "batch", "compile"],
-        f"A steady step does not fit: {fb(ev.need)} needed of {fb(ev.total)}, of which parameters, "
-        f"gradients and optimizer state are {fb(states)}{parts}{', and' if parts else ' and'} activations and "
-        "temporaries the rest.",
+        say("activations.steady" if parts else "activations.steady_plain", need=ev.need, total=ev.total, states=states,
+            parts=parts),
     )
+
+
+def _needed(ev: Evidence) -> str:
+    return say("needed", allocated=ev.allocated, requested=ev.requested, total=ev.total)
 
 
 def _no_training(ev: Evidence) -> Diagnosis:
     """Out of memory in a process that has no optimizer and never stepped one."""
-    needed = f"{fb(ev.allocated)} allocated and {fb(ev.requested)} more requested of {fb(ev.total)}"
+    needed = _needed(ev)
     if ev.states is not None and ev.f.get("phase") in ("forward", None):  # the weights are known
         recording = bool(ev.f.get("grad_enabled"))
         return ev.result(
             Cause.ACTIVATIONS,
             ["no_grad", "batch", "autocast", "compile"] if recording else ["batch", "autocast", "compile"],
-            f"A forward does not fit: {needed}, of which the weights are {fb(ev.states)} and the forward's "
-            "activations and temporaries the rest"
-            + (
-                "; autograd was recording, in a process with no optimizer, so every activation is kept for "
-                "a backward that may never come."
-                if recording
-                else "."
-            ),
+            say("forward.weights", needed=needed, states=ev.states)
+            + (say("forward.weights_recording") if recording else "."),
         )
     if ev.f.get("grad_enabled") and ev.f.get("phase") in ("forward", None):
         return ev.result(
             Cause.EXHAUSTION,
             ["no_grad", "batch", "autocast", "compile"],
-            f"A forward needs more than the capacity ({needed}) with autograd recording, in a process "
-            "that has no optimizer: if nothing here is trained (inference, evaluation), every "
-            "activation is kept for a backward that never comes.",
+            say("forward.recording", needed=needed),
         )
     return ev.result(
         Cause.EXHAUSTION,
         ["batch", "autocast", "checkpointing", "compile"],
-        f"The job needs more than the capacity: {needed} (no optimizer exists, so memory by category is unknown).",
+        say("exhaustion.no_optimizer", needed=needed),
     )
 
 

@@ -20,6 +20,7 @@ from oomsight.analysis.oomfacts import (
     states,
     trains,
 )
+from oomsight.analysis.wording import say
 from oomsight.wire.schema import Diagnosis
 
 
@@ -234,12 +235,9 @@ class Evidence:
         self.facts["changes_result"] = remedies.changes(picked)
         used = self.facts["in_use"]
         if used:
-            summary += f" Already in use: {', '.join(used)}."
+            summary += say("in_use", used=", ".join(used))
         if self.no_allocator_detail:
-            summary += (
-                f" The {self.f.get('allocator_backend') or 'non-native'} allocator gives no block sizes, split or "
-                "retry counts (and no OOM observer: captured from the exception), so fragmentation cannot be seen."
-            )
+            summary += say("no_allocator_detail", backend=self.f.get("allocator_backend") or "non-native")
         return Diagnosis(cause=cause.value, summary=summary, remedies=remedies.texts(picked), facts=self.facts)
 
 

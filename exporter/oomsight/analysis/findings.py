@@ -13,7 +13,7 @@ from typing import Any, Optional
 from oomsight.analysis import thresholds as th
 from oomsight.analysis import trend
 from oomsight.analysis.evidence import Cause, Evidence
-from oomsight.analysis.units import format_bytes as fb
+from oomsight.analysis.wording import say
 from oomsight.wire.schema import Diagnosis
 
 UNBOUNDED = ("list", "dict", "tuple", "set", "attribute")
@@ -39,13 +39,16 @@ def says(h: Mapping[str, Any]) -> str:
     n_graph, n_det = int(h.get("graph_tensors") or 0), int(h.get("detached_tensors") or 0)
     what = []
     if n_graph:
-        what.append(f"{n_graph} tensor{'s' if n_graph != 1 else ''} with an autograd graph")
+        what.append(say("census.graph_tensors", n=n_graph, s="s" if n_graph != 1 else ""))
     if n_det:
-        what.append(f"{n_det} detached tensor{'s' if n_det != 1 else ''}")
+        what.append(say("census.detached_tensors", n=n_det, s="s" if n_det != 1 else ""))
     where = f" ({h.get('framework')})" if h.get("framework") else ""
     kind = h.get("kind")
     container = f"the {kind} " if kind not in ("attribute", None) else "the attribute "
-    return f"{container}{h.get('name')}{where} holds {' and '.join(what)}, {fb(int(h.get('bytes') or 0))}"
+    return say(
+        "census.holder", container=container, name=h.get("name"), where=where, what=" and ".join(what),
+        bytes=int(h.get("bytes") or 0),
+    )
 
 
 def own_children(ev: Evidence) -> Optional[Diagnosis]:
@@ -64,8 +67,7 @@ def own_children(ev: Evidence) -> Optional[Diagnosis]:
     return ev.result(
         Cause.OTHER_PROCESS,
         ["worker_cuda", "other_process"],
-        f"{len(children)} of this job's own child processes hold {fb(held)} of the {fb(ev.total)} GPU: {names}. "
-        "They descend from this process (DataLoader workers or helpers that opened CUDA), not another tenant.",
+        say("census.own_children", count=len(children), held=held, total=ev.total, names=names),
     )
 
 
@@ -83,7 +85,7 @@ def kept_graphs(ev: Evidence) -> Optional[Diagnosis]:
     ev.facts["held_by"] = top.get("name")
     ev.facts["held_graph_tensors"] = int(top.get("graph_tensors") or 0)
     pending, most = ev.pending, ev.consumed
-    consumed = f"the most one backward consumed together is {most}" if most is not None else "no backward consumed any"
+    consumed = say("census.most_consumed", most=most) if most is not None else say("census.none_consumed")
     recording = bool(ev.f.get("grad_enabled"))
     # where the forward trains nothing (no optimizer, no backward ever) autograd itself is the waste: no_grad first
     keys = ["no_grad", "detach_kept", "leak"] if recording and ev.trains_nothing else ["detach_kept", "leak"]
@@ -91,19 +93,18 @@ def kept_graphs(ev: Evidence) -> Optional[Diagnosis]:
     return ev.result(
         Cause.LEAK,
         keys,
-        f"{pending} forwards recorded an autograd graph since a backward last consumed one, and {consumed}; "
-        f"{says(top)}. Each kept output holds its forward's activations through its graph.{_rise(ev)}",
+        say("census.kept_graphs", pending=pending, consumed=consumed, holder=says(top), rise=_rise(ev)),
     )
 
 
 def _rise(ev: Evidence) -> str:
     """The memory rise the counters recorded beside what the census saw holding it."""
     if ev.forward_pile:
-        return f" The memory left after each forward rose by {fb(ev.forward_pile)}, by about the same each forward."
+        return say("census.rise_each_forward", growth=ev.forward_pile)
     if ev.piled:
-        return f" Even the lowest memory rose by {fb(ev.piled)} over the last seconds."
+        return say("census.rise_lowest", growth=ev.piled)
     if ev.trend.leak:
-        return f" The memory left between optimizer steps rose by {fb(ev.trend.floor_growth_bytes)}."
+        return say("census.rise_floor", growth=ev.trend.floor_growth_bytes)
     return ""
 
 
@@ -136,9 +137,10 @@ def kept_tensors(ev: Evidence) -> Optional[Diagnosis]:
     return ev.result(
         Cause.LEAK,
         keys,
-        f"Outside the parameters, gradients and optimizer state, {fb(held)} of the {fb(ev.total)} capacity is held "
-        f"by what the job keeps: {said}. The OOM came at {fb(ev.allocated)} allocated with {fb(ev.requested)} "
-        "requested.",
+        say(
+            "census.kept_tensors", held=held, total=ev.total, said=said, allocated=ev.allocated,
+            requested=ev.requested,
+        ),
     )
 
 
