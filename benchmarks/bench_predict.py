@@ -16,7 +16,7 @@ JSON is rewritten after every configuration, so a run cut short leaves what it d
 
 For every configuration below:
 
-* **predicted** (``oomsight.tools.predict``, on this machine's CPU with the GPU hidden):
+* **predicted** (``oomsight.predict``, on this machine's CPU with the GPU hidden):
   peak allocated and reserved over 3 steps at the measured batch size, and the largest
   batch that fits the cap with ``MARGIN``;
 * **measured** (a fresh process, the oomsight hook started): the same 3 steps of the same

@@ -88,7 +88,7 @@ CONFIGS: dict[str, list[str]] = {
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    from oomsight.tools.predict import command
+    from oomsight.tools import predict_command as command
 
     parser = argparse.ArgumentParser()
     command.add(parser.add_subparsers())
@@ -103,7 +103,7 @@ def measure(argv: list[str], device: str) -> dict[str, Any]:
     """Build the model the flags describe on ``device``, run its steps, read torch's peaks."""
     import torch
 
-    from oomsight.tools.predict import command
+    from oomsight.tools import predict_command as command
 
     args = _args(argv)
     spec = command._spec(args)
@@ -138,7 +138,7 @@ def measure(argv: list[str], device: str) -> dict[str, Any]:
 
 
 def _default_step(settings: dict[str, Any]) -> Any:
-    from oomsight.tools.predict import tracing
+    from oomsight.predict import tracing
 
     return tracing.default_step(accumulation=settings["accumulation"], autocast=settings["autocast"])
 
@@ -154,7 +154,7 @@ def _child(what: str, name: str, device: str, timeout: float) -> dict[str, Any]:
 
 
 def _predict(name: str) -> dict[str, Any]:
-    from oomsight.tools.predict import command
+    from oomsight.tools import predict_command as command
 
     args = _args(CONFIGS[name])
     started = time.perf_counter()

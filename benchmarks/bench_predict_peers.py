@@ -59,7 +59,7 @@ def accelerate_estimate(model: Any, mixed: bool) -> int:
 def row_for(measured_row: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from oomsight.tools.predict import models
+    from oomsight.predict import models
 
     config = measured_row["config"]
     with torch.device("meta"):

@@ -249,7 +249,7 @@ def _emulated_build(row: Row, device: str) -> Any:
     import torch
     from bench_predict_llm import _args
 
-    from oomsight.tools.predict import command
+    from oomsight.tools import predict_command as command
 
     with torch.device(device):
         model = command._spec(_args(predict_argv(row)))["build"]()
@@ -292,7 +292,7 @@ def run_trainer(row: Row, model: Any, device: str, label: str) -> dict[str, Any]
     optim = "adamw_bnb_8bit" if row.bnb == "adamw8bit" and label == "real" else "adamw_torch"
     optimizers: tuple[Any, Any] = (None, None)
     if emulated_8bit:  # the predictor's AdamW8bit (its state tensors) as the Trainer's optimizer
-        from oomsight.tools.predict import adapter
+        from oomsight.predict import adapter
 
         optimizers = (adapter.AdamW8bit([p for p in model.parameters() if p.requires_grad], lr=1e-4), None)
     with tempfile.TemporaryDirectory() as folder:

@@ -9,7 +9,7 @@ The trace includes the cuBLAS workspaces the prediction adds, so those match.
 
 ``--kernels`` also measures, op by op over one warmed-up step on the GPU, what each ATen
 call allocates and frees inside itself (the peak of the call above what it leaves), beside
-what ``oomsight.tools.predict.kernels`` models for the same call: kernel-private memory
+what ``oomsight.predict.kernels`` models for the same call: kernel-private memory
 that no trace sees, found by op rather than by model.
 
     python3 benchmarks/predict_diff.py --config vit_b_16-fp32-adamw --out DIR [--kernels]
@@ -83,8 +83,8 @@ def gpu_side(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def cpu_side(cfg: dict[str, Any]) -> dict[str, Any]:
-    from oomsight.tools.predict import tracing
-    from oomsight.tools.predict.predictor import workspace_default
+    from oomsight.predict import tracing
+    from oomsight.predict.predictor import workspace_default
 
     s = predict_worker._setup(cfg)
     spec = s["spec"]
@@ -102,7 +102,7 @@ def kernel_meter(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from oomsight.tools.predict import kernels
+    from oomsight.predict import kernels
 
     seen: dict[str, dict[str, Any]] = {}
 

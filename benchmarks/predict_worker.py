@@ -25,7 +25,7 @@ def _setup(cfg: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from oomsight.tools.predict import models, tracing
+    from oomsight.predict import models, tracing
 
     spec = models.get(cfg["model"])
     if cfg.get("optimizer") == "sgd":
@@ -39,7 +39,7 @@ def _setup(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def predict(cfg: dict[str, Any]) -> dict[str, Any]:
     """The predictions of one configuration (CPU only)."""
-    from oomsight.tools.predict import largest_batch, predict_peak
+    from oomsight.predict import largest_batch, predict_peak
 
     s = _setup(cfg)
     spec = s["spec"]
@@ -162,7 +162,7 @@ def _dump_history(torch: Any, cfg: dict[str, Any]) -> None:
 
 def _dump_trace(cfg: dict[str, Any]) -> None:
     """The predictor's events of the same steps, to compare with the allocator's."""
-    from oomsight.tools.predict import tracing
+    from oomsight.predict import tracing
 
     s = _setup(cfg)
     spec = s["spec"]
@@ -196,7 +196,7 @@ def calibrate() -> dict[str, Any]:
     """cuBLAS workspaces (forward thread, autograd's device thread) and the SDPA backend choice."""
     import torch
 
-    from oomsight.tools.predict.emulation import sdpa_backend
+    from oomsight.predict.emulation import sdpa_backend
 
     a = torch.randn(64, 64, device="cuda", requires_grad=True)
     torch.cuda.synchronize()

@@ -31,7 +31,7 @@ def _bench() -> Any:
 
 def test_every_row_is_a_command_oomsight_predict_accepts() -> None:
     """Each row's flags, at GPU and CPU sizes, pass ``oomsight predict``'s own parser and checks."""
-    from oomsight.tools.predict import command
+    from oomsight.tools import predict_command as command
 
     bench = _bench()
     for name, row in bench.ROWS.items():

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import oomsight
-from oomsight.tools.predict import command as predict_command
+from oomsight.tools import predict_command
 
 from clirun import PEEKS, PY, env_with_tmp, said_well, started, wait_for_line, with_stdout_closed
 from clirun import oomsight as run_oomsight
@@ -249,7 +249,7 @@ def test_resnet50_without_torchvision_is_built_from_transformers(tmp_path):
 
 
 def test_a_named_model_that_nothing_installed_can_build_is_one_clear_line():
-    from oomsight.tools.predict import models
+    from oomsight.predict import models
 
     spec = models.ModelSpec(
         "m", models.MODELS["gpt2"].build, models.MODELS["gpt2"].batch, "", ("no_such_pkg_a", "b_no")
@@ -281,8 +281,8 @@ def test_probe_batch_size_on_a_machine_without_cuda_says_so_and_what_to_use_inst
     ("public", "module", "name"),
     [
         ("probe_batch_size", "oomsight.tools.probe", "probe_batch_size"),
-        ("predict_peak", "oomsight.tools.predict.predictor", "predict_peak"),
-        ("largest_batch", "oomsight.tools.predict.predictor", "largest_batch"),
+        ("predict_peak", "oomsight.predict.predictor", "predict_peak"),
+        ("largest_batch", "oomsight.predict.predictor", "largest_batch"),
         ("measure_remedies", "oomsight.tools.remedy", "measure_remedies"),
     ],
 )
@@ -468,7 +468,7 @@ def test_a_missing_module_that_no_extra_installs_is_not_blamed_on_one(monkeypatc
         monkeypatch.setitem(sys.modules, name, None)  # not installed, as in `pip install .`
     assert cli._extra_for("predict", "torch.nn") == "predict" and cli._extra_for("predict", "transformers") == "predict"
     assert cli._extra_for("predict", "bitsandbytes") is None  # not the predict extra's: not said to be
-    assert cli._extra_for("predict", "oomsight.tools.predict.gone") is None  # ours missing: a broken install
+    assert cli._extra_for("predict", "oomsight.predict.gone") is None  # ours missing: a broken install
     assert cli._extra_for("webhook", "cryptography") == "sidecar" and cli._extra_for("report", "torch") is None
     monkeypatch.delitem(sys.modules, "torch")
     if importlib.util.find_spec("torch") is not None:  # installed: a part of it that failed is not a missing extra

@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from oomsight.analysis.allocator import (  # noqa: E402
+from oomsight.predict import emulation, largest_batch, models, predict_peak, tracing  # noqa: E402
+from oomsight.predict.allocator import (  # noqa: E402
     LARGE_BUFFER,
     SMALL_BUFFER,
     CachingAllocator,
@@ -25,8 +26,7 @@ from oomsight.analysis.allocator import (  # noqa: E402
     round_size,
     segment_size,
 )
-from oomsight.tools.predict import emulation, largest_batch, models, predict_peak, tracing  # noqa: E402
-from oomsight.tools.predict.command import parse_bytes  # noqa: E402
+from oomsight.tools.predict_command import parse_bytes  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDED = os.path.join(ROOT, "benchmarks", "results", "predict.json")
@@ -113,7 +113,7 @@ def test_cuda_autocast_is_applied_on_fake_cpu_tensors_by_cudas_op_lists():
 
 
 def test_every_op_cuda_autocasts_in_this_build_has_a_policy_here():
-    from oomsight.tools.predict import autocast
+    from oomsight.predict import autocast
 
     ops = autocast.cuda_autocast_ops()  # read from the dispatcher's AutocastCUDA kernels
     assert len(ops) > 50
@@ -230,7 +230,7 @@ def _efficient_backward_args(dtype, permuted_grad):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("permuted_grad", [True, False])
 def test_efficient_attention_backward_takes_a_grad_copy_and_fp32_delta_inside_the_call(dtype, permuted_grad):
-    from oomsight.tools.predict import kernels
+    from oomsight.predict import kernels
 
     op = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
     args, grad_bytes, rows_bytes = _efficient_backward_args(dtype, permuted_grad)

@@ -19,8 +19,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from oomsight.predict import generation, hfmodel, inputs  # noqa: E402
 from oomsight.tools import exitcode  # noqa: E402
-from oomsight.tools.predict import command, generation, hfmodel, inputs  # noqa: E402
+from oomsight.tools import predict_command as command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = (
@@ -254,7 +255,7 @@ def test_a_wrong_model_name_is_refused_before_torch_is_imported_with_the_local_f
     checked first, and the line says that a local folder holding config.json works."""
     code = (
         "import argparse, sys\n"
-        "from oomsight.tools.predict import command\n"
+        "from oomsight.tools import predict_command as command\n"
         "p = argparse.ArgumentParser(prog='oomsight'); command.add(p.add_subparsers())\n"
         "for name in ('lama', 'some-org/some-model', 'gone/config.json'):\n"
         "    a = p.parse_args(['predict', '--model', name]); assert a.handler(a) == 2\n"
@@ -285,6 +286,6 @@ def test_a_hub_id_in_the_local_cache_is_read_from_its_snapshot(tmp_path: Path, m
 
 
 def test_the_names_checked_before_torch_are_the_named_models() -> None:
-    from oomsight.tools.predict import models
+    from oomsight.predict import models
 
     assert set(inputs.NAMED_MODELS) == set(models.MODELS)

@@ -15,8 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from oomsight.predict import adapter, gpu, hfmodel  # noqa: E402
 from oomsight.tools import exitcode  # noqa: E402
-from oomsight.tools.predict import adapter, command, gpu, hfmodel  # noqa: E402
+from oomsight.tools import predict_command as command  # noqa: E402
 
 SMALL = dict(
     hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -183,7 +184,7 @@ def test_seq_len_defaults_to_1024_capped_by_the_model_s_positions() -> None:
 
 
 def test_the_attention_kernel_follows_the_gpu_s_capability(capsys: Any) -> None:
-    from oomsight.tools.predict import emulation
+    from oomsight.predict import emulation
 
     q = torch.empty(2, 4, 16, 64, dtype=torch.bfloat16)
     assert emulation.sdpa_backend(q, None, 0.0, capability=(9, 0)) == "cudnn"
@@ -200,7 +201,7 @@ def test_the_attention_kernel_follows_the_gpu_s_capability(capsys: Any) -> None:
 
 
 def test_generate_holds_the_key_value_cache_and_a_dynamic_one_grows_with_new_tokens(capsys: Any) -> None:
-    from oomsight.tools.predict import generation
+    from oomsight.predict import generation
 
     argv = ["--model", MODEL, "--batch", "2", "--dtype", "bf16"]
     found = {
@@ -340,7 +341,7 @@ def test_a_dual_encoder_takes_images_and_tokens_and_returns_its_contrastive_loss
 
 
 def test_t5_in_bf16_attends_by_the_memory_efficient_kernel_as_a_gpu_would(capsys: Any, monkeypatch: Any) -> None:
-    from oomsight.tools.predict import emulation
+    from oomsight.predict import emulation
 
     chosen: list[tuple[str, bool]] = []
     plain = emulation.sdpa_backend
@@ -359,7 +360,7 @@ def test_t5_in_bf16_attends_by_the_memory_efficient_kernel_as_a_gpu_would(capsys
 
 
 def test_cudnn_attention_is_refused_where_pytorch_s_rules_refuse_it() -> None:
-    from oomsight.tools.predict import emulation
+    from oomsight.predict import emulation
 
     q = torch.empty(2, 4, 16, 64, dtype=torch.bfloat16)
     learned = torch.zeros(1, 4, 16, 16, requires_grad=True)
@@ -373,7 +374,7 @@ def test_cudnn_attention_is_refused_where_pytorch_s_rules_refuse_it() -> None:
 
 
 def test_the_memory_efficient_kernel_gets_its_bias_padded_to_8_as_pytorch_pads_it() -> None:
-    from oomsight.tools.predict import emulation
+    from oomsight.predict import emulation
 
     q, k = torch.empty(2, 4, 36, 32), torch.empty(2, 4, 36, 32)
     bias = emulation._efficient_bias(torch.zeros(1, 4, 36, 36), q, k)

@@ -17,8 +17,9 @@ peft = pytest.importorskip("peft")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from oomsight.predict import adapter  # noqa: E402
 from oomsight.tools import cli  # noqa: E402
-from oomsight.tools.predict import adapter, command  # noqa: E402
+from oomsight.tools import predict_command as command  # noqa: E402
 
 SMALL = (
     "llama:hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,num_key_value_heads=2,"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oomsight.tools.predict import parallel
+from oomsight.predict import parallel
 
 MIXTRAL = ("mixtral:hidden_size=4096,intermediate_size=14336,num_hidden_layers=32,num_attention_heads=32,"
            "num_key_value_heads=8,num_local_experts=8,num_experts_per_tok=2,vocab_size=32000")  # fmt: skip
@@ -15,7 +15,7 @@ MIXTRAL = ("mixtral:hidden_size=4096,intermediate_size=14336,num_hidden_layers=3
 def _meta(spec: str) -> torch.nn.Module:
     import transformers
 
-    from oomsight.tools.predict import hfmodel
+    from oomsight.predict import hfmodel
 
     with torch.device("meta"):
         return transformers.AutoModelForCausalLM.from_config(hfmodel.load_config(spec)).to(torch.bfloat16)

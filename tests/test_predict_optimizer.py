@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from oomsight.tools.predict import command, optimizer, predict_peak
+from oomsight.predict import optimizer, predict_peak
+from oomsight.tools import predict_command as command
 
 W1, B1, W2, B2 = 256 * 512, 512, 512 * 128, 128
 """The elements of the two layers' weights and biases."""

@@ -1,4 +1,4 @@
-"""The per-rank arithmetic of ``oomsight predict --parallel`` (``tools/predict/parallel.py``) against
+"""The per-rank arithmetic of ``oomsight predict --parallel`` (``predict/parallel.py``) against
 real gloo ranks on the CPU: FSDP2's ``fully_shard`` (its padded local shards, the unit gathered in
 forward, gradients and optimizer state per rank), FSDP1's flat shard and DDP's buckets, each read
 off the storages the ranks really hold (as tests/test_accounting.py reads them)."""
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 from torch import nn  # noqa: E402
 
-from oomsight.tools.predict import parallel  # noqa: E402
+from oomsight.predict import parallel  # noqa: E402
 
 
 def model() -> nn.Module:
@@ -240,7 +240,7 @@ def test_the_largest_batch_per_rank_is_the_last_whose_per_rank_peak_fits() -> No
 def test_the_optimizer_steps_transient_is_a_later_steps_temporary_not_the_first_steps_new_state():
     # AdamW's first step makes its two moments (8 bytes a parameter) before its foreach temporary;
     # a layout counts the state itself (sharded or not), so only the rise of a later step is added
-    from oomsight.tools.predict import predict_peak
+    from oomsight.predict import predict_peak
 
     def build():
         return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])

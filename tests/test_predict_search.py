@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from oomsight.predict import parallel, tracing  # noqa: E402
+from oomsight.predict.predictor import affine_search  # noqa: E402
 from oomsight.tools import cli  # noqa: E402
-from oomsight.tools.predict import parallel, tracing  # noqa: E402
-from oomsight.tools.predict.predictor import affine_search  # noqa: E402
 
 LLAMA_7B = ("llama:hidden_size=4096,intermediate_size=11008,num_hidden_layers=32,num_attention_heads=32,"
             "num_key_value_heads=32,vocab_size=32000,max_position_embeddings=4096")  # fmt: skip

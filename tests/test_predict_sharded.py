@@ -1,5 +1,5 @@
 """Issue 34: a sharded job's per-rank peak traced from its own program (``fully_shard``, FSDP1 or DDP on a
-fake process group of the job's size, ``tools/predict/sharded.py``), checked against hand arithmetic at the
+fake process group of the job's size, ``predict/sharded.py``), checked against hand arithmetic at the
 sizes people rent clusters for, DDP's buckets and FSDP1's shards, gathered units and reduce-scatter input
 against two real gloo ranks, and ZeRO's per-rank states against DeepSpeed's own estimator formulas."""
 
@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 
 from test_predict_parallel import model, ranks  # noqa: E402, F401  (two gloo ranks' model and measurements)
 
+from oomsight.predict import parallel, sharded  # noqa: E402
 from oomsight.tools import cli  # noqa: E402
-from oomsight.tools.predict import parallel, sharded  # noqa: E402
 
 LLAMA_70B = ("llama:hidden_size=8192,intermediate_size=28672,num_hidden_layers=80,num_attention_heads=64,"
              "num_key_value_heads=8,vocab_size=128256,max_position_embeddings=8192")  # fmt: skip
@@ -68,7 +68,7 @@ def test_llama_70b_with_checkpointing_at_4096_tokens_is_the_hand_arithmetic(caps
 def test_mixtral_8x7b_fsdp2_over_8_peaks_in_its_sharded_optimizer_step(capsys: Any) -> None:
     import transformers
 
-    from oomsight.tools.predict import hfmodel
+    from oomsight.predict import hfmodel
 
     config = hfmodel.load_config(MIXTRAL)
     with torch.device("meta"):
@@ -95,7 +95,7 @@ def test_zero_states_at_the_step_are_deepspeeds_buffers_and_stage_2_meets_its_es
     term is labelled to meet it (issue 51)."""
     import transformers
 
-    from oomsight.tools.predict import hfmodel
+    from oomsight.predict import hfmodel
 
     config = hfmodel.load_config("llama:hidden_size=512,intermediate_size=1376,num_hidden_layers=4,"
                                  "num_attention_heads=8,num_key_value_heads=8,vocab_size=32000")  # fmt: skip
@@ -128,7 +128,7 @@ def test_zero_states_at_the_step_are_deepspeeds_buffers_and_stage_2_meets_its_es
 def test_the_blocks_carried_to_the_model_s_depth_match_the_whole_model_traced() -> None:
     import transformers
 
-    from oomsight.tools.predict import hfmodel
+    from oomsight.predict import hfmodel
 
     config = hfmodel.load_config("llama:hidden_size=256,intermediate_size=688,num_hidden_layers=8,"
                                  "num_attention_heads=4,num_key_value_heads=2,vocab_size=4000")  # fmt: skip
@@ -152,7 +152,7 @@ def rounded(size: int) -> int:
 
 @pytest.mark.parametrize("bucket_view", [False, True])
 def test_a_traced_ddp_rank_is_the_one_gpu_step_plus_the_reducer_s_bucket(bucket_view: bool) -> None:
-    from oomsight.tools.predict import predict_peak
+    from oomsight.predict import predict_peak
 
     def batch(n: int) -> Any:
         return torch.randn(n, 40)

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 accelerate_utils = pytest.importorskip("accelerate.utils")
 modeling_outputs = pytest.importorskip("transformers.modeling_outputs")
 
-from oomsight.tools.predict import tracing  # noqa: E402
+from oomsight.predict import tracing  # noqa: E402
 
 Pair = namedtuple("Pair", "first second")
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from oomsight.tools.predict import parallel, predict_peak
+from oomsight.predict import parallel, predict_peak
 
 GB = 10**9
 LLAMA3_70B = ("llama:hidden_size=8192,intermediate_size=28672,num_hidden_layers=80,num_attention_heads=64,"
@@ -26,7 +26,7 @@ logits', and the logits' fp32 gradients (2 x 8192 x 128256 x 4 B)."""
 def _meta(spec: str) -> torch.nn.Module:
     import transformers
 
-    from oomsight.tools.predict import hfmodel
+    from oomsight.predict import hfmodel
 
     with torch.device("meta"):
         return transformers.AutoModelForCausalLM.from_config(hfmodel.load_config(spec)).to(torch.bfloat16)

@@ -25,7 +25,7 @@ from fakes import GIB, FakeCuda
 from panelquery import DASHBOARDS, load, panels
 from spoolmaker import hooked_process
 
-PREDICT_JSON = {  # what `oomsight predict --model gpt2 --batch 8 --json` prints (tools/predict/command.py)
+PREDICT_JSON = {  # what `oomsight predict --model gpt2 --batch 8 --json` prints (tools/predict_command.py)
     "prediction": {
         "batch_size": 8,
         "peak_allocated_bytes": 4 * GIB + GIB // 10,

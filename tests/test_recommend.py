@@ -28,8 +28,8 @@ import pytest
 
 from dashboards import config, rules
 from oomsight.metrics.family import non_torch_bytes
+from oomsight.predict import gpu
 from oomsight.tools import catalogue, cli, recommend, tape
-from oomsight.tools.predict import gpu
 
 from fakes import GIB, ROOT
 from procs import exposition_server, owner_exposition, prometheus, promql_at, wait_for

@@ -116,7 +116,14 @@ program than the one measured. Stale is not wrong: it is due a re-run before a d
 HOOK = "exporter/oomsight/hook"
 READER = ("sidecar/oomsight_sidecar", "server/oomsight_server", "exporter/oomsight/metrics")
 JUDGE = ("benchmarks/corpus", "benchmarks/heldout", "exporter/oomsight/analysis")
-PREDICT = ("benchmarks/*predict*.py", "exporter/oomsight/tools/predict", "exporter/oomsight/analysis/allocator.py")
+PREDICT = ("benchmarks/*predict*.py", "exporter/oomsight/predict", "exporter/oomsight/tools/predict_command.py")
+FORMERLY = {
+    "exporter/oomsight/predict": ("exporter/oomsight/tools/predict", "exporter/oomsight/analysis/allocator.py"),
+    "exporter/oomsight/tools/predict_command.py": ("exporter/oomsight/tools/predict/command.py",),
+}
+"""A measured path -> where its code was before a move that changed no behaviour (issue 52: predict out of
+``tools/``, its allocator model out of ``analysis/``, the command beside the CLI): the commits on the old
+paths count too, so a move neither renews a mark nor hides the history it was judged on."""
 MEASURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("history/*", ()),  # replaced runs, kept as recorded: their tree is gone, never stale
     ("overhead*", ("benchmarks/bench_overhead.py", HOOK, "exporter/oomsight/wire")),
@@ -203,6 +210,7 @@ def stale(commit: str, paths: tuple[str, ...]) -> dict[str, object]:
     they are more than ``STALE_AFTER_COMMITS``."""
     if not paths:
         return {"stale": False}
+    paths = (*paths, *(old for path in paths for old in FORMERLY.get(path, ())))
     changes = int(git("rev-list", "--count", f"{commit}..HEAD", "--", *paths))
     return {"stale": changes > STALE_AFTER_COMMITS}
 
@@ -284,6 +292,16 @@ def test_a_file_is_stale_once_its_code_changed_in_more_commits_than_the_limit():
     assert stale(first, ("exporter/oomsight",)) == {"stale": True}
     assert stale(git("rev-parse", "HEAD"), ("exporter/oomsight",)) == {"stale": False}
     assert stale(first, ()) == {"stale": False}
+
+
+@needs_history
+def test_a_moved_path_counts_the_commits_of_its_former_name():
+    """The predict results were judged on ``tools/predict``: their marks still count its commits."""
+    recorded_on = "fbb5ada"  # predict.json's tree, before the move out of tools/
+    package = "exporter/oomsight/predict"
+    new_name = int(git("rev-list", "--count", f"{recorded_on}..HEAD", "--", package))
+    both = int(git("rev-list", "--count", f"{recorded_on}..HEAD", "--", package, *FORMERLY[package]))
+    assert both > new_name and stale(recorded_on, (package,)) == {"stale": True}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ NOT_MODULES = {"oomsight.io", "oomsight.commands", "oomsight.rules", "oomsight.d
 """Dotted names that are not modules: the annotation domain, the entry-point group, the rule
 files' names, a logger's name."""
 _DOTTED = re.compile(r"\b(oomsight(?:_server|_sidecar|_webhook)?)((?:\.[a-z_][a-z0-9_]*)+)")
-_LAYER_PATH = re.compile(r"`((?:wire|hook|analysis|metrics|tools|config)/[a-z_/]+\.py)`")
+_LAYER_PATH = re.compile(r"`((?:wire|hook|analysis|metrics|predict|tools|config)/[a-z_/]+\.py)`")
 _TREE_PATH = re.compile(r"\b((?:exporter|server|sidecar|webhook|tests|benchmarks|dashboards|scripts)/[\w/.-]+\.py)\b")
 
 

@@ -1,5 +1,5 @@
 """Check the caps of the cluster-job scenarios on a CPU before the GPU runs them: each scenario runs
-at its GPU shapes on fake tensors under oomsight's peak predictor (``oomsight.tools.predict``,
+at its GPU shapes on fake tensors under oomsight's peak predictor (``oomsight.predict``,
 measured within 0.04 % median on the H200: docs/prediction.md), once plainly and once with its
 remedy; the plain peak must exceed the scenario's cap and the remedy's stay below it.
 
@@ -36,7 +36,7 @@ TRACEABLE = (
 
 def predicted_peak(name: str, remedy: bool) -> tuple[int, float]:
     """(peak allocated bytes, the cap in GiB) of one scenario run, predicted."""
-    from oomsight.tools.predict import predict_peak
+    from oomsight.predict import predict_peak
 
     fn = cluster.SCENARIOS[name][2]
     cluster.SMOKE.traced = True

@@ -15,7 +15,7 @@ from oomsight.config.table import signature as _signature
 from oomsight.config.variables import HOOK as _HOOK
 
 if TYPE_CHECKING:  # return types for readers and type checkers, not imported at run time
-    from oomsight.tools.predict import BatchSearch, Prediction
+    from oomsight.predict import BatchSearch, Prediction
     from oomsight.tools.remedy import Measurement
     from oomsight.wire.schema import BatchAdvice
 
@@ -100,7 +100,7 @@ def predict_peak(
     keep_outputs: bool = False,
 ) -> Prediction:
     """A training step's peak CUDA memory, predicted on the CPU without a GPU
-    (``oomsight.tools.predict``, ``docs/prediction.md``).
+    (``oomsight.predict``, ``docs/prediction.md``).
 
     ``model()`` builds the model (on the meta device: no weights are made); ``batch(n)`` makes
     the inputs of one step of batch ``n``; ``optimizer(params)`` builds the optimizer (default
@@ -115,7 +115,7 @@ def predict_peak(
         p = oomsight.predict_peak(lambda: MyModel(), lambda n: torch.randn(n, 1024), 32)
         print(p.peak_allocated_bytes, p.by_category_bytes)
     """
-    from oomsight.tools.predict import predict_peak as predict
+    from oomsight.predict import predict_peak as predict
 
     return predict(
         model,
@@ -168,7 +168,7 @@ def largest_batch(
     **predict: Any,
 ) -> BatchSearch:
     """The largest batch whose predicted peak allocated fits ``capacity * (1 - margin)`` bytes,
-    searched with a few predictions on the CPU (``oomsight.tools.predict``).
+    searched with a few predictions on the CPU (``oomsight.predict``).
 
     ``model``, ``batch``, ``optimizer`` and ``step`` are those of :func:`predict_peak`, and so
     are the keywords in ``predict`` (``autocast``, ``accumulation``, ``steps``, ...); ``start``
@@ -178,7 +178,7 @@ def largest_batch(
         found = oomsight.largest_batch(lambda: MyModel(), lambda n: torch.randn(n, 1024), 80 << 30)
         print(found.max_batch_size)
     """
-    from oomsight.tools.predict import largest_batch as search
+    from oomsight.predict import largest_batch as search
 
     return search(
         model, batch, capacity, optimizer, step, margin=margin, start=start, limit=limit, judge=judge, **predict

@@ -13,7 +13,7 @@ Sources, read on 2026-12-05 (docs/kubernetes.md, "Right-sizing", keeps the same 
 - A profile's memory here is the GB its name states, read as 10^9 bytes: the name rounds the slice down
   (the A100-40GB's 1g.5gb is 4864 MiB, 5.1 x 10^9 bytes, in ``nvidia-smi mig -lgip``), and a test checks
   that the figure never exceeds the profile's share of the board, so a workload that fits it fits the slice.
-- Whole GPUs: ``oomsight.tools.predict.gpu.GPUS``, the catalogue ``oomsight predict --gpu`` keeps (not
+- Whole GPUs: ``oomsight.predict.gpu.GPUS``, the catalogue ``oomsight predict --gpu`` keeps (not
   copied here).
 - DRA: ``resource.k8s.io/v1`` ``ExactDeviceRequest.capacity.requests`` (Kubernetes 1.34+, feature gate
   ``DRAConsumableCapacity``; KEP-5075) takes resource quantities; the sidecar reads the granted share back
@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from oomsight.tools.predict import gpu
+from oomsight.predict import gpu
 
 GB = 10**9
 GIB = 1 << 30

@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--spool", required=True, help="the spool directory to write into (created if missing)")
     rp.add_argument("--speed", type=float, default=1.0, help="time factor, 10 = ten times faster (default 1)")
     _add_profile(sub)
-    from oomsight.tools.predict import command as predict
+    from oomsight.tools import predict_command as predict
 
     predict.add(sub)
     from oomsight.tools import recommend

@@ -424,7 +424,7 @@ def largest_batch(
     """The largest micro-batch whose per-rank peak ``peak_of(batch)`` fits ``budget``: an int (that peak)
     or ``(allocated, reserved)``, the line drawn through the first and the verdict on the second
     (``predictor.affine_search``: four traces where memory is affine in the batch)."""
-    from oomsight.tools.predict.predictor import affine_search
+    from oomsight.predict.predictor import affine_search
 
     def measure(b: int) -> tuple[int, int]:
         found = peak_of(b)

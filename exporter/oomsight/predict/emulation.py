@@ -41,7 +41,7 @@ from unittest import mock
 import torch
 import torch.utils.checkpoint as checkpoint
 
-from oomsight.tools.predict import autocast
+from oomsight.predict import autocast
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 FLASH_MAX_HEAD_DIM = 256

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from oomsight.tools.predict import inputs
+from oomsight.predict import inputs
 
 CACHES = ("dynamic", "static")
 

@@ -1,6 +1,6 @@
 """A model of PyTorch's CUDA caching allocator, replayed over a list of tensor allocations.
 
-``oomsight predict`` traces a training step without a GPU (``oomsight.tools.predict``):
+``oomsight predict`` traces a training step without a GPU (``oomsight.predict``):
 what it learns is the order in which tensors of which sizes are created and freed. This
 module turns that order into what ``torch.cuda.max_memory_allocated()`` and
 ``max_memory_reserved()`` would report, following the allocator's documented rules

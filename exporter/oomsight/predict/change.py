@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from oomsight.tools.predict import optimizer
+from oomsight.predict import optimizer
 
 MAX_MICRO_BATCHES = 4
 """Smaller micro-batches tried: B/2, B/4, ... and 1, at most this many (each is one prediction)."""

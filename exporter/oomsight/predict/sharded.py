@@ -47,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from oomsight.tools.predict import parallel, tracing
+from oomsight.predict import parallel, tracing
 
 TRACED = ("ddp", "fsdp", "fsdp2")
 """The layouts traced rank by rank (the others: ``parallel.per_rank``, moment by moment); see ``traced``."""
@@ -323,7 +323,7 @@ def predict_rank(
     **kwargs: Any,
 ) -> Any:
     """The ``Prediction`` of rank 0 of ``layout`` (FSDP2, FSDP1 or DDP) at a micro-batch of ``batch_size`` per rank."""
-    from oomsight.tools.predict.predictor import predict_peak
+    from oomsight.predict.predictor import predict_peak
 
     with fake_world(layout) as mesh, contextlib.ExitStack() as followed:
         if layout.parallel == "fsdp":

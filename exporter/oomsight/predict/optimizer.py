@@ -41,7 +41,7 @@ def factory(name: str, impl: Optional[str] = None) -> Callable[[Any], Any]:
     import torch
 
     if name == "adamw8bit":
-        from oomsight.tools.predict import adapter
+        from oomsight.predict import adapter
 
         return adapter.AdamW8bit
     chosen: dict[str, Any] = IMPL_ARGUMENTS.get(impl or "", {})

@@ -1,7 +1,7 @@
 """``oomsight.predict_peak``: a training step's peak CUDA memory, predicted without a GPU.
 
 A trace of the step on fake tensors (``tracing``) gives the order of every allocation and
-free; the caching-allocator model (``oomsight.analysis.allocator``) replays it into what
+free; the caching-allocator model (``oomsight.predict.allocator``) replays it into what
 ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` would report, and the
 live bytes by category at the peak. ``largest_batch`` searches the batch size whose step
 still fits under a capacity less a margin — fitting meaning what the allocator itself
@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Optional
 
-from oomsight.analysis.allocator import CachingAllocator, SimulatedOom
+from oomsight.predict.allocator import CachingAllocator, SimulatedOom
 
 CUBLAS_WORKSPACE_SM90 = 4096 * 1024 * 8
 """cuBLAS workspace per handle and stream on compute capability 9.0 (H100, H200): 32 MiB
@@ -92,7 +92,7 @@ def expandable_default() -> bool:
 
 def replay(trace: Any, cap: Optional[int] = None, expandable: bool = False) -> dict[str, Any]:
     """Replay a trace through the allocator model: peaks, per-step peaks, categories at the peak."""
-    from oomsight.tools.predict.tracing import HOST
+    from oomsight.predict.tracing import HOST
 
     alloc = CachingAllocator(cap=cap, expandable_segments=expandable)
     handles: dict[int, int] = {}
@@ -246,7 +246,7 @@ def _last_step(trace: Any, level: list[int], sizes: dict[int, int]) -> dict[str,
 
 def _live_by_category(trace: Any, sizes: dict[int, int], upto: int) -> dict[str, int]:
     """The bytes by category alive just after event ``upto``."""
-    from oomsight.tools.predict.tracing import TEMPORARIES
+    from oomsight.predict.tracing import TEMPORARIES
 
     live: dict[int, int] = {}
     for aid, size in trace.events[: upto + 1]:
@@ -291,7 +291,7 @@ def predict_peak(
     """
     import torch
 
-    from oomsight.tools.predict import tracing
+    from oomsight.predict import tracing
 
     started = time.perf_counter()
     make_opt = optimizer or torch.optim.AdamW
@@ -338,7 +338,7 @@ def _replayed(
 
 def _traced(capability: Optional[tuple[int, int]], *args: Any, **kwargs: Any) -> Any:
     """``tracing.trace_steps`` with the attention kernels that ``capability`` selects emulated."""
-    from oomsight.tools.predict import emulation, tracing
+    from oomsight.predict import emulation, tracing
 
     emulated = emulation.CAPABILITY.set(capability or (9, 0))
     try:

@@ -4,7 +4,7 @@
     oomsight predict --module my_model.py:spec --batch 32 --json
     oomsight predict --model llama:hidden_size=4096,num_hidden_layers=32 --dtype bf16 --lora 16 --gpu A100-80GB
 
-``--model`` names one of ``oomsight.tools.predict.models`` or a ``transformers`` configuration
+``--model`` names one of ``oomsight.predict.models`` or a ``transformers`` configuration
 (``hfmodel``: a folder, a config.json, ``TYPE:KEY=VALUE,...``); ``--module FILE:NAME`` loads a
 function of the user's file that returns ``{"build": () -> nn.Module, "batch": (n, device) ->
 inputs}`` (and optionally ``"optimizer"``: params -> Optimizer, ``"step"``: (model, batch,
@@ -23,9 +23,9 @@ import traceback
 from typing import Any, NoReturn, Optional
 
 from oomsight.analysis.units import format_bytes
+from oomsight.predict import inputs, optimizer
+from oomsight.predict.predictor import DEFAULT_MARGIN
 from oomsight.tools import exitcode
-from oomsight.tools.predict import inputs, optimizer
-from oomsight.tools.predict.predictor import DEFAULT_MARGIN
 
 EXAMPLE = (
     "examples:\n  oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB\n"
@@ -109,7 +109,7 @@ def _one_line_errors(p: argparse.ArgumentParser) -> None:
 
 
 def _add_parallel_arguments(p: Any) -> None:
-    """The multi-GPU flags (``tools/predict/parallel.py`` computes their per-rank peak)."""
+    """The multi-GPU flags (``predict/parallel.py`` computes their per-rank peak)."""
     p.add_argument("--world-size", type=int, default=1, help="ranks (GPUs) the job runs on (default 1)")
     p.add_argument("--parallel", choices=("ddp", "fsdp", "fsdp2", "zero1", "zero2", "zero3"), default=None,
                    help="how the ranks share the model (needed with --world-size > 1)")  # fmt: skip
@@ -133,7 +133,7 @@ parse_bytes = inputs.parse_bytes
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
-        from oomsight.tools.predict import models
+        from oomsight.predict import models
 
         for name, spec in sorted(models.MODELS.items()):
             print(f"{name:20} {spec.summary}")
@@ -191,7 +191,7 @@ _check = inputs.check
 
 
 def _layout(args: argparse.Namespace) -> Any:
-    from oomsight.tools.predict import parallel
+    from oomsight.predict import parallel
 
     return parallel.Layout(
         args.world_size, args.parallel, not args.no_reshard, args.offload, args.bucket_view, args.shard_size
@@ -211,7 +211,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         inputs.check_lora_targets(found["build"], args.lora_targets, importlib.util.find_spec("peft") is not None)
     found = {**found, "build": _adapted(args, found["build"])}
     if args.generate:
-        from oomsight.tools.predict import generation, hfmodel
+        from oomsight.predict import generation, hfmodel
 
         if "config" not in found:
             raise SpecError("--generate needs a transformers configuration (--model TYPE:... or a config.json)")
@@ -234,7 +234,7 @@ def _adapted(args: argparse.Namespace, build: Any) -> Any:
 
     import torch
 
-    from oomsight.tools.predict import adapter
+    from oomsight.predict import adapter
 
     if args.dtype:
         dtype = getattr(torch, DTYPES[args.dtype])
@@ -263,7 +263,7 @@ def _checkpointed(build: Any) -> Any:
 
 
 def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
-    from oomsight.tools.predict import hfmodel, models
+    from oomsight.predict import hfmodel, models
 
     if args.model and args.model not in models.MODELS and hfmodel.is_config(args.model):
         return _config_spec(args)
@@ -294,7 +294,7 @@ def _base_spec(args: argparse.Namespace) -> dict[str, Any]:
 def _config_spec(args: argparse.Namespace) -> dict[str, Any]:
     """The spec of a transformers configuration: its model by its head, its batch by what it takes
     (``hfmodel.inputs_of``); the flags about tokens checked against that and against its positions."""
-    from oomsight.tools.predict import hfmodel
+    from oomsight.predict import hfmodel
 
     try:
         config = hfmodel.load_config(args.model)
@@ -348,7 +348,7 @@ def _fits(args: argparse.Namespace, result: dict[str, Any]) -> bool:
 
 def _changes(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     """The cheapest change that fits (``change.py``): each predicted with the job's other settings."""
-    from oomsight.tools.predict import change
+    from oomsight.predict import change
 
     job = {**vars(args), "own_optimizer": bool(spec.get("optimizer")), "own_step": bool(spec.get("step")),
            "config": "config" in spec}  # fmt: skip
@@ -364,7 +364,7 @@ def _changes(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
 
 def _job_peak(args: argparse.Namespace, spec: dict[str, Any]) -> int:
     """The peak reserved per rank of the job the flags describe, with no search."""
-    from oomsight.tools.predict import predict_peak, sharded
+    from oomsight.predict import predict_peak, sharded
 
     if args.parallel and sharded.traced(_layout(args)):
         return int(_per_rank(args, spec, {})["per_rank_peak_reserved_bytes"])
@@ -377,7 +377,7 @@ def _job_peak(args: argparse.Namespace, spec: dict[str, Any]) -> int:
 
 
 def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
-    from oomsight.tools.predict import largest_batch, predict_peak
+    from oomsight.predict import largest_batch, predict_peak
 
     kwargs = _trace_settings(args)
     make_optimizer = spec.get("optimizer") or _optimizer(args)
@@ -385,7 +385,7 @@ def _predict(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     def batch(n: int) -> Any:
         return spec["batch"](n, "cpu")
 
-    from oomsight.tools.predict import sharded
+    from oomsight.predict import sharded
 
     if args.parallel and sharded.traced(_layout(args)):  # the rank is traced itself: no one-GPU trace
         return _predict_traced_rank(args, spec)
@@ -433,7 +433,7 @@ def _predict_traced_rank(args: argparse.Namespace, spec: dict[str, Any]) -> dict
 
 
 def parallel_search(peak_of: Any, budget: int, start: int) -> dict[str, Any]:
-    from oomsight.tools.predict import parallel
+    from oomsight.predict import parallel
 
     return parallel.largest_batch(peak_of, budget, start=start)
 
@@ -444,7 +444,7 @@ def _largest_per_rank(args: argparse.Namespace, spec: dict[str, Any], batch: Any
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from oomsight.tools.predict import parallel, predict_peak
+    from oomsight.predict import parallel, predict_peak
 
     layout = _layout(args)
     with unset_fake_temporarily(), torch.device("meta"):
@@ -477,7 +477,7 @@ def _trace_settings(args: argparse.Namespace) -> dict[str, Any]:
 def _generate_facts(args: argparse.Namespace, spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from oomsight.tools.predict import generation
+    from oomsight.predict import generation
 
     itemsize = torch.empty(0, dtype=getattr(torch, DTYPES[args.dtype or "fp32"])).element_size()
     length = args.prompt_tokens + args.new_tokens
@@ -499,14 +499,14 @@ def _optimizer(args: argparse.Namespace) -> Any:
 
 def _usable(args: argparse.Namespace, world: int) -> int:
     """The allocator's share of the capacity: with ``--gpu``, less the CUDA context and NCCL."""
-    from oomsight.tools.predict import gpu
+    from oomsight.predict import gpu
 
     groups = 2 if args.shard_size and args.shard_size < world else 1  # HSDP: shard and replica groups
     return gpu.usable_bytes(args.capacity_bytes, world, counted=bool(args.gpu), communicators=groups)
 
 
 def _gpu_facts(args: argparse.Namespace) -> dict[str, Any]:
-    from oomsight.tools.predict import gpu
+    from oomsight.predict import gpu
 
     g = args.gpu_spec
     return {
@@ -528,7 +528,7 @@ def _per_rank(args: argparse.Namespace, spec: dict[str, Any], prediction: dict[s
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from oomsight.tools.predict import parallel, sharded
+    from oomsight.predict import parallel, sharded
 
     with unset_fake_temporarily(), torch.device("meta"):
         model = spec["build"]()
@@ -579,7 +579,7 @@ def _traced_rank(args: argparse.Namespace, spec: dict[str, Any], layout: Any, ba
     """Rank 0 of ``layout`` traced on a fake process group, as ``per_rank``'s dict."""
     from dataclasses import asdict
 
-    from oomsight.tools.predict import hfmodel, sharded
+    from oomsight.predict import hfmodel, sharded
 
     kwargs = {**_trace_settings(args), "steps": 2}
     param_dtype = _dtype(args.mixed_precision)

@@ -29,8 +29,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from oomsight.tools.predict.inputs import InputError, check_config
-from oomsight.tools.predict.models import images
+from oomsight.predict.inputs import InputError, check_config
+from oomsight.predict.models import images
 
 HEADS = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM")
 """The auto classes tried in order: the first whose mapping knows the configuration builds it."""

@@ -219,7 +219,7 @@ def _not_applying(args: argparse.Namespace) -> Optional[str]:
 
 def _check_job(args: argparse.Namespace) -> Optional[str]:
     """The flags of issue 28 (configs, adapters, several GPUs, --gpu): what is wrong, or None."""
-    from oomsight.tools.predict import gpu, optimizer  # torch is imported only where a check needs it (--parallel)
+    from oomsight.predict import gpu, optimizer  # torch is imported only where a check needs it (--parallel)
 
     wrong_impl = optimizer.check(args.optimizer, getattr(args, "optimizer_impl", None))
     if wrong_impl:
@@ -245,7 +245,7 @@ def _check_job(args: argparse.Namespace) -> Optional[str]:
     if args.world_size > 1 and not args.parallel:
         return "--world-size above 1 needs --parallel ddp|fsdp|fsdp2|zero1|zero2|zero3"
     if args.parallel:
-        from oomsight.tools.predict import parallel
+        from oomsight.predict import parallel
 
         return parallel.check(
             parallel.Layout(args.world_size, args.parallel, not args.no_reshard, args.offload, args.bucket_view,
@@ -425,7 +425,7 @@ def check_lora_targets(build: Callable[[], Any], targets: tuple[str, ...], peft:
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from oomsight.tools.predict import adapter
+    from oomsight.predict import adapter
 
     try:
         with unset_fake_temporarily(), torch.device("meta"):
