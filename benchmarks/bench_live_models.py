@@ -1,4 +1,4 @@
-"""What the scan for live models (``oomsight.hook.layout.LiveModels``: every ``nn.Module`` no other module
+"""What the scan for live models (``oomsight.hook.discovery.LiveModels``: every ``nn.Module`` no other module
 holds, through the garbage collector) costs the training thread, at the layout walk's cadence.
 
     PYTHONPATH=exporter:sidecar:webhook python3 benchmarks/bench_live_models.py --out benchmarks/results
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layout_walk import INTERVAL_SECONDS, model, timed
 from common import write
 
-from oomsight.hook import layout
+from oomsight.hook import discovery
 
 
 def case(filler: int) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def case(filler: int) -> dict[str, Any]:
     tracked = len(gc.get_objects())
 
     def scan() -> list[Any]:
-        live = layout.LiveModels()
+        live = discovery.LiveModels()
         return live.scan(gc, torch.nn.Module)
 
     found = scan()  # past SCAN_MAX_SECONDS the scan gives up: nothing found (the walk keeps its last result)
@@ -47,7 +47,7 @@ def case(filler: int) -> dict[str, Any]:
         "tracked_objects": tracked,
         "scan": cost,
         "found_the_ema_copy": any(m is ema for m in found) and any(m is student for m in found),
-        "next_scan_after_seconds": max(took / layout.SCAN_SHARE, INTERVAL_SECONDS),
+        "next_scan_after_seconds": max(took / discovery.SCAN_SHARE, INTERVAL_SECONDS),
     }
 
 
@@ -62,7 +62,7 @@ def main() -> None:
             f"(p90 {c['scan']['p90_ms']:.1f}), next scan after {c['next_scan_after_seconds']:.0f} s, "
             f"found the EMA copy: {c['found_the_ema_copy']}"
         )
-    doc = {"interval_seconds": INTERVAL_SECONDS, "scan_share": layout.SCAN_SHARE, "cases": cases}
+    doc = {"interval_seconds": INTERVAL_SECONDS, "scan_share": discovery.SCAN_SHARE, "cases": cases}
     write(args.out, "live_models.json", doc)
 
 

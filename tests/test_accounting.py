@@ -1,6 +1,7 @@
-"""The accounting of every parameter layout by its local storage (``oomsight.hook.layout``), on the
-real torch: DDP and FSDP2 over real gloo process groups (2 and 4 ranks), frozen and adapter parameters,
-tensor subclasses. The bytes counted must equal the bytes of the storages each rank really holds."""
+"""The accounting of every parameter layout by its local storage (``oomsight.hook.layout``'s walk over
+``accounting``, ``parallelism`` and ``discovery``), on the real torch: DDP and FSDP2 over real gloo process
+groups (2 and 4 ranks), frozen and adapter parameters, tensor subclasses. The bytes counted must equal
+the bytes of the storages each rank really holds."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from oomsight.hook.layout import measure, roots_of
+from oomsight.hook.discovery import roots_of
+from oomsight.hook.layout import measure
 
 
 def ranks(tmp_path: Path, world: int, body: str, flag: bool) -> list[dict[str, Any]]:

@@ -17,8 +17,9 @@ import torch
 from test_accounting import hooked_oom, ranks
 from torch import nn
 
-from oomsight.hook import layout
-from oomsight.hook.layout import LiveModels, measure
+from oomsight.hook import discovery
+from oomsight.hook.discovery import LiveModels
+from oomsight.hook.layout import measure
 
 CATEGORIES = {
     "parameters": "parameters_bytes",
@@ -175,8 +176,8 @@ def test_the_live_model_scan_keeps_its_time_share_and_gives_up_past_its_deadline
     assert took is not None
     again = live.scan(gc, nn.Module)  # within the time share: the last scan's models, no new scan
     assert live.last_seconds == took and any(m is net for m in again)
-    monkeypatch.setattr(layout, "SCAN_MAX_SECONDS", 0.0)
-    monkeypatch.setattr(layout, "SCAN_CHECK_EVERY", 1)
+    monkeypatch.setattr(discovery, "SCAN_MAX_SECONDS", 0.0)
+    monkeypatch.setattr(discovery, "SCAN_CHECK_EVERY", 1)
     live._next = 0.0
     assert any(m is net for m in live.scan(gc, nn.Module))  # given up: the previous result stands
     assert live.abandoned == 1
@@ -259,4 +260,4 @@ def test_a_wrapping_optimizer_is_counted_through_the_one_it_delegates_to() -> No
     }
     assert_truth(states, truth)
     assert states["optimizer_state_expected_bytes"] == state_of(inner)  # SGD momentum: 1x
-    assert layout.delegates(opt) == [opt, inner]
+    assert discovery.delegates(opt) == [opt, inner]

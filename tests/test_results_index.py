@@ -116,10 +116,12 @@ program than the one measured. Stale is not wrong: it is due a re-run before a d
 HOOK = "exporter/oomsight/hook"
 READER = ("sidecar/oomsight_sidecar", "server/oomsight_server", "exporter/oomsight/metrics")
 JUDGE = ("benchmarks/corpus", "benchmarks/heldout", "exporter/oomsight/analysis")
+LAYOUT_WALK = tuple(f"{HOOK}/{name}.py" for name in ("layout", "accounting", "parallelism", "discovery"))
 PREDICT = ("benchmarks/*predict*.py", "exporter/oomsight/predict", "exporter/oomsight/tools/predict_command.py")
 FORMERLY = {
     "exporter/oomsight/predict": ("exporter/oomsight/tools/predict", "exporter/oomsight/analysis/allocator.py"),
     "exporter/oomsight/tools/predict_command.py": ("exporter/oomsight/tools/predict/command.py",),
+    **{path: (f"{HOOK}/layout.py",) for path in LAYOUT_WALK[1:]},
 }
 """A measured path -> where its code was before a move that changed no behaviour (issue 52: predict out of
 ``tools/``, its allocator model out of ``analysis/``, the command beside the CLI): the commits on the old
@@ -140,8 +142,8 @@ MEASURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpu-*", ("tests/test_gpu.py", "tests/test_gpu_advice.py", "tests/test_gpu_integrations.py", "exporter/oomsight")),
     ("forward_hook_cpu*", ("benchmarks/bench_forward_hook.py", f"{HOOK}/forwards.py")),
     ("forecast.json", ("benchmarks/bench_forecast.py", "exporter/oomsight/analysis/forecast.py")),
-    ("layout_walk.json", ("benchmarks/bench_layout_walk.py", f"{HOOK}/layout.py")),
-    ("live_models.json", ("benchmarks/bench_live_models.py", f"{HOOK}/layout.py")),
+    ("layout_walk.json", ("benchmarks/bench_layout_walk.py", *LAYOUT_WALK)),
+    ("live_models.json", ("benchmarks/bench_live_models.py", f"{HOOK}/discovery.py")),
     ("predict*", PREDICT),
     ("prometheus_scale_*", ("benchmarks/bench_prometheus_scale.py", "exporter/oomsight/metrics", "dashboards")),
     ("reader_*", ("benchmarks/bench_reader_scale.py", *READER)),

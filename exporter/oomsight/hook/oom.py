@@ -27,9 +27,10 @@ from oomsight.analysis.diagnosis import diagnose, facts_from_event
 from oomsight.analysis.units import format_bytes
 from oomsight.config import OomSettings
 from oomsight.hook import census
+from oomsight.hook.accounting import trained_by
 from oomsight.hook.cuda import CudaApi, expandable_segments_enabled
+from oomsight.hook.discovery import held_parameters
 from oomsight.hook.errors import ErrorBook
-from oomsight.hook.layout import held_parameters, trained_by
 from oomsight.hook.sampler import Sampler, categories_with_activations
 from oomsight.hook.steps import StepTracker
 from oomsight.wire.schema import (
@@ -503,7 +504,7 @@ class OuterModule(NamedTuple):
     training: Optional[bool]
     """The module is in training mode (``model.eval()`` makes it False); None: no such flag."""
     frozen: bool
-    """None of its parameters trains (``layout.trained_by``): a frozen teacher, reference or reward model."""
+    """None of its parameters trains (``accounting.trained_by``): a frozen teacher, reference or reward model."""
 
 
 def _outer_module(optimizers: Sequence[Any] = (), models: Sequence[Any] = ()) -> Optional[OuterModule]:

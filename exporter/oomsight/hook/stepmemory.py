@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Optional, TypeVar
 
 from oomsight.analysis import trend
-from oomsight.hook import layout
+from oomsight.hook import accounting
 from oomsight.hook.cuda import CudaApi, Reading
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
@@ -118,7 +118,7 @@ HELD_MIN_SECONDS = 1.0
 
 
 class Held:
-    """The gradients and optimizer state the job's optimizers hold, per device (``layout.held``), measured
+    """The gradients and optimizer state the job's optimizers hold, per device (``accounting.held``), measured
     again only when the optimizers' count of state entries changed (a layer unfrozen, a param group added)
     or the floor rose (:data:`HELD_RISE_SHARE`): attribute reads and ``len`` at every other row."""
 
@@ -137,11 +137,11 @@ class Held:
         if steps is None or steps.torch is None:
             return None
         optimizers = steps.optimizers
-        entries = layout.state_entries(optimizers)
+        entries = accounting.state_entries(optimizers)
         now = self.clock()
         rose = any(f > self._floors.get(i, 0) * (1 + HELD_RISE_SHARE) for i, f in floors.items())
         if entries != self._entries or (rose and now - self._at >= HELD_MIN_SECONDS):
-            self.bytes = layout.held(steps.torch, optimizers, steps.device_type)
+            self.bytes = accounting.held(steps.torch, optimizers, steps.device_type)
             self._entries, self._floors, self._at = entries, dict(floors), now
         return self.bytes
 

@@ -2,7 +2,7 @@
 
 Per step (in the training thread) the hook only counts and takes a timestamp.
 Every ``categories_interval_seconds`` it also measures the layout of the models
-the job probe saw called (``hook.layout``: every parameter, trainable and frozen,
+the job probe saw called (``hook.layout``, found by ``hook.discovery``: every parameter, trainable and frozen,
 by its local storage) and of the optimizers it has seen: parameters, gradients and
 optimizer state, summed per device, each storage counted once. With ``peaks`` (opt-in) it reads and resets
 the allocator peak after each step (its settings group: :class:`~oomsight.config.StepSettings`).
@@ -19,9 +19,9 @@ from typing import Any, Callable, Optional
 from oomsight.config import StepSettings
 from oomsight.hook import layout
 from oomsight.hook.cuda import CudaApi
+from oomsight.hook.discovery import LiveModels, roots_of
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.jobsetup import dominant_dtype
-from oomsight.hook.layout import roots_of
 from oomsight.wire.schema import StepInfo, StepPeak
 
 
@@ -52,7 +52,7 @@ class StepTracker:
         """The device type whose tensors are counted (tests count the CPU's)."""
         self.torch: Any = None
         self._roots: list[weakref.ref[Any]] = []
-        self.live = layout.LiveModels()
+        self.live = LiveModels()
         """Every live model, found through the garbage collector at the walk's cadence (bounded in time)."""
         self.step_peaks: dict[int, StepPeak] = {}
         self.peak_devices: Callable[[], list[int]] = list
