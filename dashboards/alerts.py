@@ -1,7 +1,7 @@
 """Alerting rules: before an OOM (near capacity, forecast, leak, fragmentation, retries), at
 it (a CUDA OOM happened), past a pod's DRA memory budget, about oomsight itself (sidecar down,
 hook silent or missing, the webhook's certificate, errors and availability) and about waste
-(GPU memory badly underused).
+(GPU memory badly underused), and a job that outgrew the peak ``oomsight predict`` gave it.
 
 Every name starts with ``Oomsight`` so it cannot collide with another rule set's alerts (dcgm,
 kubernetes-mixin). Every alert gets ``runbook_url`` from :func:`add_runbook_links`;
@@ -320,6 +320,40 @@ def rightsizing_alerts() -> list[Alert]:
     ]
 
 
+def device_bytes(metric: str) -> str:
+    """A Go template that prints ``metric`` of the alert's rank and GPU in bytes (``30Gi`` + ``B``), by a
+    query when the alert is evaluated: a description can show two numbers where ``$value`` holds one."""
+    labels = ("cluster", "namespace", "pod", "rank", "device")
+    selector = ", ".join(f"{label}=%q" for label in labels)
+    args = " ".join(f"$labels.{label}" for label in labels)
+    query = f'printf "{metric}{{{selector}}}" {args} | query'
+    return f"{{{{ with {query} }}}}{{{{ . | first | value | humanize1024 }}}}B{{{{ end }}}}"
+
+
+def prediction_alerts() -> list[Alert]:
+    """A rank whose measured peak outgrew the peak ``oomsight predict`` gave its job (the job carries it:
+    ``OOMSIGHT_PREDICTION``, the webhook's ``oomsight.io/predicted-peak-bytes``; docs/prediction.md)."""
+    measured = device_bytes("oomsight_torch_peak_allocated_bytes")
+    predicted = device_bytes("oomsight_predicted_peak_allocated_bytes")
+    return [
+        Alert(
+            "OomsightPeakAbovePrediction",
+            r.promql(f"""
+                oomsight_torch_peak_allocated_bytes
+                / on ({c.DEVICE}) oomsight_predicted_peak_allocated_bytes
+                > 1 + {knob("prediction_margin_ratio")}
+                and {running()}"""),
+            T.prediction_exceeded_for,
+            "warning",
+            "A training process needs more GPU memory than oomsight predict said it would.",
+            f"{WHERE} peaked at {measured} allocated, {{{{ $value | humanizePercentage }}}} of the {predicted} "
+            f"its job's prediction gave (alert above {knob('prediction_margin_ratio', 'percent')} over it). "
+            "Either the job runs otherwise than it was predicted (batch, sequence length, model, parallelism) or "
+            "the predictor missed; sized by the prediction, it has less headroom than planned.",
+        ),
+    ]
+
+
 def all_alerts() -> list[Alert]:
     return [
         *oom_alerts(),
@@ -331,6 +365,7 @@ def all_alerts() -> list[Alert]:
         *budget_alerts(),
         *waste_alerts(),
         *rightsizing_alerts(),
+        *prediction_alerts(),
     ]
 
 

@@ -84,6 +84,14 @@ class Thresholds:
     """``OomsightGpuMemoryClaimOversized``: a claim more than this many times the workload's observed need over a
     whole window: half of it idles at the workload's worst moment in a week."""
     claim_oversized_for: str = "1h"
+    prediction_margin_ratio: float = 0.10
+    """``OomsightPeakAbovePrediction``: a rank's measured lifetime peak allocated above the peak ``oomsight
+    predict`` gave its job by more than this share. The predictor's worst under-prediction measured on the H200
+    is -1.2 % (docs/prediction.md), and predict sizes a job with 10 % of the capacity kept free: a job 10 % over
+    its prediction has used up the margin it was sized with, which no measured error of the predictor explains."""
+    prediction_exceeded_for: str = "5m"
+    """The lifetime peak only rises (oomsight never resets it), so the hold only asks that both series agree over
+    a few scrapes; the same job keeps firing while it runs."""
 
 
 THRESHOLDS = Thresholds()

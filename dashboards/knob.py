@@ -33,6 +33,7 @@ FIELDS = (
     "rightsizing_window",
     "rightsizing_margin_ratio",
     "claim_oversized_factor",
+    "prediction_margin_ratio",
 )
 """The overridable ``config.Thresholds`` fields. Not here: ``busy_ratio``
 (dashboards only) and the ``*_for`` durations (``prometheusRule.customRules.<alert>.for``)."""

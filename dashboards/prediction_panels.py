@@ -31,6 +31,19 @@ def error(predicted: str, measured: str) -> str:
     )
 
 
+def ratio(predicted: str, measured: str) -> str:
+    """``measured / predicted`` per rank and GPU over the time range, as ``OomsightPeakAbovePrediction``
+    reads it: above 1 the job needed more than predicted."""
+    return (
+        f"max by ({c.DEVICE}) (max_over_time({measured}[{RANGE}]))\n"
+        f"/ max by ({c.DEVICE}) (last_over_time({predicted}[{RANGE}]))"
+    )
+
+
+ABOVE = 1 + c.THRESHOLDS.prediction_margin_ratio
+"""Where ``OomsightPeakAbovePrediction`` fires (with the generator's default margin): red from here on."""
+OUTGROWN = p.steps((p.GREEN, None), (p.ORANGE, 1.0), (p.RED, ABOVE))
+
 OVER_TIME = [
     Query(with_prediction(peak(MEASURED)), f"measured peak allocated {ID}"),
     Query(peak(PREDICTED), f"predicted peak allocated {ID}"),
@@ -46,7 +59,9 @@ ERRORS = [
     ),
     row(error(PREDICTED, MEASURED), "error allocated"),
     row(error(PREDICTED_RESERVED, MEASURED_RESERVED), "error reserved"),
+    row(ratio(PREDICTED, MEASURED), "measured / predicted"),
 ]
+HIGHEST = [Query(f"max(\n  {MEASURED}\n  / on ({c.DEVICE}) {PREDICTED}\n)", "highest measured / predicted")]
 
 over_time = p.timeseries(
     "Predicted vs measured peak",
@@ -60,7 +75,8 @@ errors = p.table(
     "Prediction error",
     "Per rank and GPU with a prediction: predicted and measured peak allocated bytes over the time range and the "
     "error of the prediction, (predicted - measured) / measured, for allocated and reserved bytes. Negative: "
-    "the job needed more than predicted (docs/prediction.md lists the known misses).",
+    "the job needed more than predicted (docs/prediction.md lists the known misses). Measured / predicted is "
+    f"what OomsightPeakAbovePrediction reads: orange above 100 %, red above {ABOVE:.0%}, where the alert fires.",
     ERRORS,
     {
         "namespace": "namespace",
@@ -71,14 +87,27 @@ errors = p.table(
         "Value #B": "Measured",
         "Value #C": "Error, allocated",
         "Value #D": "Error, reserved",
+        "Value #E": "Measured / predicted",
     },
     [
         p.column("Predicted", "bytes"),
         p.column("Measured", "bytes"),
         p.column("Error, allocated", "percentunit"),
         p.column("Error, reserved", "percentunit"),
+        p.column("Measured / predicted", "percentunit", OUTGROWN),
     ],
 )
+highest = p.stat(
+    "Outgrown prediction",
+    "The highest measured / predicted peak allocated among the selected ranks with a prediction, now: torch's "
+    "lifetime peak over the peak oomsight predict gave the job. Orange above 100 %; red above "
+    f"{ABOVE:.0%}, where OomsightPeakAbovePrediction fires (docs/runbooks/oomsightpeakaboveprediction.md: the job "
+    "runs otherwise than predicted, or the predictor missed). Empty without a prediction.",
+    HIGHEST,
+    "percentunit",
+    OUTGROWN,
+    no_value="no prediction",
+)
 
-ROW = [(over_time, 14), (errors, 10)]
+ROW = [(over_time, 11), (highest, 3), (errors, 10)]
 """The row's cells: (panel, width) as ``dashboards.panels.grid`` places them."""

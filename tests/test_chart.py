@@ -390,6 +390,15 @@ def test_overrides_change_thresholds_for_severity_labels_annotations_runbooks_an
             assert (alert["expr"], alert["for"]) == (defaults[key]["expr"], defaults[key]["for"]), key
 
 
+def test_the_prediction_margin_is_a_value_that_moves_the_expression_and_the_description():
+    margin = "prometheusRule.thresholds.predictionMarginRatio=0.25"  # --set would read 0.25 as a string
+    out = helm("template", "oomsight", CHART, "--set", "prometheusRule.enabled=true", "--set-json", margin).stdout
+    (rule,) = find([d for d in yaml.safe_load_all(out) if d], "PrometheusRule")
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    (alert,) = [r for r in rules if r.get("alert") == "OomsightPeakAbovePrediction"]
+    assert "> 1 + 0.25\n" in alert["expr"] and "(alert above 25% over it)" in alert["annotations"]["description"]
+
+
 def promtool(*args):
     return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
 

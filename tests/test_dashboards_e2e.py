@@ -384,16 +384,21 @@ def test_every_generated_rule_evaluates_without_error_on_the_real_prometheus(liv
     assert broken == {}
 
 
-def test_the_prediction_error_table_shows_each_ranks_error_of_its_prediction(live: Live) -> None:
+def test_the_prediction_table_and_stat_show_each_ranks_error_and_who_outgrew_its_prediction(live: Live) -> None:
     from dashboards import prediction_panels
 
     def at_end(query: Any) -> dict[str, float]:
         expr = substitute(query.expr, {**live.grafana_values(), "pod": POD})
         return {s["metric"]["rank"]: float(s["value"][1]) for s in promql_at(live.url, expr, live.end)}
 
-    _predicted, _measured, allocated, reserved = (at_end(q) for q in prediction_panels.ERRORS)
+    _predicted, _measured, allocated, reserved, ratio = (at_end(q) for q in prediction_panels.ERRORS)
     assert allocated == {"0": pytest.approx(0.02, abs=1e-6), "1": pytest.approx(-0.10, abs=1e-6)}
     assert reserved == {"0": pytest.approx(-0.03, abs=1e-6)}  # rank 1's job gave a bare size: no reserved
+    assert ratio == {"0": pytest.approx(1 / 1.02, abs=1e-6), "1": pytest.approx(1 / 0.90, abs=1e-6)}
+    assert ratio["1"] > prediction_panels.ABOVE > ratio["0"]  # rank 1 outgrew it: red
+    expr = substitute(prediction_panels.HIGHEST[0].expr, {**live.grafana_values(), "pod": POD})
+    (highest,) = promql_at(live.url, expr, live.end)
+    assert float(highest["value"][1]) == pytest.approx(1 / 0.90, abs=1e-6)  # the stat: the highest ratio
 
 
 def test_the_claimed_budget_divides_the_pods_gpu_peak_on_the_real_prometheus(live: Live) -> None:

@@ -39,7 +39,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_rule_file_passes_promtool_check_rules() -> None:
     result = promtool("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 46 rules found" in result.stdout + result.stderr
+    assert "SUCCESS: 47 rules found" in result.stdout + result.stderr
 
 
 @pytest.mark.e2e
@@ -177,33 +177,51 @@ def test_every_diagnosed_cause_has_a_short_remedy() -> None:
     assert set(config.CAUSE_REMEDY) == set(CAUSES)
 
 
+def fires_at(alert: str, moved: tuple[str, str], test_file: str, times: tuple[str, ...], tmp_path: Any) -> set[str]:
+    """Of ``times``, those at which ``alert`` fires in the first alert case of ``tests/rules/<test_file>`` once its
+    expression's text ``moved[0]`` reads ``moved[1]`` (a threshold moved)."""
+    doc = rule_file()
+    (rule,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == alert]
+    assert rule["expr"].count(moved[0]) == 1, rule["expr"]
+    rule["expr"] = rule["expr"].replace(*moved)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
+    with open(os.path.join(ROOT, "tests", "rules", test_file)) as fh:
+        tests = yaml.safe_load(fh)
+    tests["rule_files"] = [str(tmp_path / "rules.yaml")]
+    case = next(t for t in tests["tests"] if t.get("alert_rule_test"))
+    case["alert_rule_test"] = [{"eval_time": at, "alertname": alert, "exp_alerts": []} for at in times]
+    tests["tests"] = [case]
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(tests))
+    result = promtool("test", "rules", str(tmp_path / "t.yaml"))
+    return {at for at in times if f"time: {at}" in result.stdout + result.stderr}
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("factor", "fires_at_9m", "fires_at_18m"),
-    [(0.75, True, True), (1.0, False, True), (1.25, False, False)],
+    ("factor", "fires"),
+    [(0.75, {"9m", "18m"}), (1.0, {"18m"}), (1.25, set())],
     ids=["-25%", "as set", "+25%"],
 )
 def test_the_budget_alerts_verdicts_as_its_threshold_moves_by_a_quarter(
-    tmp_path: Any, factor: float, fires_at_9m: bool, fires_at_18m: bool
+    tmp_path: Any, factor: float, fires: set[str]
 ) -> None:
     """tests/rules/budget.test.yaml's pod peaks at 100 % of its share for 11 minutes, then 110 %: at 75 %
     of the share the alert also fires on the 100 % stretch; at 125 % it never fires. The other cases
     (the pod without a claim) never move."""
     ratio = config.THRESHOLDS.budget_exceeded_ratio
-    doc = rule_file()
-    (alert,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "OomsightGpuMemoryBudgetExceeded"]
-    assert alert["expr"].endswith(f" > {ratio:g}")
-    alert["expr"] = alert["expr"][: -len(f"{ratio:g}")] + f"{ratio * factor:g}"
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(doc))
-    with open(os.path.join(ROOT, "tests", "rules", "budget.test.yaml")) as fh:
-        tests = yaml.safe_load(fh)
-    tests["rule_files"] = [str(tmp_path / "rules.yaml")]
-    (case,) = [t for t in tests["tests"] if t.get("alert_rule_test")]
-    case["alert_rule_test"] = [
-        {"eval_time": at, "alertname": "OomsightGpuMemoryBudgetExceeded", "exp_alerts": []} for at in ("9m", "18m")
-    ]
-    tests["tests"] = [case]
-    (tmp_path / "t.yaml").write_text(yaml.safe_dump(tests))
-    result = promtool("test", "rules", str(tmp_path / "t.yaml"))
-    failed = result.stdout + result.stderr
-    assert ("time: 9m" in failed) is fires_at_9m and ("time: 18m" in failed) is fires_at_18m, failed
+    moved = (f" > {ratio:g}", f" > {ratio * factor:g}")
+    assert fires_at("OomsightGpuMemoryBudgetExceeded", moved, "budget.test.yaml", ("9m", "18m"), tmp_path) == fires
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("margin", "fires"),
+    [(0.05, {"9m", "16m"}), (0.10, {"16m"}), (0.20, set())],
+    ids=["5%", "as set", "20%"],
+)
+def test_the_prediction_alerts_verdicts_as_its_margin_moves(tmp_path: Any, margin: float, fires: set[str]) -> None:
+    """tests/rules/prediction.test.yaml's rank 0 peaks 8 % over its prediction for 10 minutes, then 15 %: with a
+    5 % margin the alert fires on the 8 % stretch too; with 20 % never. A rank without a prediction, exited or
+    below it never fires, whatever the margin."""
+    moved = (f"> 1 + {config.THRESHOLDS.prediction_margin_ratio:g}\n", f"> 1 + {margin:g}\n")
+    assert fires_at("OomsightPeakAbovePrediction", moved, "prediction.test.yaml", ("9m", "16m"), tmp_path) == fires

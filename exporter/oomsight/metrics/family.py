@@ -260,8 +260,8 @@ LEAK_HELP = (
     "after forward (docs/diagnosis.md)."
 )
 PREDICTION_READ = (
-    "the pod dashboard's panel Predicted vs measured peak, the one place a job's prediction meets its measured "
-    "peak (docs/prediction.md); new with the fleet comparison, and the panel changes with the family"
+    "the pod dashboard's prediction row and the alert OomsightPeakAbovePrediction, where a job's prediction meets "
+    "its measured peak (docs/prediction.md); new with the fleet comparison, and they change with the family"
 )
 SLOPE_HELP = (
     "Slope of the between-steps floor of allocated memory in bytes per optimizer step, not bytes (least squares "
