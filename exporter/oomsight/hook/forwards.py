@@ -53,7 +53,7 @@ from oomsight.analysis import trend
 from oomsight.hook.cuda import CudaApi
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.sampler import Sampler
-from oomsight.hook.stepmemory import RowBook
+from oomsight.hook.stepmemory import RowBook, RowTaker
 
 MAX_ROWS = 128
 FIND_CALLS = 4096
@@ -69,7 +69,7 @@ MIN_INTERVAL_SECONDS = 0.01
 forwards faster than that."""
 
 
-class ForwardMemory:
+class ForwardMemory(RowTaker):
     def __init__(
         self,
         cuda: CudaApi,
@@ -80,15 +80,10 @@ class ForwardMemory:
         clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.cuda = cuda
-        self.sampler = sampler
-        self.errors = errors
+        book = RowBook(MAX_ROWS)
+        super().__init__(cuda, sampler, errors, book, min_interval_seconds=min_interval_seconds, clock=clock, wall=wall)
         self.steps = steps
         """Optimizer steps so far: one since the arming ends the rows."""
-        self.min_interval = min_interval_seconds
-        self.clock = clock
-        self.wall = wall
-        self.book = RowBook(MAX_ROWS)
         self.count = 0
         """Forwards of the outermost model seen (read or not)."""
         self.pending = 0
@@ -106,7 +101,6 @@ class ForwardMemory:
         self._torch: Any = None
         self._finder: Any = None
         self._root: Any = None
-        self._last_read = -float("inf")
         self._idle = 0
         self._looked = 0
         self._armed_steps: Optional[int] = None
@@ -231,10 +225,8 @@ class ForwardMemory:
                 self.input_max = elements
             if not self._rowed(self.pending + 1):
                 return
-            now = self.clock()
-            if now - self._last_read < self.min_interval:
+            if not self._due():
                 return  # nor does the forward hook read it
-            self._last_read = now
             self._began = (self.count + 1, {i: r.allocated_bytes for i, r in self._reads()})
         except Exception as exc:
             self.errors.record("forward_memory", exc)
@@ -262,11 +254,8 @@ class ForwardMemory:
             if forward == self.count:  # its pre-hook ran: it decided, so every row knows its start
                 if began is None:
                     return
-            else:
-                now = self.clock()
-                if now - self._last_read < self.min_interval:
-                    return
-                self._last_read = now
+            elif not self._due():
+                return
             self._read()
         except Exception as exc:
             self.errors.record("forward_memory", exc)

@@ -109,6 +109,40 @@ class RowBook:
         return [list(rows[-1])] if rows else []
 
 
+class RowTaker:
+    """What both takers of allocator rows are wired with (the step rows, :class:`StepMemory`; the
+    forward rows, ``hook.forwards.ForwardMemory``): the allocator, the sampler's devices, the error book
+    and their book of rows; each reads the allocator at most once every ``min_interval_seconds``."""
+
+    def __init__(
+        self,
+        cuda: CudaApi,
+        sampler: Sampler,
+        errors: ErrorBook,
+        book: RowBook,
+        *,
+        min_interval_seconds: float,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        self.cuda = cuda
+        self.sampler = sampler
+        self.errors = errors
+        self.min_interval = min_interval_seconds
+        self.clock = clock
+        self.wall = wall
+        self.book = book
+        self._last_read = -float("inf")
+
+    def _due(self) -> bool:
+        """Whether a read is due (``min_interval`` since the last one); if it is, it counts as done now."""
+        now = self.clock()
+        if now - self._last_read < self.min_interval:
+            return False
+        self._last_read = now
+        return True
+
+
 HELD_RISE_SHARE = 0.05
 """Where the optimizers' count of state entries did not change, the gradients and state held are measured
 again when the floor rose by this share since they last were (an optimizer that keeps no state, SGD
@@ -146,7 +180,7 @@ class Held:
         return self.bytes
 
 
-class StepMemory:
+class StepMemory(RowTaker):
     def __init__(
         self,
         cuda: CudaApi,
@@ -156,14 +190,8 @@ class StepMemory:
         clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.cuda = cuda
-        self.sampler = sampler
-        self.errors = errors
-        self.min_interval = min_interval_seconds
-        self.clock = clock
-        self.wall = wall
-        self.book = RowBook(even=True)
-        self._last_read = -float("inf")
+        book = RowBook(even=True)
+        super().__init__(cuda, sampler, errors, book, min_interval_seconds=min_interval_seconds, clock=clock, wall=wall)
         self.held = Held(clock)
         """The gradients and optimizer state held (the hook gives it its step tracker)."""
         self.inputs: Callable[[], int] = lambda: -1
@@ -171,10 +199,8 @@ class StepMemory:
 
     def on_step(self, step: int) -> None:
         """After optimizer step ``step`` (training thread, inside the step hook's guard)."""
-        now = self.clock()
-        if now - self._last_read < self.min_interval:
+        if not self._due():
             return
-        self._last_read = now
         stamp = round(self.wall(), 3)
         reads = []
         for dev in list(self.sampler.devices.values()):
