@@ -289,3 +289,66 @@ def test_a_kept_tensor_is_its_holders_while_a_call_concatenates_onto_it():
     found = _concatenate_onto(box, torch.randn(8, 3))
     held = _holder(found, ".tensors")
     assert held["bytes"] == 64 * 3 * 4 and held["kind"] == "attribute"
+
+
+def _snapshot(spool):
+    from oomsight.wire.spool import SpoolReader
+
+    (snap,) = SpoolReader(spool).read().snapshots
+    return snap
+
+
+def _steps_keeping(hook, cuda, keep, steps=20):
+    """A training loop whose floor rises by what ``keep`` holds each step (16 MiB, detached), driven through the
+    real step hook; then the publish that schedules the leak scan and the step that runs it."""
+    model = _Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.step_memory.min_interval = 0.0
+    hook.sampler.tick()
+    for step in range(1, steps + 2):
+        model(torch.randn(4, 8)).sum().backward()
+        cuda.set(0, allocated=GIB + step * 16 * MIB, peak_allocated=GIB + step * 16 * MIB + 64 * MIB, reserved=3 * GIB)
+        opt.step()
+        opt.zero_grad()
+        keep(torch.zeros(4 * MIB))  # 16 MiB a step, no graph
+        if step == steps:
+            hook._before_publish()  # the sampler thread's check: the floor rose, a scan is due at the next step
+    hook.sampler.publish()
+
+
+@pytest.fixture
+def roomy_leak_census(monkeypatch):
+    """The leak scan's census with the OOM's budget: a test process that ran hundreds of tests before holds more
+    objects than half a second walks on a busy CI machine."""
+    from oomsight.hook import runtime
+
+    monkeypatch.setattr(runtime, "LEAK_CENSUS_BUDGET", census.Budget(seconds=10.0))
+
+
+def test_the_leak_scan_names_what_holds_the_rise_and_a_bounded_buffer_keeps_the_flag_down(
+    cpu_hook, spool, roomy_leak_census
+):
+    """The census in the leak scan (issue 48): a queue with a cap filling raises the floor as a leak does; the scan
+    names it, with what it holds when full, and the published verdict is no leak while the rise stays within it."""
+    cuda = FakeCuda(total=4 * GIB)
+    hook = cpu_hook(cuda)
+    queue = collections.deque(maxlen=64)
+    _steps_keeping(hook, cuda, queue.append)
+    snap = _snapshot(spool)
+    leak = snap["leak"]
+    assert leak is not None and "local `queue`" in (leak.get("bounded_by") or ""), leak
+    assert leak["bounded_cap_bytes"] == 64 * 16 * MIB
+    assert snap["devices"][0]["step_trend"]["leak"] is False
+    assert hook.errors.counts == {}
+
+
+def test_the_leak_scan_names_the_list_that_keeps_every_step(cpu_hook, spool, roomy_leak_census):
+    cuda = FakeCuda(total=4 * GIB)
+    hook = cpu_hook(cuda)
+    kept: list = []
+    _steps_keeping(hook, cuda, kept.append)
+    snap = _snapshot(spool)
+    leak = snap["leak"]
+    assert leak.get("bounded_by") is None and any("local `kept`" in h["name"] for h in leak["holders"]), leak
+    assert snap["devices"][0]["step_trend"]["leak"] is True
+    assert hook.errors.counts == {}

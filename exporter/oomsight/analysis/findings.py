@@ -25,7 +25,11 @@ def holders(ev: Evidence) -> list[Mapping[str, Any]]:
     by none, or only by its class (a ``WeakKeyDictionary`` inside torch's checkpointing), is nothing the job's code
     names and nothing a sentence can point it to."""
     census = ev.f.get("census") or {}
-    found = census.get("holders") if isinstance(census, Mapping) else None
+    return named(census.get("holders") if isinstance(census, Mapping) else None)
+
+
+def named(found: Any) -> list[Mapping[str, Any]]:
+    """Of a census's holders, those the job reaches by a name (:func:`holders`)."""
     return [
         h
         for h in found or []

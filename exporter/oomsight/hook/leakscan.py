@@ -12,9 +12,12 @@ from __future__ import annotations
 import collections
 import gc
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Mapping
+from typing import Any, Callable, Optional, cast
 
+from oomsight.analysis import findings as census_findings
 from oomsight.analysis.units import format_bytes
+from oomsight.wire.documents import CensusHolder
 from oomsight.wire.schema import LeakFinding
 
 SITES = 5
@@ -62,6 +65,31 @@ def scan(torch: Any, step: int, growth: Optional[int], sites_of: Callable[[list[
     )
 
 
+def with_census(finding: LeakFinding, taken: Optional[Mapping[str, Any]]) -> LeakFinding:
+    """The scan with what the census saw holding tensors outside the model states (``hook.census``): the holders
+    by name, and a bounded one (a ``deque`` with a ``maxlen``) that holds at least half of the rise, with what it
+    holds at its cap. The same veto the diagnosis applies at an OOM (``analysis.findings.bounded_growth``)."""
+    holders = [h for h in (taken or {}).get("holders") or [] if isinstance(h, Mapping)]
+    if not holders:
+        return finding
+    out = LeakFinding(**finding)
+    out["holders"] = cast(list[CensusHolder], holders)
+    growth = finding.get("growth_bytes") or 0
+    for h in census_findings.named(holders):  # one the job names: the same holders the diagnosis reads
+        cap, length, held = h.get("cap"), int(h.get("length") or 0), int(h.get("bytes") or 0)
+        if cap is not None and length > 0 and growth and held >= growth / 2:
+            out["bounded_by"] = str(h.get("name"))
+            out["bounded_cap_bytes"] = held * int(cap) // length
+            break
+    return out
+
+
+def bounded(finding: Optional[Mapping[str, Any]], growth: float) -> bool:
+    """Whether a rise of ``growth`` stays within the cap of the bounded holder the last scan named."""
+    cap = (finding or {}).get("bounded_cap_bytes")
+    return cap is not None and 0 < growth <= int(cap) * 1.1
+
+
 def _describe(groups: dict[tuple[str, str], list[int]], located: dict[int, str]) -> list[str]:
     by_site = collections.Counter(located.values())
     if by_site:
@@ -80,6 +108,16 @@ def message(finding: LeakFinding) -> str:
         f"graph past the step ({format_bytes(finding['graph_bytes'])})"
     )
     sites = "; ".join(finding["sites"][:3])
+    if finding.get("bounded_by"):
+        return (
+            f"{head}. The census saw the rise held by {finding.get('bounded_by')}, a buffer with a cap "
+            f"({format_bytes(finding.get('bounded_cap_bytes') or 0)} when full): no leak while the rise stays within it"
+        )
+    named = [h for h in finding.get("holders") or [] if int(h.get("graph_tensors") or 0) > 0]
+    if named:
+        sites = f"held by {named[0].get('name')} ({named[0].get('graph_tensors')} tensors with a graph)" + (
+            f"; {sites}" if sites else ""
+        )
     if n > OWN_STEP_GRAPHS:
         return f"{head}. Likely a leak of tensors kept with their graph (keep .item() or .detach()): {sites}"
     return (

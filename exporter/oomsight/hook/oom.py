@@ -207,14 +207,15 @@ class OomRecorder:
             **self._layout_at_oom(device),  # type: ignore[typeddict-item]
         )
         self._rows_at_oom(event, device)
-        taken = self._census(device)
+        taken = self.take_census(device, self.census_budget)
         if taken is not None:
             event["census"] = taken
         return cast(OomEvent, event)
 
-    def _census(self, device: int) -> Optional[dict[str, Any]]:
-        """What holds the bytes, read from the job's objects (``hook.census``), within its budget; a census
-        that raises is recorded as failed and the diagnosis reads the counters alone."""
+    def take_census(self, device: int, budget: census.Budget) -> Optional[dict[str, Any]]:
+        """What holds the bytes, read from the job's objects (``hook.census``), within ``budget``; a census
+        that raises is recorded as failed and the diagnosis reads the counters alone. At an OOM, and in the
+        leak scan at a step boundary."""
         steps = self.steps
         device_type = steps.device_type if steps is not None else "cuda"  # tests count a CPU model as device 0
         if self.torch is None or (device_type == "cuda" and not self._guarded("census", self._cuda_initialised)):
@@ -229,7 +230,7 @@ class OomRecorder:
                 device,
                 roots=list(steps.roots) if steps is not None else [],
                 optimizers=list(steps.optimizers) if steps is not None else [],
-                budget=self.census_budget,
+                budget=budget,
                 device_type=device_type,
                 gpu_processes=procs,
             )

@@ -23,13 +23,14 @@ from oomsight.analysis import thresholds as th
 from oomsight.analysis import trend
 from oomsight.analysis.diagnosis import leak_growth
 from oomsight.config import ConfigError, Settings
+from oomsight.hook import census
 from oomsight.hook.cuda import CudaApi, TorchCuda, expandable_segments_enabled
 from oomsight.hook.errors import ErrorBook
 from oomsight.hook.forwards import ForwardMemory
 from oomsight.hook.identity import describe_process
 from oomsight.hook.jobsetup import JobProbe, dominant_dtype
+from oomsight.hook.leakscan import bounded, scan, with_census
 from oomsight.hook.leakscan import message as leak_message
-from oomsight.hook.leakscan import scan
 from oomsight.hook.nvml import Nvml
 from oomsight.hook.oom import OomContext, OomRecorder, is_oom, unwatch_raised, watch_raised
 from oomsight.hook.prediction import EXPECTED, from_setting, from_value
@@ -41,6 +42,7 @@ from oomsight.wire.schema import BatchAdvice, LeakFinding, PeakPrediction
 from oomsight.wire.spool import SpoolWriter
 
 LEAK_SCAN_INTERVAL_SECONDS = 300.0
+LEAK_CENSUS_BUDGET = census.Budget(seconds=0.5, objects=2_000_000)
 """At most one scan for graph-holding tensors per five minutes (gc.get_objects() is not free)."""
 
 logger = logging.getLogger(__name__)
@@ -99,6 +101,7 @@ class Hook:
             hint = f"OOMSIGHT_PREDICTION takes {EXPECTED}"
             self.prediction = self._guarded("prediction", lambda: from_setting(settings.prediction.source), None, hint)
         self._leak_due: Optional[int] = None  # growth that asks for a scan at the next step
+        self._leak_device = 0
         self._last_leak_scan = -LEAK_SCAN_INTERVAL_SECONDS
         self._cuda_ready = False
         self._stopped = False
@@ -217,14 +220,18 @@ class Hook:
             else:
                 growth = leak_growth(list(dev.trend), capacity)
             if growth is not None:
-                self._leak_due = growth
+                self._leak_due, self._leak_device = growth, dev.index
                 return
 
     def _scan_leak(self) -> None:
         growth, self._leak_due = self._leak_due, None
         self._last_leak_scan = time.time()
         sites = self.cuda.allocation_sites if self.oom.history else (lambda ptrs: {})
-        self.leak = scan(self.torch, self.steps.count if self.steps else 0, growth, sites)
+        found = scan(self.torch, self.steps.count if self.steps else 0, growth, sites)
+        # what holds the rise, read from the job's objects (half the OOM census's budget, at most once
+        # every LEAK_SCAN_INTERVAL_SECONDS); a census that fails leaves the scan as it was
+        taken = self.oom.take_census(self._leak_device, LEAK_CENSUS_BUDGET)
+        self.leak = with_census(found, taken)
         logger.warning("%s", leak_message(self.leak))
 
     def _before_publish(self) -> None:
@@ -275,6 +282,8 @@ class Hook:
             t = self.step_memory.judged(dev.index, dev.limit or dev.total or 1)
             if t is not None:
                 verdicts[dev.index] = trend.verdict(t)
+                if t.leak and bounded(self.leak, t.floor_growth_bytes):  # the census saw a buffer with a cap fill
+                    verdicts[dev.index]["leak"] = False
                 last[dev.index] = self.step_memory.last(dev.index)
             pile = self.forwards.pile(dev.index, dev.limit or dev.total or 1)
             if pile:

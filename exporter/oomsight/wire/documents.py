@@ -269,6 +269,32 @@ class StepInfo(TypedDict):
     last_step_time: NotRequired[Optional[float]]
 
 
+class CensusHolder(TypedDict):
+    """What holds tensors on the device outside the model states, the largest first."""
+
+    #: how the job reaches it: "local `all_logits` of validate (train.py:42)", "Model.attn.last"
+    name: str
+    #: list, tuple, dict, set, frozenset, deque, attribute (one tensor) or kv_cache
+    kind: str
+    #: the package whose code holds it (transformers), null: the job's own code
+    framework: NotRequired[Optional[str]]
+    #: tensors it holds that carry an autograd graph
+    graph_tensors: int
+    #: tensors it holds without a graph
+    detached_tensors: int
+    #: their storages' bytes
+    bytes: int
+    #: the container's length
+    length: NotRequired[Optional[int]]
+    #: a deque's maxlen: it never holds more
+    cap: NotRequired[Optional[int]]
+    #: every tensor has a parameter's shape and no graph (EMA, snapshots)
+    parameter_copies: NotRequired[bool]
+    #: how the job reaches it: local, global, module (a model's path), class (only its class: no name of the
+    #: job's leads to it), none; empty: not said
+    reached_by: NotRequired[str]
+
+
 class LeakFinding(TypedDict):
     """Tensors that survived an optimizer step still holding their autograd graph."""
 
@@ -284,6 +310,14 @@ class LeakFinding(TypedDict):
     growth_bytes: NotRequired[Optional[int]]
     #: where the largest were allocated (needs history), "file:line in fn"
     sites: list[str]
+    #: what held tensors outside the model states at the scan (the census), the largest first, at most 8 (since
+    #: 1.11)
+    holders: NotRequired[list[CensusHolder]]
+    #: a bounded holder (a deque with a maxlen) the census saw holding at least half of the rise: no leak while
+    #: the rise stays within its cap (since 1.11)
+    bounded_by: NotRequired[Optional[str]]
+    #: what that holder holds at its cap (its bytes per item x cap) (since 1.11)
+    bounded_cap_bytes: NotRequired[Optional[int]]
 
 
 class BatchAdvice(TypedDict):
@@ -443,32 +477,6 @@ class ModelStates(TypedDict):
     untrained_gradients_bytes: NotRequired[int]
     #: top-level modules whose parameters are all frozen, largest first (at most 8) (since 1.6)
     frozen_modules: NotRequired[list[str]]
-
-
-class CensusHolder(TypedDict):
-    """What holds tensors on the device outside the model states, the largest first."""
-
-    #: how the job reaches it: "local `all_logits` of validate (train.py:42)", "Model.attn.last"
-    name: str
-    #: list, tuple, dict, set, frozenset, deque, attribute (one tensor) or kv_cache
-    kind: str
-    #: the package whose code holds it (transformers), null: the job's own code
-    framework: NotRequired[Optional[str]]
-    #: tensors it holds that carry an autograd graph
-    graph_tensors: int
-    #: tensors it holds without a graph
-    detached_tensors: int
-    #: their storages' bytes
-    bytes: int
-    #: the container's length
-    length: NotRequired[Optional[int]]
-    #: a deque's maxlen: it never holds more
-    cap: NotRequired[Optional[int]]
-    #: every tensor has a parameter's shape and no graph (EMA, snapshots)
-    parameter_copies: NotRequired[bool]
-    #: how the job reaches it: local, global, module (a model's path), class (only its class: no name of the
-    #: job's leads to it), none; empty: not said
-    reached_by: NotRequired[str]
 
 
 class CensusModule(TypedDict):

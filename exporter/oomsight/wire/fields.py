@@ -247,19 +247,6 @@ STEPS = Table(
         nullable("last_step_time", "time", "when the last step ended"),
     ),
 )
-LEAK = Table(
-    "LeakFinding",
-    "Tensors that survived an optimizer step still holding their autograd graph.",
-    (
-        req("checked_at", "time", "when the scan ran"),
-        req("step", "int", "the step it ran after"),
-        req("graph_tensors", "int", "CUDA tensors with a grad_fn alive at the step boundary"),
-        req("graph_bytes", "int", "their storage bytes, each storage once"),
-        nullable("growth_bytes", "int", "growth of the between-steps floor that triggered the check"),
-        req("sites", "list", 'where the largest were allocated (needs history), "file:line in fn"', items="str"),
-    ),
-    since=LATER,
-)
 BATCH_ADVICE = Table(
     "BatchAdvice",
     "The answer of oomsight.probe_batch_size (or of observed steps).",
@@ -330,6 +317,30 @@ CENSUS_HOLDER = Table(
         ),
     ),
     since=CENSUS,
+)
+LEAK = Table(
+    "LeakFinding",
+    "Tensors that survived an optimizer step still holding their autograd graph.",
+    (
+        req("checked_at", "time", "when the scan ran"),
+        req("step", "int", "the step it ran after"),
+        req("graph_tensors", "int", "CUDA tensors with a grad_fn alive at the step boundary"),
+        req("graph_bytes", "int", "their storage bytes, each storage once"),
+        nullable("growth_bytes", "int", "growth of the between-steps floor that triggered the check"),
+        req("sites", "list", 'where the largest were allocated (needs history), "file:line in fn"', items="str"),
+        opt(
+            "holders", "list", "what held tensors outside the model states at the scan (the census), the largest "
+            "first, at most 8", table=CENSUS_HOLDER, since=CENSUS,
+        ),
+        nullable(
+            "bounded_by", "str", "a bounded holder (a deque with a maxlen) the census saw holding at least half of "
+            "the rise: no leak while the rise stays within its cap", since=CENSUS,
+        ),
+        nullable(
+            "bounded_cap_bytes", "int", "what that holder holds at its cap (its bytes per item x cap)", since=CENSUS
+        ),
+    ),
+    since=LATER,
 )
 CENSUS_MODULE = Table(
     "CensusModule",
