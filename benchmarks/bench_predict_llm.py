@@ -4,7 +4,7 @@
 
 Each configuration is an ``oomsight predict`` command line. The prediction runs in a fresh process
 with the GPU hidden (``CUDA_VISIBLE_DEVICES=``); the measurement in another fresh process builds the
-same model through the same flags (``command._spec``: configuration, ``--dtype``, ``--lora``) on
+same model through the same flags (``spec.spec_of``: configuration, ``--dtype``, ``--lora``) on
 ``cuda`` with random weights, runs the same step (``--steps`` training steps, or the ``--generate``
 decode loop) and reads ``torch.cuda.max_memory_allocated/reserved()``. The error is
 predicted / measured - 1. ``--device cpu`` runs the measuring code on the CPU without peaks (a smoke
@@ -87,28 +87,31 @@ CONFIGS: dict[str, list[str]] = {
 }  # fmt: skip
 
 
-def _args(argv: list[str]) -> argparse.Namespace:
+def _args(argv: list[str]) -> Any:
+    """The ``PredictJob`` of ``oomsight predict ARGV``; what is wrong with the flags exits with its line."""
+    from oomsight.predict.inputs import InputError
+    from oomsight.predict.job import job_from_args
     from oomsight.tools import predict_command as command
 
     parser = argparse.ArgumentParser()
     command.add(parser.add_subparsers())
-    args = parser.parse_args(["predict", *argv])
-    problem = command._check(args)
-    if problem:
-        raise SystemExit(problem)
-    return args
+    try:
+        return job_from_args(parser.parse_args(["predict", *argv]))
+    except InputError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def measure(argv: list[str], device: str) -> dict[str, Any]:
     """Build the model the flags describe on ``device``, run its steps, read torch's peaks."""
     import torch
 
-    from oomsight.tools import predict_command as command
+    from oomsight.predict import orchestration
+    from oomsight.predict.spec import spec_of
 
     args = _args(argv)
-    spec = command._spec(args)
-    settings = command._trace_settings(args)
-    optimizer = spec.get("optimizer") or command._optimizer(args)
+    spec = spec_of(args)
+    settings = orchestration.trace_settings(args)
+    optimizer = spec.get("optimizer") or orchestration.optimizer_of(args)
     if args.optimizer == "adamw8bit" and importlib.util.find_spec("bitsandbytes"):
         import bitsandbytes  # the real 8-bit optimizer where the GPU machine has it
 
@@ -154,11 +157,12 @@ def _child(what: str, name: str, device: str, timeout: float) -> dict[str, Any]:
 
 
 def _predict(name: str) -> dict[str, Any]:
-    from oomsight.tools import predict_command as command
+    from oomsight.predict import orchestration
+    from oomsight.predict.spec import spec_of
 
     args = _args(CONFIGS[name])
     started = time.perf_counter()
-    result = command._predict(args, command._spec(args))
+    result = orchestration.predicted(args, spec_of(args))
     return {**result["prediction"], "wall_seconds": round(time.perf_counter() - started, 1)}
 
 

@@ -249,10 +249,10 @@ def _emulated_build(row: Row, device: str) -> Any:
     import torch
     from bench_predict_llm import _args
 
-    from oomsight.tools import predict_command as command
+    from oomsight.predict.spec import spec_of
 
     with torch.device(device):
-        model = command._spec(_args(predict_argv(row)))["build"]()
+        model = spec_of(_args(predict_argv(row)))["build"]()
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import oomsight
-from oomsight.tools import predict_command
+from oomsight.predict import inputs, orchestration
 
 from clirun import PEEKS, PY, env_with_tmp, said_well, started, wait_for_line, with_stdout_closed
 from clirun import oomsight as run_oomsight
@@ -214,7 +214,7 @@ def test_categories_come_in_a_fixed_order_with_zeros_kept_and_the_workspace_expl
     )
     assert result.returncode == 0, result.stderr
     p = json.loads(result.stdout)["prediction"]
-    assert list(p["by_category_bytes"])[:7] == list(predict_command.CATEGORY_ORDER)
+    assert list(p["by_category_bytes"])[:7] == list(orchestration.CATEGORY_ORDER)
     assert p["by_category_bytes"]["buffers"] == 0  # no buffer in this model: shown as 0, not dropped
     assert p["workspace_handles"] * p["workspace_bytes"] <= p["by_category_bytes"]["workspace"]
     prose = run_oomsight("predict", "--module", f"{tiny}:spec", "--batch", "4", "--steps", "2", tmp=str(tmp_path))
@@ -224,10 +224,10 @@ def test_categories_come_in_a_fixed_order_with_zeros_kept_and_the_workspace_expl
 
 
 def test_in_order_puts_known_categories_first_keeps_zeros_and_counts_the_workspace_handles():
-    got = predict_command.in_order(
+    got = orchestration.in_order(
         {"by_category_bytes": {"workspace": 65 << 20, "activations": 5, "zeta": 1}, "workspace_bytes": 32 << 20}
     )
-    assert list(got["by_category_bytes"]) == [*predict_command.CATEGORY_ORDER, "zeta"]
+    assert list(got["by_category_bytes"]) == [*orchestration.CATEGORY_ORDER, "zeta"]
     assert got["by_category_bytes"]["gradients"] == 0 and got["workspace_handles"] == 2
 
 
@@ -237,7 +237,7 @@ def test_a_size_in_gigabits_is_refused_not_read_as_gigabytes(tmp_path):
     assert one_line(result.stderr) == (
         "oomsight predict: --capacity: '40Gb' is not a size (e.g. 80GiB = 80 x 2^30 bytes, 40GB = 40 x 10^9, 1e9B)"
     )
-    assert predict_command.parse_bytes("40GB") == 40 * 10**9 and predict_command.parse_bytes("40GiB") == 40 << 30
+    assert inputs.parse_bytes("40GB") == 40 * 10**9 and inputs.parse_bytes("40GiB") == 40 << 30
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed here")

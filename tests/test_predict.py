@@ -26,7 +26,7 @@ from oomsight.predict.allocator import (  # noqa: E402
     round_size,
     segment_size,
 )
-from oomsight.tools.predict_command import parse_bytes  # noqa: E402
+from oomsight.predict.inputs import parse_bytes  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDED = os.path.join(ROOT, "benchmarks", "results", "predict.json")

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from oomsight.predict import generation, hfmodel, inputs  # noqa: E402
+from oomsight.predict import generation, hfmodel, inputs, job  # noqa: E402
 from oomsight.tools import exitcode  # noqa: E402
 from oomsight.tools import predict_command as command  # noqa: E402
 
@@ -279,10 +279,11 @@ def test_a_hub_id_in_the_local_cache_is_read_from_its_snapshot(tmp_path: Path, m
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip
     (snapshot / "config.json").write_text(json.dumps(config))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    args = argparse.Namespace(model="org/tiny")
-    assert inputs.check_model(args) is None and args.model == str(snapshot / "config.json")
-    assert hfmodel.load_config(args.model).hidden_size == 64
-    assert "not in the local Hugging Face cache" in str(inputs.check_model(argparse.Namespace(model="org/other")))
+    found = job.model_found("org/tiny")
+    assert found == str(snapshot / "config.json")
+    assert hfmodel.load_config(found).hidden_size == 64
+    with pytest.raises(inputs.InputError, match="not in the local Hugging Face cache"):
+        job.model_found("org/other")
 
 
 def test_the_names_checked_before_torch_are_the_named_models() -> None:

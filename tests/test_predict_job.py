@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from oomsight.predict import adapter, gpu, hfmodel  # noqa: E402
+from oomsight.predict import adapter, gpu, hfmodel, prose  # noqa: E402
 from oomsight.tools import exitcode  # noqa: E402
 from oomsight.tools import predict_command as command  # noqa: E402
 
@@ -230,10 +230,10 @@ def test_generate_refuses_what_it_cannot_do(capsys: Any) -> None:
 
 def test_the_prose_names_the_cache_the_gpu_and_the_per_rank_peak(capsys: Any) -> None:
     _, gen = predict(capsys, "--model", MODEL, "--batch", "2", "--generate", "16:8")
-    assert "generating 8 tokens after a 16-token prompt, dynamic cache" in "\n".join(command._prose_job(gen))
+    assert "generating 8 tokens after a 16-token prompt, dynamic cache" in "\n".join(prose.job_lines(gen))
     argv = ["--model", MODEL, "--seq-len", "32", "--batch", "1", "--world-size", "4", "--parallel", "zero3"]
     _, par = predict(capsys, *argv, "--gpu", "H100", "--gpus-needed")
-    text = "\n".join(command._prose_job(par))
+    text = "\n".join(prose.job_lines(par))
     assert "H100: " in text and "compute capability 9.0" in text
     assert "zero3 over 4 ranks: peak allocated per rank" in text and "GPUs needed: 1" in text
 

@@ -18,6 +18,8 @@ peft = pytest.importorskip("peft")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from oomsight.predict import adapter  # noqa: E402
+from oomsight.predict.job import job_from_args  # noqa: E402
+from oomsight.predict.spec import spec_of  # noqa: E402
 from oomsight.tools import cli  # noqa: E402
 from oomsight.tools import predict_command as command  # noqa: E402
 
@@ -41,14 +43,12 @@ def _args(*argv: str) -> Any:
 
     parser = argparse.ArgumentParser()
     command.add(parser.add_subparsers())
-    args = parser.parse_args(["predict", *argv])
-    assert command._check(args) is None
-    return args
+    return job_from_args(parser.parse_args(["predict", *argv]))
 
 
 def _built(*argv: str) -> Any:
     torch.manual_seed(0)
-    return command._spec(_args(*argv))["build"]()
+    return spec_of(_args(*argv))["build"]()
 
 
 def test_the_flag_leaves_the_model_as_peft_s_own_function_leaves_it() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from oomsight.predict import optimizer, predict_peak
+from oomsight.predict import optimizer, predict_peak, prose
 from oomsight.tools import predict_command as command
 
 W1, B1, W2, B2 = 256 * 512, 512, 512 * 128, 128
@@ -60,12 +60,22 @@ def _cli(argv: list[str]) -> int:
     return int(args.handler(args))
 
 
-@pytest.mark.parametrize("impl", ["fused", "for-loop"])
-def test_the_command_passes_the_implementation_to_the_trace(impl: str) -> None:
+def _job(argv: list[str]) -> Any:
     import argparse
 
-    args = argparse.Namespace(optimizer="adamw", optimizer_impl=impl)
-    made = command._optimizer(args)([torch.nn.Parameter(torch.zeros(2))])
+    from oomsight.predict.job import job_from_args
+
+    parser = argparse.ArgumentParser(prog="oomsight")
+    command.add(parser.add_subparsers())
+    return job_from_args(parser.parse_args(["predict", *argv]))
+
+
+@pytest.mark.parametrize("impl", ["fused", "for-loop"])
+def test_the_command_passes_the_implementation_to_the_trace(impl: str) -> None:
+    from oomsight.predict.orchestration import optimizer_of
+
+    job = _job(["--model", "gpt2", "--optimizer", "adamw", "--optimizer-impl", impl])
+    made = optimizer_of(job)([torch.nn.Parameter(torch.zeros(2))])
     assert made.param_groups[0]["fused" if impl == "fused" else "foreach"] is (impl == "fused")
 
 
@@ -115,6 +125,6 @@ def test_where_no_implementation_fits_the_lighter_state_is_named_as_changing_res
     assert flags.index("--batch 1 --accumulation 2") < flags.index("--optimizer adamw8bit")
     assert found["cheapest"]["flags"] == "--optimizer adamw8bit" and found["cheapest"]["changes_results"] is True
     assert all(not t["changes_results"] for t in found["tried"][:-1])
-    text = command._prose_changes({"changes": found})
+    text = prose.change_lines({"changes": found})
     assert text[0].startswith("does not fit") and "--optimizer adamw8bit" in text[0] and "changes results" in text[0]
     assert LINEARS == 50_356_224

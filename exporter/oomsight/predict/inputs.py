@@ -1,8 +1,9 @@
-"""Every input of ``oomsight predict`` checked before anything is traced, in one place (issue 34, step 4).
+"""Every input of ``oomsight predict`` checked before anything is traced (issue 34, step 4).
 
 What is wrong is said in one line and the command exits 2 (``exitcode.USAGE``), within seconds, with
-no traceback: the flags (``check``: sizes need a unit, bounds on ``--seq-len`` and ``--generate``, flags
-that do not apply to the job refused in words), a transformers configuration (``check_config``: a key
+no traceback. The flags are checked as the job is built (``job.job_from_args``, with this module's
+parsers: ``parse_bytes``, ``parse_generate``, ``parse_lora``, and its bounds); what only the model can
+tell is checked here as the spec is built: a transformers configuration (``check_config``: a key
 the model type does not have, named with the close one; a value of the wrong kind; a size or count
 below 1; a hidden size its heads do not divide), the sequence length against the model's positions
 (``check_positions``), the flags about tokens for a model that takes images (``check_image_model``),
@@ -14,13 +15,12 @@ validation (a multi-line traceback) is never what the user sees.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import inspect
 import os
 import re
 import typing
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 MAX_TOKENS = 1 << 20
 """Tokens per sample (``--seq-len``, ``--generate``'s prompt) the predictor accepts: 1,048,576. A
@@ -104,46 +104,6 @@ def parse_lora(text: str) -> tuple[int, tuple[str, ...]]:
     return int(rank_text), names
 
 
-def check(args: argparse.Namespace) -> Optional[str]:
-    """What is wrong with the flags, in one line, or None; parses ``--capacity``, ``--generate``,
-    ``--lora`` and ``--gpu`` into ``args`` on the way."""
-    if args.batch < 1 or args.accumulation < 1 or not 1 <= args.steps <= 20:
-        return "--batch and --accumulation must be at least 1, --steps 1 to 20"
-    if not 0.0 <= args.margin < 0.5:
-        return "--margin must be between 0 and 0.5"
-    args.capacity_bytes = None
-    if args.capacity is not None:
-        try:
-            args.capacity_bytes = parse_bytes(args.capacity)
-        except ValueError as exc:
-            return f"--capacity: {exc}"
-    return check_model(args) or _check_lengths(args) or _not_applying(args) or _check_job(args)
-
-
-def check_model(args: argparse.Namespace) -> Optional[str]:
-    """``--model``'s form, before torch or transformers is imported (a wrong name took 14-33 s, the whole
-    transformers import, to be refused): a named model, an existing path, ``TYPE:...``, or a Hub id found in
-    the local Hugging Face cache (``args.model`` becomes its config.json); anything else refused in one line."""
-    name = getattr(args, "model", None)
-    if not name or name in NAMED_MODELS or ":" in name or os.path.exists(name):
-        return None
-    if HUB_ID.match(name):
-        cached = hub_cached_config(name)
-        if cached:
-            args.model = cached
-            return None
-        return (
-            f"--model {name}: not in the local Hugging Face cache, and predict downloads nothing; save its "
-            f"configuration once (AutoConfig.from_pretrained('{name}').save_pretrained('DIR')) and give --model DIR: "
-            "a local folder holding config.json works"
-        )
-    if name.endswith(".json") or os.sep in name or name.startswith((".", "~")):
-        return f"--model {name}: no such file or folder (give {MODEL_FORMS})"
-    close = difflib.get_close_matches(name, NAMED_MODELS, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    return f"--model {name}: no model of that name ({hint}give {MODEL_FORMS})"
-
-
 def hub_cached_config(repo: str) -> Optional[str]:
     """The config.json of Hub repository ``repo`` in the local Hugging Face cache (``HF_HUB_CACHE``, else
     ``HF_HOME``/hub, else ~/.cache/huggingface/hub): the revision ``refs/main`` names, else the newest
@@ -162,96 +122,6 @@ def hub_cached_config(repo: str) -> Optional[str]:
     revisions = os.listdir(snapshots) if os.path.isdir(snapshots) else []
     found = [f for f in (os.path.join(snapshots, r, "config.json") for r in revisions) if os.path.isfile(f)]
     return max(found, key=os.path.getmtime) if found else None
-
-
-def _check_lengths(args: argparse.Namespace) -> Optional[str]:
-    """``--seq-len`` and ``--generate`` within the bounds the predictor can trace."""
-    if args.seq_len is not None and args.seq_len < 1:
-        return "--seq-len must be at least 1"
-    if args.seq_len is not None and args.seq_len > MAX_TOKENS:
-        return f"--seq-len {args.seq_len:,} is past the {MAX_TOKENS:,} tokens per sample the predictor takes"
-    if not args.generate:
-        return None
-    try:
-        args.prompt_tokens, args.new_tokens = parse_generate(args.generate)
-    except ValueError as exc:
-        return str(exc)
-    if args.prompt_tokens > MAX_TOKENS:
-        return f"--generate {args.generate}: a prompt past {MAX_TOKENS:,} tokens is not predicted"
-    if args.new_tokens > MAX_NEW_TOKENS:
-        return (
-            f"--generate {args.generate}: at most {MAX_NEW_TOKENS:,} new tokens (each is one traced forward, "
-            f"{args.new_tokens:,} would take hours on a CPU); the cache at any length is in docs/prediction.md"
-        )
-    return None
-
-
-def _not_applying(args: argparse.Namespace) -> Optional[str]:
-    """A flag given where it changes nothing, said in words (it was ignored silently before)."""
-    where = {
-        "cache": (args.generate, "--cache applies to --generate (the key/value cache of inference)"),
-        "seq_len": (not args.generate, "--seq-len does not apply with --generate: its PROMPT is the tokens"),
-        "keep_outputs": (not args.generate, "--keep-outputs applies to a training step, not --generate"),
-        "optimizer_impl": (not args.generate, "--optimizer-impl applies to a training step, not --generate"),
-        "shard_size": (args.parallel, "--shard-size (hybrid sharding) applies to --parallel fsdp or fsdp2"),
-        "no_reshard": (args.parallel, "--no-reshard applies to --parallel fsdp or fsdp2"),
-        "offload": (args.parallel, "--offload applies to --parallel fsdp, fsdp2 or zero1-3"),
-        "bucket_view": (args.parallel, "--bucket-view applies to --parallel ddp"),
-        "mixed_precision": (
-            args.parallel == "fsdp2" or (args.parallel == "fsdp" and not args.offload),
-            "--mixed-precision applies to --parallel fsdp2 or fsdp (not fsdp with --offload)",
-        ),
-        "checkpointing": (args.model, "--checkpointing applies to a transformers configuration (--model)"),
-        "prepare_kbit": (
-            args.model and args.lora and args.quantize and not args.generate,
-            "--prepare-kbit applies to a QLoRA job: --model, --quantize and --lora (it freezes every "
-            "parameter but the adapters), not --generate",
-        ),
-    }
-    for name, (applies, words) in where.items():
-        given = getattr(args, name, None)
-        if given not in (None, False) and not applies:
-            return words
-    if args.generate and args.cache is None:
-        args.cache = "dynamic"
-    return None
-
-
-def _check_job(args: argparse.Namespace) -> Optional[str]:
-    """The flags of issue 28 (configs, adapters, several GPUs, --gpu): what is wrong, or None."""
-    from oomsight.predict import gpu, optimizer  # torch is imported only where a check needs it (--parallel)
-
-    wrong_impl = optimizer.check(args.optimizer, getattr(args, "optimizer_impl", None))
-    if wrong_impl:
-        return wrong_impl
-    if args.generate and (args.lora or args.quantize == "8bit" or args.parallel):
-        return "--generate takes neither --lora, --quantize 8bit nor --parallel (one GPU, inference)"
-    if args.lora:
-        try:
-            args.lora_rank, args.lora_targets = parse_lora(args.lora)
-        except ValueError as exc:
-            return str(exc)
-    if args.gpu:
-        try:
-            args.gpu_spec = gpu.get(args.gpu)
-        except KeyError as exc:
-            return str(exc.args[0])
-        if args.capacity is None:
-            args.capacity_bytes = args.gpu_spec.total_bytes
-    if args.largest_batch and not (args.gpu or args.capacity):
-        return "--largest-batch needs --gpu or --capacity"
-    if args.gpus_needed and not ((args.gpu or args.capacity) and args.parallel):
-        return "--gpus-needed needs --parallel and --gpu or --capacity"
-    if args.world_size > 1 and not args.parallel:
-        return "--world-size above 1 needs --parallel ddp|fsdp|fsdp2|zero1|zero2|zero3"
-    if args.parallel:
-        from oomsight.predict import parallel
-
-        return parallel.check(
-            parallel.Layout(args.world_size, args.parallel, not args.no_reshard, args.offload, args.bucket_view,
-                            args.shard_size)
-        )  # fmt: skip
-    return None
 
 
 # -- a transformers configuration ------------------------------------------------------------------
@@ -381,35 +251,51 @@ def positions(config: Any) -> Optional[int]:
     return None
 
 
-def check_positions(config: Any, where: str, args: argparse.Namespace) -> None:
+class TokenFlags(Protocol):
+    """The flags about tokens a model's own checks read (``oomsight.predict.job.PredictJob`` has them)."""
+
+    @property
+    def seq_len(self) -> Optional[int]: ...
+
+    @property
+    def generate(self) -> Optional[str]: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def new_tokens(self) -> int: ...
+
+
+def check_positions(config: Any, where: str, flags: TokenFlags) -> None:
     """``--seq-len``, or ``--generate``'s prompt, within the model's positions; and the prompt with the new
     tokens where positions are learned (GPT-2's table has no row past them). A rotary model generates
     past them as ``generate()`` does, which only warns."""
     limit = positions(config)
     if limit is None:
         return
-    if args.generate:
+    if flags.generate:
         rotary = getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None)
-        total = args.prompt_tokens + (0 if rotary else args.new_tokens)
+        total = flags.prompt_tokens + (0 if rotary else flags.new_tokens)
         if total > limit:
             raise InputError(
-                f"--generate {args.generate}: {total:,} tokens, past the {limit:,} positions of --model {where}"
+                f"--generate {flags.generate}: {total:,} tokens, past the {limit:,} positions of --model {where}"
                 + ("" if rotary else " (learned positions: the table has no row past them)")
             )
-    elif args.seq_len is not None and args.seq_len > limit:
+    elif flags.seq_len is not None and flags.seq_len > limit:
         raise InputError(
-            f"--seq-len {args.seq_len:,} is past the {limit:,} positions of --model {where} "
+            f"--seq-len {flags.seq_len:,} is past the {limit:,} positions of --model {where} "
             "(max_position_embeddings; raise it in the configuration to predict a longer sample)"
         )
 
 
-def check_image_model(where: str, args: argparse.Namespace, with_text: bool) -> None:
+def check_image_model(where: str, flags: TokenFlags, with_text: bool) -> None:
     """The flags about tokens, for a model that takes images (``with_text``: and text, a dual encoder
     such as CLIP, whose text ``--seq-len`` sets): ``--generate`` applies to neither, as neither
     generates tokens; ``--seq-len`` not to images alone, whose size is the configuration's."""
-    if args.generate:
+    if flags.generate:
         raise InputError(f"--generate applies to a model that generates tokens; --model {where} takes images")
-    if args.seq_len is not None and not with_text:
+    if flags.seq_len is not None and not with_text:
         raise InputError(
             f"--seq-len does not apply to --model {where}: it takes images, not tokens "
             "(their size is the configuration's image_size and num_channels)"
