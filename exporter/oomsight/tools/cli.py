@@ -133,7 +133,7 @@ PLUGIN_GROUP = "oomsight.commands"
 """Entry points that add subcommands; the sidecar and webhook packages register theirs here."""
 PLUGIN_EXTRAS = {"sidecar": "sidecar", "webhook": "sidecar"}
 """Subcommands of the distribution's other packages, and the extra that installs what they need."""
-EXTRA_MODULES = {"predict": ("predict", ("torch", "transformers"))}
+EXTRA_MODULES = {"predict": ("predict", ("torch", "transformers", "yaml"))}
 """Subcommands of the library that import an extra's packages when they run, and which packages: one of
 them missing (``pip install .`` has no torch) is one line naming the extra, not a traceback."""
 

@@ -26,7 +26,8 @@ from oomsight.predict import inputs, optimizer, orchestration, prose
 from oomsight.predict.job import DTYPES, job_from_args
 from oomsight.predict.predictor import DEFAULT_MARGIN
 from oomsight.predict.spec import SpecError, spec_of
-from oomsight.tools import exitcode
+from oomsight.tools import exitcode, manifest
+from oomsight.wire.fields import PREDICTED_PEAK_ANNOTATION, PREDICTED_PEAK_RESERVED_ANNOTATION
 
 EXAMPLE = (
     "examples:\n  oomsight predict --model gpt2 --batch 8 --autocast bf16 --capacity 40GiB\n"
@@ -84,6 +85,9 @@ def add(sub: Any) -> None:
                    help=f"share of --capacity kept free (default {DEFAULT_MARGIN:.2f})")  # fmt: skip
     p.add_argument("--expandable-segments", action="store_true", help="model expandable_segments:True")
     p.add_argument("--json", action="store_true", help="print JSON instead of prose")
+    p.add_argument("--annotate", metavar="MANIFEST", default=None,
+                   help="print MANIFEST (a Pod, Job, Deployment, ... or Kubeflow job; - for stdin) with the predicted "
+                   "peak in its pod template's annotations; the prediction goes to stderr")  # fmt: skip
     p.set_defaults(handler=run)
     _one_line_errors(p)
 
@@ -131,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
         return exitcode.OK
     try:
         job = job_from_args(args)
+        pods = manifest.read(args.annotate) if args.annotate else None  # before the trace: a bad file costs none
         user_spec = spec_of(job)
-    except (SpecError, inputs.InputError) as exc:
+    except (SpecError, inputs.InputError, manifest.ManifestError) as exc:
         print(f"oomsight predict: {exc}", file=sys.stderr)
         return exitcode.USAGE
     try:
@@ -140,5 +145,24 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # the user's model could not be traced: say so in one line
         print(f"oomsight predict: {orchestration.untraceable(exc)}"[:600], file=sys.stderr)
         return exitcode.REFUSED
-    print(json.dumps(result, indent=1) if args.json else prose.text(result))
+    said = json.dumps(result, indent=1) if args.json else prose.text(result)
+    if pods is None:
+        print(said)
+        return exitcode.OK
+    print(said, file=sys.stderr)  # stdout is the manifest: ... --annotate job.yaml | kubectl apply -f -
+    sys.stdout.write(manifest.annotated(pods, peak_annotations(result)))
     return exitcode.OK
+
+
+def peak_annotations(result: dict[str, Any]) -> dict[str, str]:
+    """The predicted peak as pod annotations, integer bytes as strings: the peak allocated and reserved of
+    one GPU, or of one rank with ``--parallel`` (what each rank's process will measure)."""
+    rank, one = result.get("parallel"), result["prediction"]
+    if rank:
+        allocated, reserved = rank["per_rank_peak_allocated_bytes"], rank.get("per_rank_peak_reserved_bytes")
+    else:
+        allocated, reserved = one["peak_allocated_bytes"], one.get("peak_reserved_bytes")
+    found = {PREDICTED_PEAK_ANNOTATION: str(int(allocated))}
+    if reserved is not None:
+        found[PREDICTED_PEAK_RESERVED_ANNOTATION] = str(int(reserved))
+    return found
