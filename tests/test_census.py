@@ -352,3 +352,21 @@ def test_the_leak_scan_names_the_list_that_keeps_every_step(cpu_hook, spool, roo
     assert leak.get("bounded_by") is None and any("local `kept`" in h["name"] for h in leak["holders"]), leak
     assert snap["devices"][0]["step_trend"]["leak"] is True
     assert hook.errors.counts == {}
+
+
+def test_holders_a_running_frame_keeps_are_named_even_when_the_walk_ran_past_its_deadline(monkeypatch):
+    """The H100 ResNet validation job (one of eight at once) ran past 1 s in the naming: its `kept` list was
+    recorded as an unnamed list. The running frames' locals cost a lookup each and are read whatever the clock."""
+    model = _Model()
+    kept = [model(torch.randn(4, 8)) for _ in range(3)]
+    find = census._find_holders
+
+    def slow(walk, *args):
+        found = find(walk, *args)
+        walk.deadline = float("-inf")  # the collector pass used the whole budget
+        return found
+
+    monkeypatch.setattr(census, "_find_holders", slow)
+    found = _take(roots=[model])
+    assert found["cut_short"] == "time"
+    assert _holder(found, "local `kept`")["graph_tensors"] == 3 and kept

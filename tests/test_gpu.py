@@ -181,7 +181,8 @@ model(big)
 
 def test_an_inference_loop_whose_input_grew_is_growing_demand(tmp_path):
     """No optimizer: seconds of forwards that fit (memory falling back after each), then a batch 8x
-    larger runs out: the input grew, not a forward that never fitted."""
+    larger runs out: the input grew, not a forward that never fitted. 11 of 12 GPU tests passed on the H100 at
+    e6c9cc8's tree; this one still expected ``bound_input`` from before issue 48 (a process with no optimizer)."""
     body = """
 import time, torch
 from torch import nn
@@ -201,7 +202,8 @@ with torch.no_grad():
     (event,) = SpoolReader(spool).read().events
     assert event["grad_enabled"] is False and event["last_step_time"] is None
     d = event["diagnosis"]
-    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_input", d["summary"]
+    # no optimizer in the process: the batch bound, never advice about accumulating gradients (issue 48)
+    assert d["cause"] == "growing_demand" and d["facts"]["remedies"][0] == "bound_batch", d["summary"]
 
 
 def test_a_caught_oom_followed_by_a_step_is_recovered(tmp_path):

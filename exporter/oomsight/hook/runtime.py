@@ -228,7 +228,7 @@ class Hook:
         self._last_leak_scan = time.time()
         sites = self.cuda.allocation_sites if self.oom.history else (lambda ptrs: {})
         found = scan(self.torch, self.steps.count if self.steps else 0, growth, sites)
-        # what holds the rise, read from the job's objects (half the OOM census's budget, at most once
+        # what holds the rise, read from the job's objects (a quarter of the OOM census's time, at most once
         # every LEAK_SCAN_INTERVAL_SECONDS); a census that fails leaves the scan as it was
         taken = self.oom.take_census(self._leak_device, LEAK_CENSUS_BUDGET)
         self.leak = with_census(found, taken)
