@@ -16,9 +16,14 @@
   poster reads the events too) over a spool poisoned as the issue's run was: 10,000 valid documents each with one
   key of the tape's snapshot or event set to one of 33 hostile values, and 100,000 junk files; its peak (VmHWM) over
   four scrapes, and its resident memory (VmRSS) once the junk is removed and it scraped again; budget: the peak at
-  most 85 % of the chart's 128Mi. Twice: outside a cluster (no ``KUBERNETES_SERVICE_HOST``, as the issue's machine)
-  and as in one (it set, pointing nowhere: the kubernetes client is loaded at the first Event, 42 MiB), each with a
-  valid OOM event at start, so the baseline holds what the poster loads for one.
+  most 85 % of the chart's 128Mi. Recorded for each: the baseline (VmRSS after two scrapes of the valid spool), the
+  peak, VmRSS after the junk is gone, and their difference. Three ways, each with a valid OOM event at start, so the
+  baseline holds what the poster loads for one: outside a cluster (no ``KUBERNETES_SERVICE_HOST``, as the issue's
+  machine); in one without a service account token (it set, pointing nowhere; the tree before this one loads the
+  kubernetes package there, 42 MiB, ``--previous``); and in one with a token, where the package is loaded at the
+  first Event (imported at start here, :data:`VARIANTS`: the run has no token to give). The heap's remedies are
+  weighed in the same run, outside a cluster: the C heap left alone (no single arena, no ``malloc_trim``), a full
+  ``gc.collect()`` before each trim, and every object in the C heap (``PYTHONMALLOC=malloc``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ ROOT = os.path.dirname(HERE)
 BEFORE = "f2c2e6c"
 """The tree before issue 49. The tree before issue 44's kept text (the issue's 3.0-3.8 ms) is this one with the text
 not kept (``SpoolCollector(text=False)``): the commit before it (7772fe5) does not import."""
+PREVIOUS = "873af50"
+"""The tree before a pod without a service account token stopped loading the kubernetes package."""
 BUDGET = {"first_scrape_cpu_s": 1.0, "long_rows_scrape_cpu_s": 1.0, "unchanged_cpu_ms": 5.0, "peak_share": 0.85}
 CHART_LIMIT_MIB = 128
 RANKS, LONG_ROWS, LONG_SCRAPES, UNCHANGED_ROUNDS, UNCHANGED_SCRAPES = 64, 14_000, 6, 5, 40
@@ -237,8 +244,39 @@ def _status(pid: int) -> dict[str, float]:
         return {ln.split(":")[0]: round(int(ln.split()[1]) / 1024, 1) for ln in fh if ln.startswith(("VmRSS", "VmHWM"))}
 
 
-def memory(tree: str, in_cluster: bool) -> dict[str, Any]:
-    """The real sidecar of ``tree`` through a poisoned spool and back (:func:`poison`, :func:`junk`)."""
+VARIANTS = {
+    "client_loaded": "import kubernetes  # what a pod with a service account token loads at its first Event\n",
+    "heap_left_alone": (
+        "from oomsight_sidecar import heap\nheap.one_arena = lambda: False\nheap.Trim.__call__ = lambda self: None\n"
+    ),
+    "gc_collect_before_trim": (
+        "import gc\n"
+        "from oomsight_sidecar import heap\n"
+        "trim = heap.Trim.__call__\n"
+        "def collected(self):\n"
+        "    gc.collect()\n"
+        "    trim(self)\n"
+        "heap.Trim.__call__ = collected\n"
+    ),
+    "pythonmalloc_malloc": "",
+}
+"""How the sidecar is changed for a run, by a ``sitecustomize`` module on its path (``pythonmalloc_malloc``: the
+environment's ``PYTHONMALLOC=malloc``); the product has no switch for any of them."""
+
+
+def _variant_path(variant: str | None, spool: str) -> list[str]:
+    if not variant or not VARIANTS[variant]:
+        return []
+    folder = os.path.join(spool + "-site")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as fh:
+        fh.write(VARIANTS[variant])
+    return [folder]
+
+
+def memory(tree: str, in_cluster: bool, variant: str | None = None) -> dict[str, Any]:
+    """The real sidecar of ``tree`` through a poisoned spool and back (:func:`poison`, :func:`junk`), changed as
+    :data:`VARIANTS` says."""
     from hostile import event, event_path, put, snapshot
     from procs import http_get
     from procs import sidecar as run_sidecar
@@ -246,7 +284,7 @@ def memory(tree: str, in_cluster: bool) -> dict[str, Any]:
     spool = tempfile.mkdtemp(prefix="oomsight-poison-")
     env = {
         **os.environ,
-        "PYTHONPATH": _path(tree),
+        "PYTHONPATH": os.pathsep.join([*_variant_path(variant, spool), _path(tree)]),
         "OOMSIGHT_POD_NAME": "train-0",
         "OOMSIGHT_POD_NAMESPACE": "ml",
         "OOMSIGHT_POD_UID": "5a1d7c1e-0000-4000-8000-000000000001",
@@ -254,6 +292,8 @@ def memory(tree: str, in_cluster: bool) -> dict[str, Any]:
     env.pop("KUBERNETES_SERVICE_HOST", None)
     if in_cluster:
         env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT="9")
+    if variant == "pythonmalloc_malloc":
+        env["PYTHONMALLOC"] = "malloc"
     try:
         for folder in ("snapshots", "events", "profiles"):
             os.makedirs(os.path.join(spool, folder))
@@ -284,10 +324,13 @@ def memory(tree: str, in_cluster: bool) -> dict[str, Any]:
                 after.append(_status(proc.pid))
     finally:
         shutil.rmtree(spool, ignore_errors=True)
+        shutil.rmtree(spool + "-site", ignore_errors=True)
     peak = max(p["VmHWM"] for p in peaks)
     return {
         "in_cluster": in_cluster,
+        "variant": variant,
         "baseline_rss_mib": baseline["VmRSS"],
+        "after_junk_removed_over_baseline_mib": round(after[-1]["VmRSS"] - baseline["VmRSS"], 1),
         "peak_mib": peak,
         "peak_share_of_chart_limit": round(peak / CHART_LIMIT_MIB, 3),
         "rss_after_each_poisoned_scrape_mib": [p["VmRSS"] for p in peaks],
@@ -316,6 +359,14 @@ def machine(load_before: list[float], load_busy: list[float]) -> dict[str, Any]:
     }
 
 
+MEMORY_RUNS = {
+    "memory_outside_a_cluster": (False, None),
+    "memory_in_cluster": (True, None),
+    "memory_in_cluster_client_loaded": (True, "client_loaded"),
+}
+"""Each tree's memory runs: (in a cluster, variant)."""
+
+
 def budgets_met(now: dict[str, Any]) -> dict[str, bool]:
     """Each budget of issue 49 against this tree's figures."""
     met = {
@@ -323,16 +374,31 @@ def budgets_met(now: dict[str, Any]) -> dict[str, bool]:
         "long_rows": now["long_rows"]["max_cpu_s"] <= BUDGET["long_rows_scrape_cpu_s"],
         "unchanged": now["unchanged_cpu_ms_median"] <= BUDGET["unchanged_cpu_ms"],
     }
-    for key in ("memory_outside_a_cluster", "memory_in_cluster"):
+    for key in MEMORY_RUNS:
         if key in now:
             met[key] = now[key]["peak_share_of_chart_limit"] <= BUDGET["peak_share"]
     return met
+
+
+def memory_runs(results: dict[str, Any], trees: dict[str, str]) -> None:
+    """:data:`MEMORY_RUNS` of this tree, the heap's remedies (:data:`VARIANTS`) outside a cluster, the previous tree
+    in a cluster without a token, and the tree before issue 49 outside and in one."""
+    for key, (in_cluster, variant) in MEMORY_RUNS.items():
+        results["this_tree"][key] = memory(ROOT, in_cluster, variant)
+    results["this_tree_heap_remedies"] = {
+        variant: memory(ROOT, False, variant)
+        for variant in ("heap_left_alone", "gc_collect_before_trim", "pythonmalloc_malloc")
+    }
+    results["previous_tree"] = {"memory_in_cluster": memory(trees["previous_tree"], True)}
+    for key in ("memory_outside_a_cluster", "memory_in_cluster"):
+        results["before_issue49"][key] = memory(trees["before_issue49"], MEMORY_RUNS[key][0])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--before", default=BEFORE)
+    ap.add_argument("--previous", default=PREVIOUS)
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -362,10 +428,8 @@ def main() -> int:
             results[name]["unchanged_cpu_ms_rounds"] = rounds[name]
             results[name]["unchanged_cpu_ms_median"] = statistics.median(rounds[name])
         if not args.skip_memory:
-            for name in ("this_tree", "before_issue49"):
-                for in_cluster in (False, True):
-                    key = "memory_in_cluster" if in_cluster else "memory_outside_a_cluster"
-                    results[name][key] = memory(trees[name], in_cluster)
+            trees["previous_tree"] = worktree(args.previous)
+            memory_runs(results, trees)
     finally:
         for tree in trees.values():
             if tree != ROOT:
@@ -374,7 +438,7 @@ def main() -> int:
     doc = {
         "benchmark": "bench_scrape_budget",
         "commit": commit(),
-        "trees": {"before_issue49": args.before},
+        "trees": {"before_issue49": args.before, "previous_tree": args.previous},
         "budget": BUDGET,
         "met": met,
         "machine": machine(load_before, load_busy),

@@ -130,7 +130,8 @@ def _tls_context(tls_dir: str) -> ssl.SSLContext:
 IN_POD = """
 import sys
 from kubernetes.config import incluster_config
-incluster_config.SERVICE_TOKEN_FILENAME = sys.argv.pop(1)
+from oomsight_server import kube
+incluster_config.SERVICE_TOKEN_FILENAME = kube.SERVICE_TOKEN_FILE = sys.argv.pop(1)
 incluster_config.SERVICE_CERT_FILENAME = sys.argv.pop(1)
 from oomsight.tools.cli import main
 sys.exit(main(sys.argv[1:]))

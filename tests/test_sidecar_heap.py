@@ -4,10 +4,15 @@ the C heap keeps one arena and gives free pages back at most every interval. The
 its memory after the junk is gone are measured by ``benchmarks/bench_scrape_budget.py``."""
 
 import os
+import subprocess
+import sys
 import tracemalloc
+
+import pytest
 
 from oomsight.wire.reader import Budget
 from oomsight.wire.spool import SpoolReader
+from oomsight_server import kube
 from oomsight_sidecar import heap, main
 
 
@@ -44,6 +49,35 @@ def test_outside_a_cluster_the_kubernetes_client_is_not_built(monkeypatch):
     monkeypatch.setenv(main.SERVICE_HOST, "10.0.0.1")
     main.in_cluster_client()
     assert built == [1]
+
+
+NO_TOKEN = """
+import os, sys
+from oomsight_server import kube
+from oomsight_sidecar import main
+kube.SERVICE_TOKEN_FILE = sys.argv[1]
+os.environ[main.SERVICE_HOST] = "10.0.0.1"
+started = "kubernetes" in sys.modules
+try:
+    main.in_cluster_client()
+except RuntimeError as exc:
+    print(started, "kubernetes" in sys.modules, exc)
+"""
+
+
+def test_a_pod_without_a_service_account_token_never_imports_the_kubernetes_package(tmp_path):
+    """The sidecar's start and a pod with ``automountServiceAccountToken: false`` (its API server named, no token)
+    do not pay the package's 42 MiB (``import kubernetes.client.api.events_v1_api`` imports all of it)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    found = subprocess.run(
+        [sys.executable, "-c", NO_TOKEN, str(tmp_path / "token")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert found.stdout.startswith("False False no service account token at "), found.stdout + found.stderr
+
+
+def test_the_token_checked_is_the_one_the_kubernetes_client_reads():
+    incluster_config = pytest.importorskip("kubernetes.config.incluster_config")
+    assert kube.SERVICE_TOKEN_FILE == incluster_config.SERVICE_TOKEN_FILENAME
 
 
 def test_the_heap_is_trimmed_at_most_once_an_interval():

@@ -9,13 +9,16 @@ tests check that against the rendered chart.
 
 :class:`KubeApi` is what the rest of the code sees; :class:`KubeClient` implements it
 with the official ``kubernetes`` client (imported lazily: the base install does not
-have it). Results are plain dicts in the API's JSON shape; failures are
+have it, and it costs 42 MiB: ``kubernetes/__init__.py`` imports every API and model, whichever submodule is
+named, so nothing lighter is in reach; it is imported only once a service account token is there, issue 49).
+Results are plain dicts in the API's JSON shape; failures are
 :class:`KubeError` with the HTTP status (0 when the server was not reached).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Callable, Optional, Protocol
 
 Json = dict[str, Any]
@@ -70,6 +73,11 @@ CLAIM_KEYS = frozenset(
 managed fields, the spec) is dropped while the page is parsed, at any depth."""
 
 
+SERVICE_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+"""Where Kubernetes mounts the pod's service account token, and where ``kubernetes.config.load_incluster_config``
+reads it (its ``SERVICE_TOKEN_FILENAME``): absent where the pod has ``automountServiceAccountToken: false``."""
+
+
 class KubeApi(Protocol):
     def create_event(self, namespace: str, body: Json) -> Json: ...
 
@@ -103,7 +111,10 @@ class KubeClient:
 
     @classmethod
     def in_cluster(cls, timeout_seconds: float = 5.0) -> KubeClient:
-        """Use the pod's service account token; raises if not running in a pod."""
+        """Use the pod's service account token; raises if not running in a pod. Without a token it raises before
+        the kubernetes package is imported: a failed attempt would keep its 42 MiB for the process's life."""
+        if not os.path.isfile(SERVICE_TOKEN_FILE):
+            raise RuntimeError(f"no service account token at {SERVICE_TOKEN_FILE} (automountServiceAccountToken off?)")
         from kubernetes import client, config
 
         config.load_incluster_config()  # type: ignore[no-untyped-call,unused-ignore]

@@ -74,7 +74,8 @@ SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
 
 def in_cluster_client() -> KubeApi:
     """``KubeClient.in_cluster`` where Kubernetes named its API server (:data:`SERVICE_HOST`); elsewhere it fails
-    before the kubernetes package is imported: a failed attempt kept its 42 MiB for the sidecar's life (issue 49)."""
+    before the kubernetes package is imported: a failed attempt kept its 42 MiB for the sidecar's life (issue 49).
+    So does ``KubeClient.in_cluster`` where the pod has no service account token."""
     if not os.environ.get(SERVICE_HOST):
         raise RuntimeError(f"not in a Kubernetes pod: {SERVICE_HOST} is not set")
     return KubeClient.in_cluster()
