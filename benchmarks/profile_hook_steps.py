@@ -4,7 +4,8 @@
 
 The launch-bound model of ``bench_overhead.py`` (8 x Linear 256, AdamW, batch 32: ~2 ms a step), run as that
 benchmark runs a round (``oomsight.start()``, warm-up, 100 steps, ``oomsight.stop()``), three ways: without the
-hook, the first 100 steps after a start, and 100 steps 2,000 steps after it. Each is profiled in the training
+hook, the first 100 steps after a start, 100 steps 2,000 steps after it, and the same without the step hook
+(``step_hook=False``: no step or forward rows, no forward/backward watch). Each is profiled in the training
 thread (the sampler thread's CPU is not in cProfile; the wall and process CPU per step are). The JSON keeps the
 30 oomsight functions with the most cumulative time per window, and the per-step times.
 """
@@ -69,9 +70,15 @@ def main() -> int:
         step()
     out["steady_100"] = _window(step, 100)
     oomsight.stop()
+    out["baseline_again"] = _window(step, 100)
+    oomsight.start(step_hook=False)  # no step rows, no forward hook: what the forward/backward watch costs
+    for _ in range(2000):
+        step()
+    out["steady_100_no_step_hook"] = _window(step, 100)
+    oomsight.stop()
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)
-    for k in ("baseline", "first_100_after_start", "steady_100"):
+    for k in ("baseline", "first_100_after_start", "steady_100", "baseline_again", "steady_100_no_step_hook"):
         w = out[k]
         print(k, f"wall {w['wall_ms_per_step']:.3f} ms cpu {w['cpu_ms_per_step']:.3f} ms hook(profiled) "
               f"{w['oomsight_tottime_ms_per_step_profiled']:.3f} ms")
