@@ -105,6 +105,8 @@ class ForwardMemory(RowTaker):
         self._looked = 0
         self._armed_steps: Optional[int] = None
         self._task: Any = None
+        self._engine: Optional[tuple[Any, ...]] = None
+        """(torch, its graph task id call, its engine's callback queue), looked up at the first consumption."""
         self._window = 0
         """The forwards pending when the running backward began."""
         self._run = 0
@@ -276,11 +278,15 @@ class ForwardMemory(RowTaker):
         thread): it consumed that forward and the ones after it. One backward is one graph task (or,
         where torch has no task ids, the consumptions with no forward between)."""
         try:
-            task = _task_id(self._torch)
+            engine = self._engine
+            if engine is None or engine[0] is not self._torch:
+                self._engine = engine = (self._torch, *_engine_calls(self._torch))
+            task = engine[1]() if engine[1] is not None else None
             if task != self._task or (task is None and self._forwarded):
                 self._task, self._window, self._run = task, self.pending, 0
                 self.pending = 0
-                _at_backward_end(self._torch, self._after_backward)
+                if engine[2] is not None:
+                    engine[2](self._after_backward)
             self._forwarded = False
             self._run = max(self._run, self._window - index + 1)
             if self.most_consumed is None or self._run > self.most_consumed:
@@ -373,13 +379,11 @@ def _grad_fn(output: Any) -> Any:
     return None
 
 
-def _at_backward_end(torch: Any, callback: Callable[[], None]) -> None:
-    """Run ``callback`` when the running backward ends (autograd's engine callback queue; where torch has
-    none, never)."""
+def _engine_calls(torch: Any) -> tuple[Optional[Callable[[], int]], Optional[Callable[[Callable[[], None]], None]]]:
+    """torch's running backward's graph task id (torch 2.1+) and the engine's queue of callbacks run as the
+    backward ends, looked up once (None where torch has neither)."""
     engine = getattr(getattr(getattr(torch, "autograd", None), "Variable", None), "_execution_engine", None)
-    queue = getattr(engine, "queue_callback", None)
-    if queue is not None:
-        queue(callback)
+    return getattr(getattr(torch, "_C", None), "_current_graph_task_id", None), getattr(engine, "queue_callback", None)
 
 
 def input_elements(args: Any, kwargs: Any) -> int:
@@ -388,12 +392,6 @@ def input_elements(args: Any, kwargs: Any) -> int:
     first = args[0] if args else next(iter(kwargs.values()), None) if kwargs else None
     numel = getattr(first, "numel", None)
     return int(numel()) if numel is not None and hasattr(first, "shape") else -1
-
-
-def _task_id(torch: Any) -> Optional[int]:
-    """The running backward's graph task (torch 2.1+), None where torch has no such call."""
-    current = getattr(getattr(torch, "_C", None), "_current_graph_task_id", None)
-    return int(current()) if current is not None else None
 
 
 class Consumed:
@@ -423,10 +421,11 @@ class RootHook:
     def __init__(self, memory: ForwardMemory, root: Any) -> None:
         self.memory = memory
         self.root = weakref.ref(root)
+        self._compiling = getattr(getattr(memory._torch, "compiler", None), "is_compiling", None)
+        """Looked up once: this runs at every forward."""
 
     def _ours(self, module: Any) -> bool:
-        compiler = getattr(self.memory._torch, "compiler", None)
-        return module is self.root() and not (compiler is not None and compiler.is_compiling())
+        return module is self.root() and not (self._compiling is not None and self._compiling())
 
     @property
     def __globals__(self) -> dict[str, Any]:
