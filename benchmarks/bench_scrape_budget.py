@@ -22,8 +22,9 @@
   machine); in one without a service account token (it set, pointing nowhere; the tree before this one loads the
   kubernetes package there, 42 MiB, ``--previous``); and in one with a token, where the package is loaded at the
   first Event (imported at start here, :data:`VARIANTS`: the run has no token to give). The heap's remedies are
-  weighed in the same run, outside a cluster: the C heap left alone (no single arena, no ``malloc_trim``), a full
-  ``gc.collect()`` before each trim, and every object in the C heap (``PYTHONMALLOC=malloc``).
+  weighed in the same run, outside a cluster: the heap left alone (no single arena, no collection, no
+  ``malloc_trim``), the trim without the full ``gc.collect()`` before it (the tree before this one), and every
+  object in the C heap (``PYTHONMALLOC=malloc``).
 """
 
 from __future__ import annotations
@@ -249,14 +250,8 @@ VARIANTS = {
     "heap_left_alone": (
         "from oomsight_sidecar import heap\nheap.one_arena = lambda: False\nheap.Trim.__call__ = lambda self: None\n"
     ),
-    "gc_collect_before_trim": (
-        "import gc\n"
-        "from oomsight_sidecar import heap\n"
-        "trim = heap.Trim.__call__\n"
-        "def collected(self):\n"
-        "    gc.collect()\n"
-        "    trim(self)\n"
-        "heap.Trim.__call__ = collected\n"
+    "trim_without_collection": (
+        "import types\nfrom oomsight_sidecar import heap\nheap.gc = types.SimpleNamespace(collect=lambda: 0)\n"
     ),
     "pythonmalloc_malloc": "",
 }
@@ -387,7 +382,7 @@ def memory_runs(results: dict[str, Any], trees: dict[str, str]) -> None:
         results["this_tree"][key] = memory(ROOT, in_cluster, variant)
     results["this_tree_heap_remedies"] = {
         variant: memory(ROOT, False, variant)
-        for variant in ("heap_left_alone", "gc_collect_before_trim", "pythonmalloc_malloc")
+        for variant in ("heap_left_alone", "trim_without_collection", "pythonmalloc_malloc")
     }
     results["previous_tree"] = {"memory_in_cluster": memory(trees["previous_tree"], True)}
     for key in ("memory_outside_a_cluster", "memory_in_cluster"):

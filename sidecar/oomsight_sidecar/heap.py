@@ -6,12 +6,19 @@ poster, the claims reader) allocate in turns under one lock, so their arenas onl
 parsing leaves behind: a spool of 10,000 mutated documents and 100,000 junk files left the real sidecar
 at 112 MiB after the junk was removed, from 73 MiB. So the sidecar keeps one arena (:func:`one_arena`, at
 start, before any thread) and gives free pages back after a scrape or an Event poster's tick, at most every
-:data:`TRIM_INTERVAL_SECONDS` (:class:`Trim`). Where the C library is not glibc, nothing is done.
+:data:`TRIM_INTERVAL_SECONDS` (:class:`Trim`). Where the C library is not glibc, nothing is done but the collection.
+
+What is left over the baseline once the junk is gone (about 20 MiB) is CPython's small-object arenas, each kept by
+any object still in it, which ``malloc_trim`` cannot reach. A full ``gc.collect()`` before each trim frees the
+cycles a burst left (a failed parse's exception and its frames) before the sidecar's high collection threshold
+would (``oomsight_sidecar.main.GC_THRESHOLD``): 2 to 4 MiB less in each of three runs, and a lower peak
+(``benchmarks/results/scrape_budget.json``, ``this_tree_heap_remedies``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import threading
 import time
@@ -43,12 +50,14 @@ def one_arena() -> bool:
 
 
 class Trim:
-    """Give the C heap's free pages back to the kernel, at most every ``interval_seconds`` (a call in between
-    does nothing): after a scrape and after an Event poster's tick."""
+    """Collect the cyclic garbage, then give the C heap's free pages back to the kernel, at most every
+    ``interval_seconds`` (a call in between does nothing): after a scrape and after an Event poster's tick."""
 
     def __init__(self, interval_seconds: float = TRIM_INTERVAL_SECONDS, clock: Callable[[], float] = time.monotonic):
         self.interval_seconds = interval_seconds
         self.clock = clock
+        self.collections = 0
+        """Full collections made, for tests."""
         self.trims = 0
         """Times the heap was trimmed, for tests."""
         self._libc = _glibc()
@@ -56,12 +65,13 @@ class Trim:
         self._lock = threading.Lock()
 
     def __call__(self) -> None:
-        if self._libc is None:
-            return
         with self._lock:
             now = self.clock()
             if now - self._at < self.interval_seconds:
                 return
             self._at = now
-        self._libc.malloc_trim(0)
-        self.trims += 1
+        gc.collect()
+        self.collections += 1
+        if self._libc is not None:
+            self._libc.malloc_trim(0)
+            self.trims += 1
