@@ -37,13 +37,14 @@ RECORDED = {
 }
 """Workload -> (label, the remedy key its ``--remedy`` run applies), as ``wl_issue48.py`` registers them. The
 GAN (``progan_generator_step_with_frozen_discriminator``) is not here: on the H100 (2026-12-07) its remedy run
-(checkpointed generator blocks) ran out too, so its label is not established; it stays in the workloads."""
-KNOWN_MISSES = {
-    "hf_trainer_evaluate_keeps_logits": "recorded at 572d876, where a storage a call referred to was counted in "
-    "flight even while a container kept it: the event's census has no holder for the Trainer's predictions (the OOM "
-    "came inside their concatenation), so it reads as a step that grew. Fixed in the census after the recording; a "
-    "new recording waits for the GPU (OUT=$OUT bash benchmarks/issue48_gpu.sh)",
-}
+(checkpointed generator blocks) ran out too, so its label is not established; it stays in the workloads.
+
+Recordings: every tape from the H100 run of 2026-12-08 (hook at f0b10f8, after the census fixes of d70840a), but
+the ResNet validation tape, from the run of 2026-12-07 (572d876): in the 12-08 run, one of eight jobs at once on
+16 cores, its census ran past its 1 s budget before naming its holders, so the kept list was unnamed (fixed in
+5ccaabd: the running frames' locals are named whatever the clock; budget 2 s). A fresh recording of all eight waits
+for the GPU (OUT=$OUT bash benchmarks/issue48_gpu.sh)."""
+KNOWN_MISSES: dict[str, str] = {}
 """Recorded verdicts known wrong, each with why; the test asserts they are still wrong, so a new recording that
 gets them right must drop them here (and the scorecard then holds them right)."""
 NEVER_FIRST = {
