@@ -141,6 +141,7 @@ MEASURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cupti-*", ("benchmarks/cupti_teardown_hang.sh", "benchmarks/cupti_sessions.py", f"{HOOK}/profiler.py")),
     ("gpu-*", ("tests/test_gpu.py", "tests/test_gpu_advice.py", "tests/test_gpu_integrations.py", "exporter/oomsight")),
     ("forward_hook_cpu*", ("benchmarks/bench_forward_hook.py", f"{HOOK}/forwards.py")),
+    ("step_hook_parts_cpu.json", ("benchmarks/bench_step_hook_parts.py", HOOK)),
     ("forecast.json", ("benchmarks/bench_forecast.py", "exporter/oomsight/analysis/forecast.py")),
     ("layout_walk.json", ("benchmarks/bench_layout_walk.py", *LAYOUT_WALK)),
     ("live_models.json", ("benchmarks/bench_live_models.py", f"{HOOK}/discovery.py")),
