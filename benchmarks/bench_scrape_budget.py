@@ -433,6 +433,7 @@ def main() -> int:
     doc = {
         "benchmark": "bench_scrape_budget",
         "commit": commit(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),  # with the commit: the row of results/provenance.json
         "trees": {"before_issue49": args.before, "previous_tree": args.previous},
         "budget": BUDGET,
         "met": met,
