@@ -269,14 +269,8 @@ def _variant_path(variant: str | None, spool: str) -> list[str]:
     return [folder]
 
 
-def memory(tree: str, in_cluster: bool, variant: str | None = None) -> dict[str, Any]:
-    """The real sidecar of ``tree`` through a poisoned spool and back (:func:`poison`, :func:`junk`), changed as
-    :data:`VARIANTS` says."""
-    from hostile import event, event_path, put, snapshot
-    from procs import http_get
-    from procs import sidecar as run_sidecar
-
-    spool = tempfile.mkdtemp(prefix="oomsight-poison-")
+def _sidecar_env(tree: str, in_cluster: bool, variant: str | None, spool: str) -> dict[str, str]:
+    """The sidecar's environment: the pod's identity, an API server named where ``in_cluster``, the variant's."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([*_variant_path(variant, spool), _path(tree)]),
@@ -289,6 +283,18 @@ def memory(tree: str, in_cluster: bool, variant: str | None = None) -> dict[str,
         env.update(KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT="9")
     if variant == "pythonmalloc_malloc":
         env["PYTHONMALLOC"] = "malloc"
+    return env
+
+
+def memory(tree: str, in_cluster: bool, variant: str | None = None) -> dict[str, Any]:
+    """The real sidecar of ``tree`` through a poisoned spool and back (:func:`poison`, :func:`junk`), changed as
+    :data:`VARIANTS` says."""
+    from hostile import event, event_path, put, snapshot
+    from procs import http_get
+    from procs import sidecar as run_sidecar
+
+    spool = tempfile.mkdtemp(prefix="oomsight-poison-")
+    env = _sidecar_env(tree, in_cluster, variant, spool)
     try:
         for folder in ("snapshots", "events", "profiles"):
             os.makedirs(os.path.join(spool, folder))
