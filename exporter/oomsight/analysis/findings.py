@@ -157,11 +157,18 @@ def _kept(ev: Evidence, h: Mapping[str, Any]) -> bool:
 
 
 def bounded_growth(ev: Evidence, growth: Optional[int]) -> Optional[Mapping[str, Any]]:
-    """A bounded buffer the census saw (a ``deque`` with ``maxlen``) that holds at least half of ``growth``, the
-    rise a leak rule read: filling it raised the floor, and it stops at its cap."""
+    """A bounded buffer the census of this OOM saw that explains ``growth``, the rise a leak rule read
+    (:func:`bounded_holder`)."""
+    return bounded_holder(holders(ev), growth)
+
+
+def bounded_holder(found: list[Mapping[str, Any]], growth: Optional[int]) -> Optional[Mapping[str, Any]]:
+    """Of the named holders ``found``, a bounded buffer (a ``deque`` with ``maxlen``) that holds at least half of
+    ``growth``: filling it raised the floor, and it stops at its cap. The OOM's diagnosis and the hook's leak scan
+    both read it."""
     if not growth:
         return None
-    for h in holders(ev):
+    for h in found:
         if h.get("cap") is not None and int(h.get("bytes") or 0) >= growth / 2:
             return h
     return None

@@ -329,7 +329,7 @@ SHAPES: dict[str, tuple[tuple[float, ...], str]] = {
     "trend._seconds_per_step": ((2,), "a step time needs two rows"),
     "diagnosis._states_rose": ((2,), "a rise needs two rows"),
     "evidence.census_facts": ((3,), "the census's three largest holders are named in every diagnosis's facts"),
-    "findings.bounded_growth": ((2,), "a buffer holding at least half the growth explains it"),
+    "findings.bounded_holder": ((2,), "a buffer holding at least half the growth explains it"),
     "findings.kept_tensors": ((3,), "the three largest holders are said"),
     "findings.own_children": ((4,), "the first four children are named"),
     "forecast._Rates": ((2, 32, 50), "whole steps sum exactly below 2**50; at most 32 partly counted rows a row "

@@ -68,26 +68,28 @@ def scan(torch: Any, step: int, growth: Optional[int], sites_of: Callable[[list[
 def with_census(finding: LeakFinding, taken: Optional[Mapping[str, Any]]) -> LeakFinding:
     """The scan with what the census saw holding tensors outside the model states (``hook.census``): the holders
     by name, and a bounded one (a ``deque`` with a ``maxlen``) that holds at least half of the rise, with what it
-    holds at its cap. The same veto the diagnosis applies at an OOM (``analysis.findings.bounded_growth``)."""
+    holds at its cap: the same veto the diagnosis applies at an OOM (``analysis.findings.bounded_holder``)."""
     holders = [h for h in (taken or {}).get("holders") or [] if isinstance(h, Mapping)]
     if not holders:
         return finding
     out = LeakFinding(**finding)
     out["holders"] = cast(list[CensusHolder], holders)
-    growth = finding.get("growth_bytes") or 0
-    for h in census_findings.named(holders):  # one the job names: the same holders the diagnosis reads
-        cap, length, held = h.get("cap"), int(h.get("length") or 0), int(h.get("bytes") or 0)
-        if cap is not None and length > 0 and growth and held >= growth / 2:
-            out["bounded_by"] = str(h.get("name"))
-            out["bounded_cap_bytes"] = held * int(cap) // length
-            break
+    # one the job names, as the diagnosis reads them
+    h = census_findings.bounded_holder(census_findings.named(holders), finding.get("growth_bytes"))
+    if h is not None and int(h.get("length") or 0) > 0:
+        out["bounded_by"] = str(h.get("name"))
+        out["bounded_cap_bytes"] = int(h.get("bytes") or 0) * int(h["cap"]) // int(h["length"])
     return out
+
+
+BOUNDED_SLACK = 0.1
+"""A rise this share past the bounded holder's bytes at its cap is no longer explained by it: the flag returns."""
 
 
 def bounded(finding: Optional[Mapping[str, Any]], growth: float) -> bool:
     """Whether a rise of ``growth`` stays within the cap of the bounded holder the last scan named."""
     cap = (finding or {}).get("bounded_cap_bytes")
-    return cap is not None and 0 < growth <= int(cap) * 1.1
+    return cap is not None and 0 < growth <= int(cap) * (1 + BOUNDED_SLACK)
 
 
 def _describe(groups: dict[tuple[str, str], list[int]], located: dict[int, str]) -> list[str]:
